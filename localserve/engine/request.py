@@ -1,0 +1,95 @@
+"""What one request is while the engine holds it: its prompt, how to sample, what it produced.
+
+A Request is created by the API (already tokenized and validated), handed to the engine
+loop, and owned by the scheduler from then on. Its events leave through `emit`, a callable
+the API side supplies, so the engine never touches asyncio objects directly.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+_ids = itertools.count(1)
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling settings, in OpenAI / llama-server spelling. temperature 0 = greedy."""
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    repeat_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_last_n: int = 64
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def penalized(self) -> bool:
+        return (self.repeat_penalty != 1.0 or self.presence_penalty != 0.0
+                or self.frequency_penalty != 0.0)
+
+
+@dataclass
+class TokenEvent:
+    """What the engine tells a request's client after a step: new text, and whether it ended."""
+
+    text: str
+    token_ids: tuple[int, ...] = ()
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(eq=False)
+class Request:
+    prompt_tokens: list[int]
+    params: SamplingParams
+    emit: Callable[[TokenEvent], None] = lambda event: None
+    request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
+    user: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    status: RequestStatus = RequestStatus.WAITING
+    output_tokens: list[int] = field(default_factory=list)
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_tokens)
+
+    @property
+    def all_tokens(self) -> list[int]:
+        """Prompt plus generated tokens: what the slot's cache must hold to continue."""
+        return self.prompt_tokens + self.output_tokens

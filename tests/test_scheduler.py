@@ -1,0 +1,203 @@
+"""Unit tests of the pure-Python scheduler with a scripted fake runner (no model)."""
+
+import pytest
+
+from localserve.engine.request import Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool, SlotState
+
+EOS = 0
+
+
+class FakeVocab:
+    """Token t renders as chr(ord('a') + t % 26); token 0 is end-of-generation."""
+
+    def piece(self, token: int) -> bytes:
+        return chr(ord("a") + token % 26).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+
+class ScriptedRunner:
+    """Answers each sampled row with the request's next scripted token, like a deterministic model."""
+
+    def __init__(self, scripts: dict[str, list[int]]):
+        self.scripts = scripts
+        self.batches = []
+
+    def decode(self, plan):
+        self.batches.append([(c.slot_id, list(c.tokens), c.start_pos) for c in plan.chunks])
+        sampled = {}
+        for c in plan.chunks:
+            if c.sample:
+                script = self.scripts[c.request.request_id]
+                sampled[c.slot_id] = script[c.request.num_output_tokens]
+        return sampled
+
+
+def make(n_slots=2, ctx=64, budget=8, **kw):
+    return Scheduler(SlotPool(ctx * n_slots, n_slots), FakeVocab(), budget, **kw)
+
+
+def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
+    return Request(list(range(first, first + n_prompt)), SamplingParams(max_tokens=max_tokens, stop=stop),
+                   request_id=rid)
+
+
+def run(sched, runner, steps=100):
+    """Step until idle; return {request_id: (text, finish_reason)} and the step count."""
+    out = {}
+    for n in range(steps):
+        if not sched.has_work():
+            return out, n
+        plan = sched.schedule()
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            text, _ = out.get(r.request_id, ("", None))
+            out[r.request_id] = (text + ev.text, ev.finish_reason)
+    raise AssertionError("did not finish")
+
+
+def test_chunked_prefill_respects_budget_and_positions():
+    sched = make(n_slots=1, budget=4)
+    runner = ScriptedRunner({"a": [3, 4, EOS]})
+    sched.add(req("a", 10))
+    out, _ = run(sched, runner)
+    assert out["a"] == ("de", "stop")
+    assert [b[0][1] for b in runner.batches[:3]] == [[1, 2, 3, 4], [5, 6, 7, 8], [9, 10]]
+    assert [b[0][2] for b in runner.batches] == [0, 4, 8, 10, 11]
+    assert all(sum(len(t) for _, t, _ in b) <= 4 for b in runner.batches)
+
+
+def test_decode_rows_come_before_prefill_and_share_a_step():
+    sched = make(n_slots=2, budget=4)
+    runner = ScriptedRunner({"a": [5] * 20 + [EOS], "b": [6, EOS]})
+    sched.add(req("a", 2))
+    run_steps = 3
+    for _ in range(run_steps):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+    sched.add(req("b", 9))  # arrives while "a" streams
+    plan = sched.schedule()
+    assert plan.chunks[0].slot_id == 0 and len(plan.chunks[0].tokens) == 1  # a's decode token first
+    assert plan.chunks[1].tokens == [1, 2, 3]  # b's first prompt chunk fills the rest of the budget
+    sched.update(plan, runner.decode(plan))
+    out, _ = run(sched, runner)
+    assert sched.stats.max_decode_rows_in_step == 2
+    assert out["b"] == ("g", "stop")
+
+
+def test_late_short_request_finishes_before_earlier_long_one():
+    sched = make(n_slots=2, budget=16)
+    runner = ScriptedRunner({"long": [7] * 50 + [EOS], "short": [8, EOS]})
+    sched.add(req("long", 3))
+    finished = []
+    for step in range(200):
+        if step == 2:
+            sched.add(req("short", 3))
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            if ev.finished:
+                finished.append(r.request_id)
+    assert finished == ["short", "long"]
+
+
+def test_waiting_request_admitted_the_step_after_a_slot_frees():
+    sched = make(n_slots=1, budget=16)
+    runner = ScriptedRunner({"a": [4, EOS], "b": [5, EOS]})
+    sched.add(req("a", 2))
+    sched.add(req("b", 2))
+    plan = sched.schedule()
+    assert [c.request.request_id for c in plan.chunks] == ["a"]
+    sched.update(plan, runner.decode(plan))
+    plan = sched.schedule()
+    sched.update(plan, runner.decode(plan))  # a samples EOS and frees its slot
+    plan = sched.schedule()
+    assert [c.request.request_id for c in plan.chunks] == ["b"]
+
+
+def test_max_num_seqs_caps_running():
+    sched = make(n_slots=3, budget=64, max_num_seqs=2)
+    for rid in "abc":
+        sched.add(req(rid, 2))
+    plan = sched.schedule()
+    assert len(plan.admitted) == 2 and len(sched.waiting) == 1
+
+
+def test_max_tokens_gives_length():
+    sched = make()
+    sched.add(req("a", 2, max_tokens=3))
+    out, _ = run(sched, ScriptedRunner({"a": [1, 2, 3, 4, 5]}))
+    assert out["a"] == ("bcd", "length")
+
+
+def test_slot_context_limit_gives_length():
+    sched = make(n_slots=1, ctx=16, budget=64)
+    sched.add(req("a", 10))
+    out, _ = run(sched, ScriptedRunner({"a": [1] * 50}))
+    text, reason = out["a"]
+    assert reason == "length"
+    assert 10 + len(text) == 16 + 1  # 16 cached positions, plus the last token sampled
+
+
+def test_stop_string_across_tokens_is_cut_and_not_leaked():
+    sched = make()
+    # tokens 2,3,4,5 render "cdef"; stop on "de" which spans two tokens
+    sched.add(req("a", 2, stop=("de",)))
+    out, _ = run(sched, ScriptedRunner({"a": [2, 3, 4, 5, 6, EOS]}))
+    assert out["a"] == ("c", "stop")
+
+
+def test_prompt_that_cannot_fit_is_refused():
+    sched = make(n_slots=2, ctx=16)
+    with pytest.raises(ValueError, match="16"):
+        sched.add(req("a", 16))
+
+
+def test_abort_frees_slot_for_next_step():
+    sched = make(n_slots=1, budget=16)
+    runner = ScriptedRunner({"a": [5] * 50, "b": [6, EOS]})
+    sched.add(req("a", 2))
+    sched.add(req("b", 2))
+    for _ in range(3):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+    req_a, event = sched.abort("a")
+    assert event.finish_reason == "abort" and sched.pool.slots[0].state is SlotState.IDLE
+    plan = sched.schedule()
+    assert [c.request.request_id for c in plan.chunks] == ["b"]
+
+
+def test_abort_while_step_in_flight_drops_its_result():
+    sched = make(n_slots=1)
+    runner = ScriptedRunner({"a": [5] * 50})
+    sched.add(req("a", 2))
+    plan = sched.schedule()
+    sampled = runner.decode(plan)
+    sched.abort("a")
+    assert sched.update(plan, sampled) == []
+
+
+def test_prefix_reuse_keeps_shared_prompt_in_cache():
+    sched = make(n_slots=2, budget=64)
+    runner = ScriptedRunner({"a": [9, EOS], "b": [9, EOS]})
+    sched.add(req("a", 20))
+    run(sched, runner)
+    sched.add(req("b", 25))  # same first 20 tokens
+    plan = sched.schedule()
+    slot_id, request, keep = plan.admitted[0]
+    assert keep == 20 and plan.chunks[0].tokens == list(range(21, 26))
+    assert plan.chunks[0].start_pos == 20
+
+
+def test_failed_decode_ends_only_that_batch():
+    sched = make(n_slots=2, budget=64)
+    sched.add(req("a", 2))
+    plan = sched.schedule()
+    events = sched.fail(plan, "boom")
+    assert [(r.request_id, e.finish_reason, e.error) for r, e in events] == [("a", "error", "boom")]
+    sched.add(req("b", 2))
+    out, _ = run(sched, ScriptedRunner({"b": [3, EOS]}))
+    assert out["b"] == ("d", "stop")
