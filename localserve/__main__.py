@@ -1,0 +1,5 @@
+import sys
+
+from localserve.cli import main
+
+sys.exit(main())

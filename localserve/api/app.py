@@ -1,0 +1,65 @@
+"""create_app(): the FastAPI application. Where a request enters: routes_openai.py."""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from localserve.api import routes_admin, routes_openai
+from localserve.api.schemas import OpenAIError
+from localserve.config import Settings
+from localserve.service import Service
+
+log = logging.getLogger("localserve.api")
+
+
+def create_app(settings: Settings | None = None, service: Service | None = None) -> FastAPI:
+    service = service or Service(settings or Settings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if service.engine is None and not service.loaded.is_set():
+            service.start_loading()
+        yield
+        service.stop()
+
+    app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan)
+    app.state.service = service
+    app.include_router(routes_openai.router)
+    app.include_router(routes_admin.router)
+    _install_error_handlers(app)
+    return app
+
+
+def _error(exc: OpenAIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(OpenAIError)
+    async def openai_error(_: Request, exc: OpenAIError):
+        return _error(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_: Request, exc: RequestValidationError):
+        problems, param = [], None
+        for err in exc.errors():
+            where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+            param = param or where or None
+            problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+        return _error(OpenAIError(400, "Invalid request: " + "; ".join(problems), param=param))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return _error(OpenAIError(exc.status_code, str(exc.detail), kind))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception):
+        log.exception("unhandled error")
+        return _error(OpenAIError(500, f"internal server error: {exc!r}", "server_error"))

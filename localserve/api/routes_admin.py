@@ -1,0 +1,39 @@
+"""Monitoring endpoints. They read the snapshot the engine published after its last step,
+so they answer at once even while a long prefill is running."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(request: Request):
+    service = request.app.state.service
+    if service.ready:
+        return {"status": "ok"}
+    if service.load_error:
+        return JSONResponse({"status": "error", "error": service.load_error}, status_code=503)
+    if service.engine is not None:
+        return JSONResponse({"status": "error", "error": service.loop.failure or "engine stopped"},
+                            status_code=503)
+    return JSONResponse({"status": "loading"}, status_code=503)
+
+
+@router.get("/slots")
+async def slots(request: Request):
+    service = request.app.state.service
+    if service.engine is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    pool = service.loop.scheduler.pool
+    snap = service.engine.snapshot
+    return {
+        "model": service.model_id,
+        "ctx_size": pool.ctx_size,
+        "n_slots": len(pool.slots),
+        "n_ctx_per_slot": pool.n_ctx_per_slot,
+        "split": pool.describe(),
+        **snap,
+    }

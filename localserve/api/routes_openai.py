@@ -1,0 +1,186 @@
+"""OpenAI-compatible endpoints: where a request enters, is checked, and where its text leaves.
+
+Path: validate body (schemas) -> render chat template -> tokenize -> refuse what cannot fit
+its slot (400) -> engine.submit() -> stream chunks (SSE) or collect one response.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from sse_starlette.sse import EventSourceResponse
+
+from localserve.api.chat_template import ChatTemplateError
+from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
+from localserve.engine.loop import EngineUnavailable, RequestStream
+from localserve.engine.request import Request as EngineRequest
+from localserve.engine.request import SamplingParams, TokenEvent
+from localserve.service import Service
+
+router = APIRouter(prefix="/v1")
+
+
+def ready_service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    if service.ready:
+        return service
+    if service.load_error:
+        raise OpenAIError(503, f"the model failed to load: {service.load_error}", "server_error")
+    if service.engine is None:
+        raise OpenAIError(503, "the model is still loading; retry shortly", "server_error",
+                          headers={"Retry-After": "2"})
+    raise OpenAIError(503, "the engine is not running: " + (service.loop.failure or "shutting down"),
+                      "server_error")
+
+
+def check_model_name(service: Service, name: str | None) -> None:
+    if name and name not in (service.model_id, service.model_path.name, "default"):
+        raise OpenAIError(404, f"The model '{name}' does not exist; this server serves "
+                          f"'{service.model_id}' (see GET /v1/models)", code="model_not_found",
+                          param="model")
+
+
+def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int) -> SamplingParams:
+    room = n_ctx - n_prompt
+    return SamplingParams(
+        max_tokens=min(body.token_limit or room, room), temperature=body.temperature,
+        top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
+        repeat_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty, stop=tuple(body.stop or ()),
+        ignore_eos=body.ignore_eos)
+
+
+def submit(service: Service, tokens: list[int], body: _Sampling) -> RequestStream:
+    n_ctx = service.n_ctx_per_slot
+    if len(tokens) >= n_ctx:
+        s = service.settings
+        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
+                          f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
+                          f", and the answer needs room too. Shorten the prompt, or raise -c or "
+                          f"lower --parallel.", code="context_length_exceeded", param="messages")
+    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=body.user)
+    try:
+        return service.engine.submit(request)
+    except EngineUnavailable as exc:
+        raise OpenAIError(503, f"the server cannot take requests now: {exc}", "server_error")
+
+
+def usage(event: TokenEvent) -> dict:
+    return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
+            "total_tokens": event.prompt_tokens + event.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+
+
+def error_payload(event: TokenEvent) -> dict:
+    return {"error": {"message": event.error or "generation failed", "type": "server_error",
+                      "param": None, "code": event.finish_reason}}
+
+
+@router.get("/models")
+async def list_models(request: Request):
+    service = request.app.state.service
+    return {"object": "list", "data": [{"id": service.model_id, "object": "model",
+                                        "created": 0, "owned_by": "localserve"}]}
+
+
+@router.post("/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request):
+    service = ready_service(request)
+    check_model_name(service, body.model)
+    try:
+        text = service.template.render([m.as_template_dict() for m in body.messages])
+    except ChatTemplateError as exc:
+        raise OpenAIError(400, str(exc), param="messages")
+    stream = submit(service, service.tokenize_prompt(text), body)
+    reply = Reply("chat.completion", service.model_id, body)
+    if body.stream:
+        return EventSourceResponse(reply.sse(stream), ping=15)
+    return await reply.collect(stream)
+
+
+@router.post("/completions")
+async def completions(body: CompletionRequest, request: Request):
+    service = ready_service(request)
+    check_model_name(service, body.model)
+    if isinstance(body.prompt, str):
+        tokens = service.tokenize_prompt(body.prompt)
+    else:
+        bad = [t for t in body.prompt if not 0 <= t < service.runner.n_vocab]
+        if bad:
+            raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
+                              param="prompt")
+        tokens = list(body.prompt)
+    stream = submit(service, tokens, body)
+    reply = Reply("text_completion", service.model_id, body)
+    if body.echo:
+        reply.prefix = body.prompt if isinstance(body.prompt, str) else service.detokenize(tokens)
+    if body.stream:
+        return EventSourceResponse(reply.sse(stream), ping=15)
+    return await reply.collect(stream)
+
+
+class Reply:
+    """Shapes engine events into OpenAI's chat or text completion objects (whole or chunked)."""
+
+    def __init__(self, kind: str, model: str, body: _Sampling):
+        self.kind, self.model, self.body = kind, model, body
+        self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.prefix = ""
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat.completion"
+
+    def _choice(self, text: str | None, finish: str | None, first: bool = False) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+        delta = {"role": "assistant", "content": ""} if first else {}
+        if text:
+            delta["content"] = text
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"data": json.dumps({"id": self.id, "object": obj, "created": self.created,
+                                    "model": self.model, "choices": choices, **extra})}
+
+    async def sse(self, stream: RequestStream):
+        try:
+            if self.chat or self.prefix:
+                yield self._chunk([self._choice(self.prefix, None, first=True)])
+            async for event in stream:
+                if event.finish_reason == "error":
+                    yield {"data": json.dumps(error_payload(event))}
+                    break
+                if event.text and not event.finished:
+                    yield self._chunk([self._choice(event.text, None)])
+                if event.finished:
+                    yield self._chunk([self._choice(event.text, event.finish_reason)])
+                    if self.body.include_usage:
+                        yield self._chunk([], usage=usage(event))
+            yield {"data": "[DONE]"}
+        finally:
+            stream.cancel()
+
+    async def collect(self, stream: RequestStream) -> dict:
+        parts = [self.prefix]
+        try:
+            async for event in stream:
+                parts.append(event.text)
+                if event.finish_reason == "error":
+                    raise OpenAIError(500, event.error or "generation failed", "server_error")
+                last = event
+        finally:
+            stream.cancel()
+        text = "".join(parts)
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "logprobs": None, "finish_reason": last.finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": last.finish_reason}
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
+                "choices": [choice], "usage": usage(last)}

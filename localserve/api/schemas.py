@@ -1,0 +1,114 @@
+"""OpenAI request bodies (validated with pydantic) and the error body every failure uses."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_STOP_STRINGS = 16
+
+
+class OpenAIError(Exception):
+    """Raised anywhere in a handler; rendered as {"error": {...}} with its HTTP status."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
+                 code: str | None = None, param: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
+        self.headers = headers
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    """Fields shared by chat and text completions (OpenAI names plus llama-server's extras)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    seed: int | None = None
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    stop: str | list[str] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    user: str | None = Field(None, max_length=256)
+    ignore_eos: bool = False  # llama-server's extension: keep generating past end-of-text
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_list(cls, value):
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
+        if any(len(s) > 256 for s in stops):
+            raise ValueError("a stop string may be at most 256 characters")
+        return [s for s in stops if s]
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def as_template_dict(self) -> dict:
+        content = self.content
+        if isinstance(content, list):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content or ""}
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[int] | list[str]
+    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for text completions
+    echo: bool = False
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_prompt(cls, value):
+        if isinstance(value, list) and value and isinstance(value[0], str):
+            if len(value) != 1:
+                raise ValueError("send one prompt per request (a list of several is not supported)")
+            return value[0]
+        if isinstance(value, list) and not value:
+            raise ValueError("prompt must not be empty")
+        return value
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_tokens

@@ -1,0 +1,78 @@
+"""`localserve up` and friends. Flags use llama-server's spelling where one exists."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from localserve.config import Settings, SettingsError
+
+
+def _up_parser(sub) -> None:
+    up = sub.add_parser("up", help="serve a GGUF model over an OpenAI-compatible API",
+                        description="Start the server. With no -m it serves the embedded "
+                                    "SmolLM2-135M-Instruct model.")
+    model = up.add_argument_group("model")
+    model.add_argument("-m", "--model", help="path to a .gguf file, or a file name inside models/")
+    model.add_argument("--alias", dest="model_alias", help="model id to report in /v1/models")
+    model.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
+                       help="layers to offload to the GPU (needs a CUDA or Metal build)")
+    model.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+    sched = up.add_argument_group("slots and scheduling")
+    sched.add_argument("-c", "--ctx-size", dest="ctx_size", type=int, default=8192,
+                       help="total context, split evenly over the slots (default 8192)")
+    sched.add_argument("-np", "--parallel", type=int, default=4,
+                       help="slots = requests decoded together; each gets ctx-size/parallel tokens")
+    sched.add_argument("--max-num-batched-tokens", type=int, default=256,
+                       help="tokens per engine step: small = smooth streams while long prompts "
+                            "arrive, large = faster prefill (default 256)")
+    sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
+    net = up.add_argument_group("network")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    net.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="localserve", description="A local LLM server.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _up_parser(sub)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    return Settings(model=args.model, model_alias=args.model_alias, ctx_size=args.ctx_size,
+                    parallel=args.parallel, max_num_batched_tokens=args.max_num_batched_tokens,
+                    max_num_seqs=args.max_num_seqs, n_gpu_layers=args.n_gpu_layers,
+                    threads=args.threads, host=args.host, port=args.port).validate()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from localserve.api.app import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = settings_from_args(args)
+    except SettingsError as exc:
+        print(f"localserve: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    logging.getLogger("localserve").info("listening on http://%s:%d/v1", settings.host, settings.port)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
+                timeout_graceful_shutdown=5)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "up":
+        return run_up(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

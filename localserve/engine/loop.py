@@ -1,0 +1,226 @@
+"""The engine loop (one plain thread) and the asyncio façade the HTTP side talks to.
+
+Where a request's tokens are made: EngineLoop.run() -> step():
+    drain the inbox (adds, aborts) -> plan = scheduler.schedule() -> runner.decode(plan)
+    -> scheduler.update(plan, sampled) -> hand events to their requests -> publish a snapshot.
+The HTTP side never waits for a step: it reads the last published snapshot (an immutable
+dict swapped in by reference) and receives tokens through per-request asyncio queues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from localserve.engine.request import Request, TokenEvent
+from localserve.engine.runner import DecodeError
+from localserve.engine.scheduler import Scheduler, StepPlan
+
+log = logging.getLogger("localserve.engine")
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine thread is not running (stopped, or died): requests must fail fast."""
+
+
+class EngineLoop(threading.Thread):
+    def __init__(self, scheduler: Scheduler, runner):
+        super().__init__(name="localserve-engine", daemon=True)
+        self.scheduler = scheduler
+        self.runner = runner
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.failure: str | None = None  # set if the loop itself died
+        self.stopping = False
+        self.last_step_s = 0.0
+        self.snapshot: dict = self._build_snapshot()
+
+    # ---- called from any thread ---------------------------------------------------------
+    def submit(self, request: Request) -> None:
+        if not self.is_alive() or self.stopping:
+            raise EngineUnavailable(self.failure or "the engine is not running")
+        self.inbox.put(("add", request))
+
+    def abort(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id))
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.inbox.put(("stop", None))
+
+    # ---- the loop thread ----------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while self._drain_inbox(block=not self.scheduler.has_work()):
+                self.step()
+        except BaseException as exc:  # the loop must never vanish silently
+            self.failure = f"engine loop died: {exc!r}"
+            log.exception("engine loop died; failing all requests")
+            self._fail_everything(self.failure)
+        finally:
+            self.snapshot = self._build_snapshot()
+
+    def step(self) -> None:
+        plan = self.scheduler.schedule()
+        if not plan:
+            time.sleep(0.001)
+            return
+        started = time.perf_counter()
+        try:
+            sampled = self.runner.decode(plan)
+            events = self.scheduler.update(plan, sampled)
+        except DecodeError as exc:
+            log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
+            events = self.scheduler.fail(plan, str(exc))
+        except Exception as exc:  # a bug in one request's handling must not stop the others
+            log.exception("step failed; ending the requests in that batch")
+            events = self.scheduler.fail(plan, f"internal error: {exc!r}")
+        self.last_step_s = time.perf_counter() - started
+        self._deliver(events)
+        self.snapshot = self._build_snapshot(plan)
+
+    def _drain_inbox(self, block: bool) -> bool:
+        """Apply every pending add/abort; wait for one if idle. False when asked to stop."""
+        try:
+            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            kind, value = item
+            if kind == "stop":
+                self._fail_everything("the server is shutting down")
+                return False
+            if kind == "add":
+                self._add(value)
+            else:
+                found = self.scheduler.abort(value)
+                if found:
+                    self._deliver([found])
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _add(self, request: Request) -> None:
+        try:
+            self.scheduler.add(request)
+        except ValueError as exc:
+            self._deliver([(request, TokenEvent("", finish_reason="error", error=str(exc)))])
+
+    def _deliver(self, events) -> None:
+        for request, event in events:
+            try:
+                request.emit(event)
+            except Exception:  # a vanished client must not take the loop down
+                log.debug("could not deliver an event to %s", request.request_id, exc_info=True)
+
+    def _fail_everything(self, message: str) -> None:
+        pending = list(self.scheduler.waiting) + [s.request for s in self.scheduler.running]
+        for request in pending:
+            found = self.scheduler.abort(request.request_id)
+            if found:
+                event = found[1]
+                event.finish_reason, event.error = "error", message
+                self._deliver([found])
+        while True:  # requests submitted but never drained
+            try:
+                kind, value = self.inbox.get_nowait()
+            except queue.Empty:
+                break
+            if kind == "add":
+                self._deliver([(value, TokenEvent("", finish_reason="error", error=message))])
+
+    def _build_snapshot(self, plan: StepPlan | None = None) -> dict:
+        sched = self.scheduler
+        now = time.monotonic()
+        slots = []
+        for slot in sched.pool.slots:
+            req = slot.request
+            slots.append({
+                "id": slot.slot_id,
+                "state": slot.state.value,
+                "n_ctx": slot.n_ctx,
+                "n_cached": slot.n_cached,
+                "request_id": req.request_id if req else None,
+                "user": req.user if req else None,
+                "n_prompt_tokens": req.num_prompt_tokens if req else 0,
+                "n_decoded": req.num_output_tokens if req else 0,
+                "cached_tokens": req.cached_tokens if req else 0,
+                "age_s": round(now - req.arrival_time, 3) if req else None,
+            })
+        stats = sched.stats
+        oldest = sched.waiting[0].arrival_time if sched.waiting else None
+        return {
+            "slots": slots,
+            "queue": {"waiting": len(sched.waiting),
+                      "oldest_wait_s": round(now - oldest, 3) if oldest else 0.0},
+            "engine": {
+                "alive": self.failure is None and not self.stopping,
+                "failure": self.failure,
+                "steps": stats.steps,
+                "tokens_batched": stats.tokens_batched,
+                "last_step_tokens": plan.num_tokens if plan else 0,
+                "last_step_decode_rows": plan.num_decode_rows if plan else 0,
+                "last_step_ms": round(self.last_step_s * 1000, 2),
+                "max_decode_rows_in_step": stats.max_decode_rows_in_step,
+                "requests_finished": stats.requests_finished,
+                "requests_aborted": stats.requests_aborted,
+                "prompt_tokens_computed": stats.prompt_tokens_computed,
+                "prompt_tokens_cached": stats.prompt_tokens_cached,
+            },
+        }
+
+
+class RequestStream:
+    """The events of one submitted request, as an async iterator. cancel() (or leaving the
+    iteration through an exception, e.g. a client disconnect) aborts the request, so its slot
+    is free by the next step."""
+
+    def __init__(self, loop: EngineLoop, request: Request):
+        self.request = request
+        self.finished = False
+        self._loop = loop
+        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        request.emit = lambda event: aloop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            event = await self._events.get()
+        except BaseException:
+            self.cancel()
+            raise
+        self.finished = event.finished
+        return event
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._loop.abort(self.request.request_id)
+
+
+class AsyncEngine:
+    """What the HTTP handlers use: submit() a request, then iterate its RequestStream."""
+
+    def __init__(self, loop: EngineLoop):
+        self.loop = loop
+
+    @property
+    def snapshot(self) -> dict:
+        return self.loop.snapshot
+
+    @property
+    def healthy(self) -> bool:
+        return self.loop.is_alive() and self.loop.failure is None and not self.loop.stopping
+
+    def submit(self, request: Request) -> RequestStream:
+        """Queue a request; raises EngineUnavailable at once if the engine cannot take it."""
+        stream = RequestStream(self.loop, request)
+        self.loop.submit(request)
+        return stream

@@ -1,0 +1,202 @@
+"""LlamaRunner: the ONLY module that calls llama.cpp (through llama_cpp's low-level ctypes API).
+
+It loads the model and one context whose cache holds `n_slots` sequences (slot id = sequence
+id), turns a scheduler StepPlan into ONE llama_batch, runs llama_decode, and samples a token
+for every row that asked for logits, each with that slot's own sampler chain.
+ctypes releases the GIL inside llama_decode, so the HTTP side keeps serving during a step.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+
+import llama_cpp as C
+
+from localserve.engine.request import SamplingParams
+from localserve.engine.scheduler import StepPlan
+
+log = logging.getLogger("localserve.llama")
+
+_LOG_LEVEL_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
+
+
+@C.llama_log_callback
+def _llama_log(level, text, _user_data):
+    """Keep llama.cpp's chatter out of the console; pass on its warnings and errors."""
+    if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and text:
+        log.warning(text.decode("utf-8", "replace").rstrip())
+
+
+class DecodeError(RuntimeError):
+    """llama_decode refused a batch; the requests in it cannot continue."""
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    model_path: str
+    ctx_size: int = 8192
+    n_slots: int = 4
+    n_batch: int = 512  # = --max-num-batched-tokens: the most tokens one step may carry
+    n_threads: int | None = None
+    n_gpu_layers: int = 0
+    kv_unified: bool = False
+
+
+class LlamaRunner:
+    def __init__(self, config: RunnerConfig):
+        self.config = config
+        C.llama_log_set(_llama_log, ctypes.c_void_p(0))
+        C.llama_backend_init()
+        mparams = C.llama_model_default_params()
+        mparams.n_gpu_layers = config.n_gpu_layers
+        self.model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")
+        self.vocab = C.llama_model_get_vocab(self.model)
+        self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
+        threads = config.n_threads or os.cpu_count() or 1
+        cparams = C.llama_context_default_params()
+        cparams.n_ctx = config.ctx_size
+        cparams.n_seq_max = config.n_slots
+        cparams.n_batch = config.n_batch
+        cparams.n_ubatch = min(config.n_batch, 512)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.kv_unified = config.kv_unified
+        cparams.no_perf = True
+        self.ctx = C.llama_init_from_model(self.model, cparams)
+        if not self.ctx:
+            C.llama_model_free(self.model)
+            raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
+        self.memory = C.llama_get_memory(self.ctx)
+        self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)
+        self.batch = C.llama_batch_init(config.n_batch, 0, 1)
+        self.samplers: dict[int, C.llama_sampler_p] = {}
+        self._pieces: dict[int, bytes] = {}
+
+    # ---- model facts ------------------------------------------------------------------
+    def meta(self, key: str) -> str | None:
+        buf = ctypes.create_string_buffer(64 * 1024)
+        n = C.llama_model_meta_val_str(self.model, key.encode(), buf, len(buf))
+        return buf.value.decode("utf-8", "replace") if n >= 0 else None
+
+    @property
+    def chat_template(self) -> str | None:
+        raw = C.llama_model_chat_template(self.model, None)
+        return raw.decode("utf-8", "replace") if raw else None
+
+    def token_text(self, token: int) -> str:
+        """A special token's own spelling (e.g. '<|im_end|>'), for chat templates."""
+        if token < 0:
+            return ""
+        buf = ctypes.create_string_buffer(256)
+        n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, True)
+        return buf.raw[:max(n, 0)].decode("utf-8", "replace")
+
+    @property
+    def bos_text(self) -> str:
+        return self.token_text(C.llama_vocab_bos(self.vocab))
+
+    @property
+    def eos_text(self) -> str:
+        return self.token_text(C.llama_vocab_eos(self.vocab))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return C.llama_model_n_ctx_train(self.model)
+
+    # ---- vocabulary (the scheduler's Vocab protocol) ----------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        data = text.encode("utf-8")
+        n_max = len(data) + 8
+        buf = (C.llama_token * n_max)()
+        n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        if n < 0:
+            n_max = -n
+            buf = (C.llama_token * n_max)()
+            n = C.llama_tokenize(self.vocab, data, len(data), buf, n_max, add_special, parse_special)
+        return list(buf[:n])
+
+    def piece(self, token: int) -> bytes:
+        """The bytes a generated token adds to the text (control tokens add none). Cached."""
+        cached = self._pieces.get(token)
+        if cached is None:
+            buf = ctypes.create_string_buffer(256)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            cached = self._pieces[token] = buf.raw[:max(n, 0)]
+        return cached
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    # ---- one step ---------------------------------------------------------------------
+    def decode(self, plan: StepPlan) -> dict[int, int]:
+        """Run one llama_decode over the whole plan; return {slot_id: sampled token}."""
+        for slot_id, request, keep in plan.admitted:
+            C.llama_memory_seq_rm(self.memory, slot_id, keep, -1)
+            self._new_sampler(slot_id, request.params, request.prompt_tokens)
+        batch = self.batch
+        rows: list[tuple[int, int]] = []
+        i = 0
+        for chunk in plan.chunks:
+            pos = chunk.start_pos
+            for token in chunk.tokens:
+                batch.token[i] = token
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = chunk.slot_id
+                batch.logits[i] = 0
+                pos += 1
+                i += 1
+            if chunk.sample:
+                batch.logits[i - 1] = 1
+                rows.append((chunk.slot_id, i - 1))
+        batch.n_tokens = i
+        rc = C.llama_decode(self.ctx, batch)
+        if rc != 0:
+            for chunk in plan.chunks:
+                C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
+            raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
+                              f"from {len(plan.chunks)} sequences")
+        return {slot_id: C.llama_sampler_sample(self.samplers[slot_id], self.ctx, row)
+                for slot_id, row in rows}
+
+    def _new_sampler(self, slot_id: int, p: SamplingParams, prompt: list[int]) -> None:
+        """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist."""
+        old = self.samplers.pop(slot_id, None)
+        if old is not None:
+            C.llama_sampler_free(old)
+        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
+        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.penalized:
+            add(C.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
+                                               p.frequency_penalty, p.presence_penalty))
+        if p.greedy:
+            add(C.llama_sampler_init_greedy())
+        else:
+            if p.top_k > 0:
+                add(C.llama_sampler_init_top_k(p.top_k))
+            if p.top_p < 1.0:
+                add(C.llama_sampler_init_top_p(p.top_p, 1))
+            if p.min_p > 0.0:
+                add(C.llama_sampler_init_min_p(p.min_p, 1))
+            add(C.llama_sampler_init_temp(p.temperature))
+            seed = C.LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
+            add(C.llama_sampler_init_dist(seed))
+        if p.penalized:
+            for token in prompt[-p.penalty_last_n:] if p.penalty_last_n > 0 else prompt:
+                C.llama_sampler_accept(chain, token)
+        self.samplers[slot_id] = chain
+
+    def close(self) -> None:
+        for chain in self.samplers.values():
+            C.llama_sampler_free(chain)
+        self.samplers.clear()
+        if self.ctx:
+            C.llama_batch_free(self.batch)
+            C.llama_free(self.ctx)
+            C.llama_model_free(self.model)
+            self.ctx = None

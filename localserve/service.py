@@ -1,0 +1,97 @@
+"""Service: assembles runner, slots, scheduler and engine loop from Settings, and owns their life.
+
+The model loads on a background thread so that /health can answer 503 "loading" meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from localserve.api.chat_template import ChatTemplate
+from localserve.config import Settings, resolve_model
+from localserve.engine.loop import AsyncEngine, EngineLoop
+from localserve.engine.runner import LlamaRunner, RunnerConfig
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+
+log = logging.getLogger("localserve")
+
+
+class Service:
+    def __init__(self, settings: Settings):
+        self.settings = settings.validate()
+        self.model_path: Path | None = None
+        self.runner: LlamaRunner | None = None
+        self.loop: EngineLoop | None = None
+        self.engine: AsyncEngine | None = None
+        self.template: ChatTemplate | None = None
+        self.load_error: str | None = None
+        self.loaded = threading.Event()
+
+    @property
+    def model_id(self) -> str:
+        if self.settings.model_alias:
+            return self.settings.model_alias
+        return self.model_path.stem if self.model_path else "loading"
+
+    @property
+    def ready(self) -> bool:
+        return self.engine is not None and self.engine.healthy
+
+    @property
+    def n_ctx_per_slot(self) -> int:
+        return self.loop.scheduler.pool.n_ctx_per_slot
+
+    def start_loading(self) -> threading.Thread:
+        thread = threading.Thread(target=self.load, name="localserve-load", daemon=True)
+        thread.start()
+        return thread
+
+    def load(self) -> None:
+        s = self.settings
+        try:
+            self.model_path = resolve_model(s.model)
+            log.info("loading %s", self.model_path)
+            self.runner = LlamaRunner(RunnerConfig(
+                model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
+                n_batch=s.max_num_batched_tokens, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers))
+            pool = SlotPool(s.ctx_size, s.parallel)
+            if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
+                log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
+                            self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
+                pool = SlotPool(self.runner.n_ctx_per_slot * s.parallel, s.parallel)
+            scheduler = Scheduler(pool, self.runner, s.max_num_batched_tokens, s.max_num_seqs)
+            self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
+                                         self.runner.eos_text)
+            self.loop = EngineLoop(scheduler, self.runner)
+            self.loop.start()
+            self.engine = AsyncEngine(self.loop)
+            log.info("context split: %s", pool.describe())
+            log.info("scheduler: continuous batching, --max-num-batched-tokens %d, --max-num-seqs %d",
+                     scheduler.budget, scheduler.max_num_seqs)
+            if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
+                log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",
+                            pool.n_ctx_per_slot, self.runner.n_ctx_train)
+        except Exception as exc:
+            self.load_error = str(exc)
+            log.error("could not load the model: %s", exc)
+        finally:
+            self.loaded.set()
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a rendered prompt, adding BOS unless the template already wrote it."""
+        bos = self.runner.bos_text
+        add_special = not (bos and text.startswith(bos))
+        return self.runner.tokenize(text, add_special=add_special, parse_special=True)
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def stop(self) -> None:
+        if self.loop is not None:
+            self.loop.stop()
+            self.loop.join(timeout=10)
+        if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
+            self.runner.close()

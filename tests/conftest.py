@@ -1,0 +1,86 @@
+"""Fixtures that start the real server (real model, real llama.cpp) on a free port."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RunningServer:
+    def __init__(self, *args: str, log_name: str = "server"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp")) / f"localserve-{log_name}-{self.port}.log"
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "localserve", "up", "--port", str(self.port), *args],
+            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 120) -> "RunningServer":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise RuntimeError(f"server not ready after {timeout}s:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def slots(self) -> dict:
+        return httpx.get(self.url + "/slots", timeout=5).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """4 slots of 1024 tokens, small step budget so chunked prefill is exercised."""
+    srv = RunningServer("-c", "4096", "-np", "4", "--max-num-batched-tokens", "128", "-t", "2",
+                        log_name="main")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.fixture()
+def client(server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture()
+def aclient(server):
+    from openai import AsyncOpenAI
+
+    return AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
