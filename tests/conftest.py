@@ -80,7 +80,9 @@ def client(server):
 
 
 @pytest.fixture()
-def aclient(server):
+def make_aclient(server):
+    """A factory: an AsyncOpenAI client belongs to one event loop, so make one per asyncio.run."""
     from openai import AsyncOpenAI
 
-    return AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    return lambda: AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0,
+                               timeout=120)

@@ -1,10 +1,12 @@
 """The OpenAI API on the real model through the real server, with the official openai client."""
 
+import re
+
 import httpx
 import openai
 import pytest
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION = [{"role": "user", "content": "What is 2+2?"}]
 
 
 def test_health_models_and_slots_show_the_split(server, client):
@@ -22,7 +24,7 @@ def test_chat_completion(client):
     reply = client.chat.completions.create(model="default", messages=QUESTION, temperature=0,
                                            max_tokens=40)
     text = reply.choices[0].message.content
-    assert "Paris" in text
+    assert "4" in text
     assert reply.choices[0].finish_reason in ("stop", "length")
     assert reply.usage.prompt_tokens > 5 and 0 < reply.usage.completion_tokens <= 40
     assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
@@ -73,7 +75,8 @@ def test_prompt_too_long_is_refused_with_the_numbers(client, server):
     err = info.value.body
     assert err["code"] == "context_length_exceeded"
     assert "1024" in err["message"] and "-c 4096" in err["message"]
-    assert any(char.isdigit() for char in err["message"].split("is")[1])
+    n_prompt = int(re.search(r"prompt is (\d+) tokens", err["message"]).group(1))
+    assert n_prompt >= 1500
     assert all(s["state"] == "idle" for s in server.slots()["slots"])
 
 

@@ -53,7 +53,10 @@ class EngineLoop(threading.Thread):
     def run(self) -> None:
         try:
             while self._drain_inbox(block=not self.scheduler.has_work()):
-                self.step()
+                if self.scheduler.has_work():
+                    self.step()
+                else:  # e.g. the last request was just aborted: show the idle slots
+                    self.snapshot = self._build_snapshot()
         except BaseException as exc:  # the loop must never vanish silently
             self.failure = f"engine loop died: {exc!r}"
             log.exception("engine loop died; failing all requests")
@@ -83,7 +86,7 @@ class EngineLoop(threading.Thread):
     def _drain_inbox(self, block: bool) -> bool:
         """Apply every pending add/abort; wait for one if idle. False when asked to stop."""
         try:
-            item = self.inbox.get(timeout=0.5) if block else self.inbox.get_nowait()
+            item = self.inbox.get() if block else self.inbox.get_nowait()
         except queue.Empty:
             return True
         while True:
