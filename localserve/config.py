@@ -20,7 +20,7 @@ class Settings:
     model: str | None = None  # None: the embedded default model
     ctx_size: int = 8192
     parallel: int = 4
-    max_num_batched_tokens: int = 256
+    max_num_batched_tokens: int | None = None  # None: 64 on CPU, 512 with GPU offload
     max_num_seqs: int | None = None  # default: one per slot
     n_gpu_layers: int = 0
     threads: int | None = None
@@ -28,13 +28,24 @@ class Settings:
     port: int = 8080
     model_alias: str | None = None
 
+    @property
+    def step_token_budget(self) -> int:
+        """Tokens per engine step. On a CPU, prefill speed is flat from ~64-token chunks up
+        (measured: 278 tok/s at 64, 294 at 512 on 2 cores) while a step's length grows with
+        its size, so small steps keep every running stream smooth at almost no cost. A GPU
+        needs bigger steps to be busy."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        return 512 if self.n_gpu_layers > 0 else 64
+
     def validate(self) -> "Settings":
         checks = [
             (self.ctx_size >= 64, "-c/--ctx-size", self.ctx_size, "must be at least 64"),
             (self.parallel >= 1, "-np/--parallel", self.parallel, "must be at least 1"),
             (self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size", self.ctx_size,
              f"split over {self.parallel} slots leaves under 16 tokens per slot"),
-            (self.max_num_batched_tokens >= 1, "--max-num-batched-tokens",
+            (self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
+             "--max-num-batched-tokens",
              self.max_num_batched_tokens, "must be at least 1"),
             (self.max_num_seqs is None or self.max_num_seqs >= 1, "--max-num-seqs",
              self.max_num_seqs, "must be at least 1"),

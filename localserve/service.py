@@ -56,13 +56,13 @@ class Service:
             log.info("loading %s", self.model_path)
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
-                n_batch=s.max_num_batched_tokens, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers))
+                n_batch=s.step_token_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers))
             pool = SlotPool(s.ctx_size, s.parallel)
             if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
                 log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
                 pool = SlotPool(self.runner.n_ctx_per_slot * s.parallel, s.parallel)
-            scheduler = Scheduler(pool, self.runner, s.max_num_batched_tokens, s.max_num_seqs)
+            scheduler = Scheduler(pool, self.runner, s.step_token_budget, s.max_num_seqs)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self.loop = EngineLoop(scheduler, self.runner)
