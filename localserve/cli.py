@@ -28,6 +28,13 @@ def _up_parser(sub) -> None:
                        help="tokens per engine step: small = smooth streams while long prompts "
                             "arrive, large = faster prefill (default 64 on CPU, 512 with -ngl)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
+    sched.add_argument("--kv-unified", action="store_true",
+                       help="one cache pool of -c tokens shared by all slots instead of a fixed "
+                            "share each; when it runs short, the newest sequence is preempted")
+    sched.add_argument("--max-queue", type=int, default=64,
+                       help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
+    sched.add_argument("--queue-timeout", type=float,
+                       help="seconds a request may wait for a slot before it gets 503 (default: none)")
     net = up.add_argument_group("network")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     net.add_argument("--port", type=int, default=8080, help="port (default 8080)")
@@ -77,7 +84,9 @@ def run_bench(args: argparse.Namespace) -> int:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(model=args.model, model_alias=args.model_alias, ctx_size=args.ctx_size,
                     parallel=args.parallel, max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_num_seqs=args.max_num_seqs, n_gpu_layers=args.n_gpu_layers,
+                    max_num_seqs=args.max_num_seqs, kv_unified=args.kv_unified,
+                    max_queue=args.max_queue, queue_timeout=args.queue_timeout,
+                    n_gpu_layers=args.n_gpu_layers,
                     threads=args.threads, host=args.host, port=args.port).validate()
 
 

@@ -22,6 +22,9 @@ class Settings:
     parallel: int = 4
     max_num_batched_tokens: int | None = None  # None: 64 on CPU, 512 with GPU offload
     max_num_seqs: int | None = None  # default: one per slot
+    kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
+    max_queue: int | None = 64  # waiting requests beyond this get 503 at once
+    queue_timeout: float | None = None  # seconds a request may wait for a slot
     n_gpu_layers: int = 0
     threads: int | None = None
     host: str = "127.0.0.1"
@@ -42,13 +45,18 @@ class Settings:
         checks = [
             (self.ctx_size >= 64, "-c/--ctx-size", self.ctx_size, "must be at least 64"),
             (self.parallel >= 1, "-np/--parallel", self.parallel, "must be at least 1"),
-            (self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size", self.ctx_size,
+            (self.kv_unified or self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size",
+             self.ctx_size,
              f"split over {self.parallel} slots leaves under 16 tokens per slot"),
             (self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,
              "--max-num-batched-tokens",
              self.max_num_batched_tokens, "must be at least 1"),
             (self.max_num_seqs is None or self.max_num_seqs >= 1, "--max-num-seqs",
              self.max_num_seqs, "must be at least 1"),
+            (self.max_queue is None or self.max_queue >= 0, "--max-queue", self.max_queue,
+             "must be 0 or more"),
+            (self.queue_timeout is None or self.queue_timeout > 0, "--queue-timeout",
+             self.queue_timeout, "must be more than 0 seconds"),
             (self.threads is None or self.threads >= 1, "-t/--threads", self.threads,
              "must be at least 1"),
             (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),

@@ -56,21 +56,23 @@ class Service:
             log.info("loading %s", self.model_path)
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
-                n_batch=s.step_token_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers))
-            pool = SlotPool(s.ctx_size, s.parallel)
+                n_batch=s.step_token_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
+                kv_unified=s.kv_unified))
+            pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)
             if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
                 log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
-                pool = SlotPool(self.runner.n_ctx_per_slot * s.parallel, s.parallel)
+                total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
+                pool = SlotPool(total, s.parallel, unified=s.kv_unified)
             scheduler = Scheduler(pool, self.runner, s.step_token_budget, s.max_num_seqs)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
-            self.loop = EngineLoop(scheduler, self.runner)
+            self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
             log.info("context split: %s", pool.describe())
-            log.info("scheduler: continuous batching, --max-num-batched-tokens %d, --max-num-seqs %d",
-                     scheduler.budget, scheduler.max_num_seqs)
+            log.info("scheduler: continuous batching, --max-num-batched-tokens %d, --max-num-seqs %d, "
+                     "--max-queue %s", scheduler.budget, scheduler.max_num_seqs, s.max_queue)
             if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
                 log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",
                             pool.n_ctx_per_slot, self.runner.n_ctx_train)

@@ -15,7 +15,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from localserve.api.chat_template import ChatTemplateError
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
-from localserve.engine.loop import EngineUnavailable, RequestStream
+from localserve.engine.loop import EngineUnavailable, QueueFull, RequestStream
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams, TokenEvent
 from localserve.service import Service
@@ -64,6 +64,9 @@ def submit(service: Service, tokens: list[int], body: _Sampling) -> RequestStrea
     request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=body.user)
     try:
         return service.engine.submit(request)
+    except QueueFull as exc:
+        raise OpenAIError(503, f"The server is busy: {exc}. Retry in a few seconds.",
+                          "server_error", code="queue_full", headers={"Retry-After": "2"})
     except EngineUnavailable as exc:
         raise OpenAIError(503, f"the server cannot take requests now: {exc}", "server_error")
 
@@ -153,7 +156,7 @@ class Reply:
             if self.chat or self.prefix:
                 yield self._chunk([self._choice(self.prefix, None, first=True)])
             async for event in stream:
-                if event.finish_reason == "error":
+                if event.finish_reason in ("error", "timeout"):
                     yield {"data": json.dumps(error_payload(event))}
                     break
                 if event.text and not event.finished:
@@ -171,6 +174,9 @@ class Reply:
         try:
             async for event in stream:
                 parts.append(event.text)
+                if event.finish_reason == "timeout":
+                    raise OpenAIError(503, event.error, "server_error", code="queue_timeout",
+                                      headers={"Retry-After": "2"})
                 if event.finish_reason == "error":
                     raise OpenAIError(500, event.error or "generation failed", "server_error")
                 last = event

@@ -15,31 +15,48 @@ import queue
 import threading
 import time
 from localserve.engine.request import Request, TokenEvent
-from localserve.engine.runner import DecodeError
+from localserve.engine.runner import CacheFull, DecodeError
 from localserve.engine.scheduler import Scheduler, StepPlan
 
 log = logging.getLogger("localserve.engine")
+
+SNAPSHOT_QUEUE_ROWS = 50  # waiting requests listed one by one in /slots
 
 
 class EngineUnavailable(RuntimeError):
     """The engine thread is not running (stopped, or died): requests must fail fast."""
 
 
+class QueueFull(RuntimeError):
+    """--max-queue requests are already waiting: refuse at once rather than queue forever."""
+
+
 class EngineLoop(threading.Thread):
-    def __init__(self, scheduler: Scheduler, runner):
+    def __init__(self, scheduler: Scheduler, runner, max_queue: int | None = None,
+                 queue_timeout_s: float | None = None):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
         self.runner = runner
+        self.max_queue = max_queue
+        self.queue_timeout_s = queue_timeout_s
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.stopping = False
         self.last_step_s = 0.0
+        self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
+        self._queued_lock = threading.Lock()
         self.snapshot: dict = self._build_snapshot()
 
     # ---- called from any thread ---------------------------------------------------------
     def submit(self, request: Request) -> None:
         if not self.is_alive() or self.stopping:
             raise EngineUnavailable(self.failure or "the engine is not running")
+        with self._queued_lock:
+            if self.max_queue is not None and self.queued >= self.max_queue:
+                raise QueueFull(f"{self.queued} requests are already waiting (--max-queue "
+                                f"{self.max_queue})")
+            self.queued += 1
+        request.holds_queue_place = True
         self.inbox.put(("add", request))
 
     def abort(self, request_id: str) -> None:
@@ -65,7 +82,11 @@ class EngineLoop(threading.Thread):
             self.snapshot = self._build_snapshot()
 
     def step(self) -> None:
+        if self.queue_timeout_s is not None:
+            self._deliver(self.scheduler.expire_waiting(self.queue_timeout_s, time.monotonic()))
         plan = self.scheduler.schedule()
+        for _, request, _ in plan.admitted:
+            self._release_queue_place(request)
         if not plan:
             time.sleep(0.001)
             return
@@ -73,6 +94,12 @@ class EngineLoop(threading.Thread):
         try:
             sampled = self.runner.decode(plan)
             events = self.scheduler.update(plan, sampled)
+        except CacheFull as exc:
+            if self.scheduler.preempt_newest():
+                events = []  # the evicted request is requeued; this batch is planned again
+            else:
+                log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
+                events = self.scheduler.fail(plan, str(exc))
         except DecodeError as exc:
             log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
             events = self.scheduler.fail(plan, str(exc))
@@ -111,8 +138,16 @@ class EngineLoop(threading.Thread):
         except ValueError as exc:
             self._deliver([(request, TokenEvent("", finish_reason="error", error=str(exc)))])
 
+    def _release_queue_place(self, request: Request) -> None:
+        if request.holds_queue_place:
+            request.holds_queue_place = False
+            with self._queued_lock:
+                self.queued -= 1
+
     def _deliver(self, events) -> None:
         for request, event in events:
+            if event.finished:
+                self._release_queue_place(request)
             try:
                 request.emit(event)
             except Exception:  # a vanished client must not take the loop down
@@ -153,11 +188,17 @@ class EngineLoop(threading.Thread):
                 "age_s": round(now - req.arrival_time, 3) if req else None,
             })
         stats = sched.stats
-        oldest = sched.waiting[0].arrival_time if sched.waiting else None
+        oldest = sched.waiting.oldest_arrival()
+        waiting = [{"request_id": r.request_id, "user": r.user, "position": i,
+                    "wait_s": round(now - r.arrival_time, 3), "preempted": r.preemptions > 0}
+                   for i, r in zip(range(SNAPSHOT_QUEUE_ROWS), sched.waiting)]
         return {
             "slots": slots,
-            "queue": {"waiting": len(sched.waiting),
-                      "oldest_wait_s": round(now - oldest, 3) if oldest else 0.0},
+            "queue": {"waiting": len(sched.waiting), "max_queue": self.max_queue,
+                      "oldest_wait_s": round(now - oldest, 3) if oldest else 0.0,
+                      "requests": waiting},
+            "cache": {"unified": sched.pool.unified, "pool_tokens": sched.pool.ctx_size,
+                      "used_tokens": sched.pool.used},
             "engine": {
                 "alive": self.failure is None and not self.stopping,
                 "failure": self.failure,
@@ -169,8 +210,10 @@ class EngineLoop(threading.Thread):
                 "max_decode_rows_in_step": stats.max_decode_rows_in_step,
                 "requests_finished": stats.requests_finished,
                 "requests_aborted": stats.requests_aborted,
+                "preemptions": stats.preemptions,
                 "prompt_tokens_computed": stats.prompt_tokens_computed,
-                "prompt_tokens_cached": stats.prompt_tokens_cached,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits,
             },
         }
 

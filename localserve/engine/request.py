@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from localserve.engine.detokenize import IncrementalDetokenizer
+
 _ids = itertools.count(1)
 
 
@@ -80,6 +82,9 @@ class Request:
     finish_reason: str | None = None
     first_token_time: float | None = None
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission
+    preemptions: int = 0  # times evicted from the cache and requeued
+    detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
+    holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -34,6 +34,11 @@ class DecodeError(RuntimeError):
     """llama_decode refused a batch; the requests in it cannot continue."""
 
 
+class CacheFull(DecodeError):
+    """llama_decode found no free cache cells for the batch (return code 1). Nothing was
+    written, so the batch can be planned again after evicting a sequence."""
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     model_path: str
@@ -135,9 +140,11 @@ class LlamaRunner:
     # ---- one step ---------------------------------------------------------------------
     def decode(self, plan: StepPlan) -> dict[int, int]:
         """Run one llama_decode over the whole plan; return {slot_id: sampled token}."""
+        for slot_id in plan.dropped:
+            C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for slot_id, request, keep in plan.admitted:
             C.llama_memory_seq_rm(self.memory, slot_id, keep, -1)
-            self._new_sampler(slot_id, request.params, request.prompt_tokens)
+            self._new_sampler(slot_id, request.params, request.all_tokens)
         batch = self.batch
         rows: list[tuple[int, int]] = []
         i = 0
@@ -156,6 +163,8 @@ class LlamaRunner:
                 rows.append((chunk.slot_id, i - 1))
         batch.n_tokens = i
         rc = C.llama_decode(self.ctx, batch)
+        if rc == 1:
+            raise CacheFull(f"no free cache cells for a batch of {i} tokens")
         if rc != 0:
             for chunk in plan.chunks:
                 C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
@@ -164,8 +173,9 @@ class LlamaRunner:
         return {slot_id: C.llama_sampler_sample(self.samplers[slot_id], self.ctx, row)
                 for slot_id, row in rows}
 
-    def _new_sampler(self, slot_id: int, p: SamplingParams, prompt: list[int]) -> None:
-        """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist."""
+    def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
+        """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist.
+        Penalties see the history (prompt, plus output so far for a preempted request)."""
         old = self.samplers.pop(slot_id, None)
         if old is not None:
             C.llama_sampler_free(old)
@@ -187,7 +197,7 @@ class LlamaRunner:
             seed = C.LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
             add(C.llama_sampler_init_dist(seed))
         if p.penalized:
-            for token in prompt[-p.penalty_last_n:] if p.penalty_last_n > 0 else prompt:
+            for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:
                 C.llama_sampler_accept(chain, token)
         self.samplers[slot_id] = chain
 

@@ -5,17 +5,22 @@ Contract (called only from the engine loop thread, in this order, once per step)
   update(plan, sampled)      feed back the token sampled for every row that wanted logits;
                              advances slots, applies stop rules, returns (request, event) pairs
   fail(plan, message)        the decode of that plan failed: its requests end with an error
-Between steps the loop may call add(request) and abort(request_id).
+  preempt_newest()           the runner found no cache room: evict one sequence, retry later
+Between steps the loop may call add(request), abort(request_id) and expire_waiting(max_wait).
 
 One token budget per step (`max_num_batched_tokens`), spent in this order:
   1. one decode token for every slot generating (running streams never wait for a prefill);
   2. prompt chunks for slots still prefilling (chunked prefill: a long prompt spreads over steps);
-  3. admission of waiting requests into idle slots, first come first served, while budget,
-     slots and `max_num_seqs` last. A new request therefore waits one step, not a whole batch.
+  3. admission of waiting requests into idle slots (FairQueue order), while budget, slots,
+     `max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
+With one shared cache pool (--kv-unified), room is checked first: idle slots' kept prefixes
+are dropped, then the most recently admitted running sequence is preempted (cache dropped,
+request put back at the head of the queue, its prompt and output recomputed later).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -23,6 +28,9 @@ from typing import Protocol
 
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
+from localserve.engine.waiting import FairQueue
+
+log = logging.getLogger("localserve.scheduler")
 
 
 class Vocab(Protocol):
@@ -46,6 +54,7 @@ class StepPlan:
     chunks: list[SeqChunk] = field(default_factory=list)
     # slots newly given a request this step: (slot_id, request, tokens of old cache kept)
     admitted: list[tuple[int, Request, int]] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
 
     @property
     def num_tokens(self) -> int:
@@ -67,8 +76,30 @@ class SchedulerStats:
     max_decode_rows_in_step: int = 0  # proof of sharing: >1 means streams decoded together
     requests_finished: int = 0
     requests_aborted: int = 0
+    preemptions: int = 0
     prompt_tokens_computed: int = 0
-    prompt_tokens_cached: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up at admission
+    prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
+
+
+class PreemptionWatch:
+    """Says plainly, at most once a minute, when preemption is frequent."""
+
+    def __init__(self, threshold: int = 3, window_s: float = 60.0):
+        self.threshold, self.window_s = threshold, window_s
+        self.recent: deque[float] = deque()
+        self.last_warning = -window_s
+
+    def record(self, now: float) -> None:
+        self.recent.append(now)
+        while self.recent and now - self.recent[0] > self.window_s:
+            self.recent.popleft()
+        if len(self.recent) >= self.threshold and now - self.last_warning >= self.window_s:
+            self.last_warning = now
+            log.warning("the cache is too small for this traffic: %d preemptions in the last "
+                        "%.0f s, each one recomputes a prompt and stalls its stream. Fixes: a larger "
+                        "-c, fewer --parallel slots, a lower --max-num-seqs, or shorter max_tokens.",
+                        len(self.recent), self.window_s)
 
 
 class Scheduler:
@@ -80,8 +111,11 @@ class Scheduler:
         self.vocab = vocab
         self.budget = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs or len(pool.slots)
-        self.waiting: deque[Request] = deque()
+        self.waiting = FairQueue()
         self.stats = SchedulerStats()
+        self.preemption_watch = PreemptionWatch()
+        self._admissions = 0
+        self._pending_drops: list[int] = []
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -91,17 +125,24 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def abort(self, request_id: str) -> tuple[Request, TokenEvent] | None:
+    def abort(self, request_id: str, reason: str = "abort",
+              error: str | None = None) -> tuple[Request, TokenEvent] | None:
         """Drop a request wherever it is; its slot is free for the very next schedule()."""
         for req in self.waiting:
             if req.request_id == request_id:
                 self.waiting.remove(req)
-                return req, self._close(req, "abort")
+                return req, self._close(req, reason, error)
         for slot in self.pool.slots:
             if slot.request is not None and slot.request.request_id == request_id:
-                req = slot.request
-                return req, self._end(slot, "abort")
+                return slot.request, self._end(slot, reason, error=error)
         return None
+
+    def expire_waiting(self, max_wait_s: float, now: float) -> list[tuple[Request, TokenEvent]]:
+        """End requests that waited longer than `max_wait_s` without getting a slot."""
+        expired = [r for r in self.waiting if r.status is RequestStatus.WAITING
+                   and r.num_output_tokens == 0 and now - r.arrival_time > max_wait_s]
+        message = f"no slot became free within {max_wait_s:g} s; retry later"
+        return [self.abort(r.request_id, "timeout", message) for r in expired]
 
     @property
     def running(self) -> list[Slot]:
@@ -112,37 +153,116 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        plan = StepPlan()
+        plan = StepPlan(dropped=self._pending_drops)
+        self._pending_drops = []
+        if self.pool.unified:
+            self._make_room_for_decode(plan)
         budget = self.budget
         running = self.running
-        for slot in running:
-            if slot.state is SlotState.DECODE and budget > 0:
-                budget -= self._add_chunk(plan, slot, budget)
-        for slot in running:
-            if slot.state is SlotState.PREFILL and budget > 0:
-                budget -= self._add_chunk(plan, slot, budget)
+        for state in (SlotState.DECODE, SlotState.PREFILL):
+            for slot in running:
+                if slot.state is state and budget > 0 and self._room(plan) > 0:
+                    budget -= self._add_chunk(plan, slot, min(budget, self._room(plan)))
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs:
-            choice = self.pool.best_idle_slot(self.waiting[0].prompt_tokens)
-            if choice is None:
+            admitted = self._admit_next(plan, budget)
+            if not admitted:
                 break
-            slot, keep = choice
-            req = self.waiting.popleft()
-            slot.assign(req, keep)
-            req.status = RequestStatus.RUNNING
-            plan.admitted.append((slot.slot_id, req, keep))
-            self.stats.prompt_tokens_cached += keep
             n_running += 1
-            budget -= self._add_chunk(plan, slot, budget)
+            budget -= admitted
         return plan
 
-    def _add_chunk(self, plan: StepPlan, slot: Slot, budget: int) -> int:
+    def _room(self, plan: StepPlan) -> int:
+        """Cache cells still free for this step's batch (unbounded per slot in split mode:
+        there a slot's own limit ends its request instead)."""
+        if not self.pool.unified:
+            return self.budget
+        return self.pool.free - plan.num_tokens
+
+    def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
         pending = slot.pending_tokens()
-        tokens = pending[:budget]
+        tokens = pending[:limit]
         plan.chunks.append(SeqChunk(slot.slot_id, slot.request, tokens, slot.n_cached,
                                     sample=len(tokens) == len(pending)))
         return len(tokens)
 
+    def _admit_next(self, plan: StepPlan, budget: int) -> int:
+        """Admit the queue's head if a slot (and, when shared, cache room) is free.
+        Returns the tokens its first chunk took, 0 if nothing was admitted."""
+        req = self.waiting.peek()
+        tokens = req.all_tokens
+        choice = self.pool.best_idle_slot(tokens)
+        if choice is None:
+            return 0
+        slot, keep = choice
+        if self.pool.unified and not self._room_to_admit(plan, slot, keep, len(tokens) - keep + 1):
+            return 0
+        self.waiting.pop()
+        self._admissions += 1
+        slot.assign(req, keep, self._admissions)
+        req.status = RequestStatus.RUNNING
+        plan.admitted.append((slot.slot_id, req, keep))
+        if req.preemptions == 0:
+            self.stats.prefix_cache_queries += req.num_prompt_tokens
+            self.stats.prefix_cache_hits += keep
+        return self._add_chunk(plan, slot, min(budget, self._room(plan)))
+
+    # ---- the shared pool -----------------------------------------------------------
+    def _room_to_admit(self, plan: StepPlan, slot: Slot, keep: int, need: int) -> bool:
+        """Admit only if the whole remaining prompt fits: drop other idle slots' kept
+        prefixes (least recently used first) if that makes room; never preempt to admit."""
+        freed_by_slot = slot.n_cached - keep  # the chosen slot's cache beyond the shared prefix
+        while self._room(plan) + freed_by_slot < need:
+            victim = self.pool.lru_idle_with_cache(exclude=slot)
+            if victim is None:
+                return False
+            self._drop(plan, victim)
+        return True
+
+    def _make_room_for_decode(self, plan: StepPlan) -> None:
+        """Every decoding slot needs one free cell this step; find them or preempt."""
+        while True:
+            need = sum(1 for s in self.pool.slots if s.state is SlotState.DECODE)
+            if self.pool.free >= need:
+                return
+            victim = self.pool.lru_idle_with_cache()
+            if victim is not None:
+                self._drop(plan, victim)
+            elif not self._preempt(plan):
+                return
+
+    def _drop(self, plan: StepPlan, slot: Slot) -> None:
+        slot.cached.clear()
+        plan.dropped.append(slot.slot_id)
+
+    def _preempt(self, plan: StepPlan) -> bool:
+        running = self.running
+        if len(running) < 2:
+            return False  # a lone sequence that fills the pool ends by its length limit instead
+        slot = max(running, key=lambda s: s.admitted_seq)
+        req = slot.request
+        dropped = slot.n_cached
+        self._drop(plan, slot)
+        slot.release()
+        req.status = RequestStatus.WAITING
+        req.preemptions += 1
+        self.waiting.push_front(req)
+        self.stats.preemptions += 1
+        log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed): cache pool "
+                 "%d tokens, %d running, %d waiting", req.request_id, slot.slot_id, dropped,
+                 self.pool.ctx_size, len(running) - 1, len(self.waiting))
+        self.preemption_watch.record(time.monotonic())
+        return True
+
+    def preempt_newest(self) -> bool:
+        """The runner found no room for a planned batch (fragmentation): evict one sequence;
+        its cache is cleared with the next plan, and the batch is planned again."""
+        plan = StepPlan()
+        done = self._preempt(plan)
+        self._pending_drops.extend(plan.dropped)
+        return done
+
+    # ---- after the decode ----------------------------------------------------------
     def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Request, TokenEvent]]:
         self._count(plan)
         events = []
@@ -177,8 +297,8 @@ class Scheduler:
             req.first_token_time = time.monotonic()
         if self.vocab.is_eog(token) and not req.params.ignore_eos:
             return self._end(slot, "stop", token=token)
-        text = slot.detokenizer.feed(self.vocab.piece(token))
-        if slot.detokenizer.stopped:
+        text = req.detokenizer.feed(self.vocab.piece(token))
+        if req.detokenizer.stopped:
             return self._end(slot, "stop", text, token)
         if req.num_output_tokens >= req.params.max_tokens or slot.n_cached >= slot.n_ctx:
             return self._end(slot, "length", text, token)
@@ -187,8 +307,8 @@ class Scheduler:
     def _end(self, slot: Slot, reason: str, text: str = "", token: int | None = None,
              error: str | None = None) -> TokenEvent:
         req = slot.request
-        if reason in ("stop", "length") and slot.detokenizer is not None:
-            text += slot.detokenizer.flush()
+        if reason in ("stop", "length") and req.detokenizer is not None:
+            text += req.detokenizer.flush()
         slot.release()
         event = self._close(req, reason, error)
         event.text, event.token_ids = text, (() if token is None else (token,))

@@ -19,6 +19,10 @@ from localserve.engine.detokenize import IncrementalDetokenizer
 from localserve.engine.request import Request
 
 
+# A shorter shared prefix does not justify overwriting the least recently used slot's cache.
+MIN_PREFIX_REUSE = 16
+
+
 class SlotState(enum.Enum):
     IDLE = "idle"
     PREFILL = "prefill"
@@ -32,8 +36,8 @@ class Slot:
     state: SlotState = SlotState.IDLE
     request: Request | None = None
     cached: list[int] = field(default_factory=list)  # tokens in this slot's cache, positions 0..n-1
-    detokenizer: IncrementalDetokenizer | None = None
     last_used: float = 0.0
+    admitted_seq: int = 0  # admission order: the newest running request is preempted first
 
     @property
     def n_cached(self) -> int:
@@ -51,18 +55,19 @@ class Slot:
             return req.prompt_tokens[self.n_cached:] + req.output_tokens
         return req.output_tokens[self.n_cached - n_prompt:]
 
-    def assign(self, request: Request, keep: int) -> None:
+    def assign(self, request: Request, keep: int, admitted_seq: int) -> None:
         """Take a request, keeping the first `keep` cached tokens (a shared prefix)."""
         del self.cached[keep:]
         self.request = request
         self.state = SlotState.PREFILL
-        self.detokenizer = IncrementalDetokenizer(request.params.stop)
-        request.cached_tokens = keep
+        self.admitted_seq = admitted_seq
+        if request.detokenizer is None:
+            request.detokenizer = IncrementalDetokenizer(request.params.stop)
+            request.cached_tokens = keep
 
     def release(self) -> None:
         """Back to IDLE; the cache stays for prefix reuse."""
         self.request = None
-        self.detokenizer = None
         self.state = SlotState.IDLE
         self.last_used = time.monotonic()
 
@@ -76,32 +81,49 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class SlotPool:
-    """The `-c` split: `n_slots` slots of `ctx_size // n_slots` tokens each."""
+    """Split mode (default): `n_slots` slots of `ctx_size // n_slots` tokens each, every slot
+    bounded by its own share. Unified mode (--kv-unified): one pool of `ctx_size` tokens that
+    all slots draw from; a sequence may grow to the whole pool, and admission needs free room."""
 
-    def __init__(self, ctx_size: int, n_slots: int):
+    def __init__(self, ctx_size: int, n_slots: int, unified: bool = False):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
-        if ctx_size // n_slots < 16:
+        if not unified and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size = ctx_size
-        self.n_ctx_per_slot = ctx_size // n_slots
+        self.unified = unified
+        self.n_ctx_per_slot = ctx_size if unified else ctx_size // n_slots
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
 
+    @property
+    def used(self) -> int:
+        return sum(len(s.cached) for s in self.slots)
+
+    @property
+    def free(self) -> int:
+        return self.ctx_size - self.used
+
     def describe(self) -> str:
+        if self.unified:
+            return (f"{len(self.slots)} slots sharing one cache pool of -c {self.ctx_size} tokens "
+                    f"(--kv-unified; one request may use up to {self.ctx_size})")
         return (f"{len(self.slots)} slots × {self.n_ctx_per_slot} tokens = -c {self.ctx_size} "
                 f"(each request's prompt + output must fit in {self.n_ctx_per_slot} tokens)")
 
-    def best_idle_slot(self, prompt: list[int]) -> tuple[Slot, int] | None:
-        """The idle slot sharing the longest cached prefix with `prompt`, else the least recently
-        used one; with how many cached tokens it can keep (always leaving >= 1 prompt token to
-        compute, because the first output token needs logits from a decoded prompt token)."""
-        best, best_key = None, None
-        for slot in self.slots:
-            if slot.busy:
-                continue
-            lcp = min(common_prefix_len(slot.cached, prompt), len(prompt) - 1)
-            key = (lcp, -slot.last_used)
-            if best_key is None or key > best_key:
-                best, best_key = slot, key
-        return None if best is None else (best, best_key[0])
+    def lru_idle_with_cache(self, exclude: Slot | None = None) -> Slot | None:
+        idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]
+        return min(idle, key=lambda s: s.last_used, default=None)
+
+    def best_idle_slot(self, tokens: list[int]) -> tuple[Slot, int] | None:
+        """The idle slot sharing the longest cached prefix with `tokens` (at least
+        MIN_PREFIX_REUSE tokens), else the least recently used one; with how many cached tokens
+        it keeps (always leaving >= 1 token to compute: the next token needs fresh logits)."""
+        idle = [s for s in self.slots if not s.busy]
+        if not idle:
+            return None
+        shared = {s.slot_id: min(common_prefix_len(s.cached, tokens), len(tokens) - 1) for s in idle}
+        best = max(idle, key=lambda s: (shared[s.slot_id], -s.last_used))
+        if shared[best.slot_id] < MIN_PREFIX_REUSE:
+            best = min(idle, key=lambda s: s.last_used)
+        return best, shared[best.slot_id]

@@ -1,0 +1,78 @@
+"""The waiting queue: first come first served within each user, turns taken between users.
+
+Requests carry an identity (`user`: an API key's name or the request's `user` field; None is
+one shared "anonymous" identity). The queue serves users round-robin, so one user's batch of
+fifty requests does not starve a colleague's single question. Preempted requests go to a
+priority lane served before everyone: they were admitted once and hold a client mid-answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Iterator
+
+from localserve.engine.request import Request
+
+
+class FairQueue:
+    def __init__(self):
+        self._resumed: deque[Request] = deque()  # preempted, served first, oldest first
+        self._by_user: OrderedDict[str | None, deque[Request]] = OrderedDict()  # rotation order
+
+    def __len__(self) -> int:
+        return len(self._resumed) + sum(len(q) for q in self._by_user.values())
+
+    def __bool__(self) -> bool:
+        return bool(self._resumed) or bool(self._by_user)
+
+    def append(self, request: Request) -> None:
+        self._by_user.setdefault(request.user, deque()).append(request)
+
+    def push_front(self, request: Request) -> None:
+        """A preempted request: back at the head, before every other waiting one."""
+        self._resumed.appendleft(request)
+
+    def peek(self) -> Request:
+        if self._resumed:
+            return self._resumed[0]
+        return next(iter(self._by_user.values()))[0]
+
+    def pop(self) -> Request:
+        """The head; its user then goes to the back of the rotation."""
+        if self._resumed:
+            return self._resumed.popleft()
+        user, queue = next(iter(self._by_user.items()))
+        request = queue.popleft()
+        del self._by_user[user]
+        if queue:
+            self._by_user[user] = queue
+        return request
+
+    def remove(self, request: Request) -> bool:
+        if request in self._resumed:
+            self._resumed.remove(request)
+            return True
+        queue = self._by_user.get(request.user)
+        if queue is None or request not in queue:
+            return False
+        queue.remove(request)
+        if not queue:
+            del self._by_user[request.user]
+        return True
+
+    def __iter__(self) -> Iterator[Request]:
+        """Requests in the order they will be served (if nothing else arrives)."""
+        yield from self._resumed
+        queues = [list(q) for q in self._by_user.values()]
+        for depth in range(max((len(q) for q in queues), default=0)):
+            for queue in queues:
+                if depth < len(queue):
+                    yield queue[depth]
+
+    def oldest_arrival(self) -> float | None:
+        return min((r.arrival_time for r in self._all()), default=None)
+
+    def _all(self) -> Iterator[Request]:
+        yield from self._resumed
+        for queue in self._by_user.values():
+            yield from queue
