@@ -15,6 +15,7 @@ from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.engine.runner import LlamaRunner, RunnerConfig
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
+from localserve.metrics import build_registry
 
 log = logging.getLogger("localserve")
 
@@ -29,6 +30,8 @@ class Service:
         self.template: ChatTemplate | None = None
         self.load_error: str | None = None
         self.loaded = threading.Event()
+        self.metrics_registry, self.metrics = build_registry(
+            lambda: self.engine.snapshot if self.engine is not None else None)
 
     @property
     def model_id(self) -> str:
@@ -67,7 +70,8 @@ class Service:
             scheduler = Scheduler(pool, self.runner, s.step_token_budget, s.max_num_seqs)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
-            self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout)
+            self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
+                                   observer=self.metrics)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
             log.info("context split: %s", pool.describe())

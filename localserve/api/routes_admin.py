@@ -4,7 +4,8 @@ so they answer at once even while a long prefill is running."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 router = APIRouter()
 
@@ -37,3 +38,10 @@ async def slots(request: Request):
         "split": pool.describe(),
         **snap,
     }
+
+
+@router.get("/metrics")
+async def metrics(request: Request):
+    """Prometheus exposition: from the last published snapshot, never waiting for a step."""
+    registry = request.app.state.service.metrics_registry
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -33,12 +33,13 @@ class QueueFull(RuntimeError):
 
 class EngineLoop(threading.Thread):
     def __init__(self, scheduler: Scheduler, runner, max_queue: int | None = None,
-                 queue_timeout_s: float | None = None):
+                 queue_timeout_s: float | None = None, observer=None):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
         self.runner = runner
         self.max_queue = max_queue
         self.queue_timeout_s = queue_timeout_s
+        self.observer = observer  # metrics: on_step(plan, seconds), on_event(request, event)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.stopping = False
@@ -107,6 +108,8 @@ class EngineLoop(threading.Thread):
             log.exception("step failed; ending the requests in that batch")
             events = self.scheduler.fail(plan, f"internal error: {exc!r}")
         self.last_step_s = time.perf_counter() - started
+        if self.observer is not None:
+            self.observer.on_step(plan, self.last_step_s)
         self._deliver(events)
         self.snapshot = self._build_snapshot(plan)
 
@@ -149,6 +152,8 @@ class EngineLoop(threading.Thread):
             if event.finished:
                 self._release_queue_place(request)
             try:
+                if self.observer is not None:
+                    self.observer.on_event(request, event)
                 request.emit(event)
             except Exception:  # a vanished client must not take the loop down
                 log.debug("could not deliver an event to %s", request.request_id, exc_info=True)

@@ -81,6 +81,7 @@ class Request:
     output_tokens: list[int] = field(default_factory=list)
     finish_reason: str | None = None
     first_token_time: float | None = None
+    last_token_time: float | None = None  # kept by the metrics observer for inter-token gaps
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission
     preemptions: int = 0  # times evicted from the cache and requeued
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions

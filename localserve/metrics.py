@@ -1,0 +1,132 @@
+"""Prometheus metrics, vLLM-style names under `localserve:`.
+
+Two sources, neither of which ever waits for the engine:
+- EngineMetrics observes the engine loop (histograms of latencies and batch fullness, token
+  and finish counters), called from the loop thread after each step;
+- SnapshotCollector turns the snapshot the engine published after its last step (queue,
+  slots, cache, preemptions, prefix cache) and psutil's view of this machine into gauges and
+  counters at scrape time.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import psutil
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+P = "localserve:"
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
+                   1.5, 2.0, 3.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+STEP_TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+class EngineMetrics:
+    """The engine loop's observer: it calls on_step() after each step and on_event() for
+    every event it delivers."""
+
+    def __init__(self, registry: CollectorRegistry):
+        def hist(name, doc, buckets=LATENCY_BUCKETS):
+            return Histogram(P + name, doc, buckets=buckets, registry=registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "Arrival to first generated token.")
+        self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a stream.")
+        self.e2e = hist("e2e_request_latency_seconds", "Arrival to the last token.")
+        self.queue_time = hist("request_queue_time_seconds", "Arrival to first admission into a slot.")
+        self.step_time = hist("engine_step_seconds", "Wall time of one engine step (llama_decode and all).")
+        self.step_tokens = hist("iteration_tokens_total", "Tokens carried by one engine step (batch fullness).",
+                                STEP_TOKEN_BUCKETS)
+        self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests.",
+                                     registry=registry)
+        self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens.", registry=registry)
+        self.finished = Counter(P + "request_success", "Requests finished, by reason.",
+                                ["finished_reason"], registry=registry)
+
+    def on_step(self, plan, seconds: float) -> None:
+        self.step_time.observe(seconds)
+        self.step_tokens.observe(plan.num_tokens)
+        for _, request, _ in plan.admitted:
+            if request.preemptions == 0:
+                self.queue_time.observe(time.monotonic() - request.arrival_time)
+
+    def on_event(self, request, event) -> None:
+        now = time.monotonic()
+        if event.token_ids:
+            self.generation_tokens.inc(len(event.token_ids))
+            if request.last_token_time is None:
+                self.ttft.observe(now - request.arrival_time)
+            else:
+                self.itl.observe(now - request.last_token_time)
+            request.last_token_time = now
+        if event.finished:
+            self.finished.labels(event.finish_reason).inc()
+            self.prompt_tokens.inc(event.prompt_tokens)
+            if event.finish_reason in ("stop", "length"):
+                self.e2e.observe(now - request.arrival_time)
+
+
+class SnapshotCollector:
+    """Gauges read at scrape time from the engine's last published snapshot and psutil."""
+
+    def __init__(self, snapshot_source):
+        self.snapshot_source = snapshot_source  # () -> dict | None
+        self.process = psutil.Process(os.getpid())
+        self.process.cpu_percent(None)  # prime: the first call always returns 0
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        yield from self._system()
+        snap = self.snapshot_source()
+        if snap is None:
+            return
+        slots, queue, cache, engine = snap["slots"], snap["queue"], snap["cache"], snap["engine"]
+        yield _gauge("num_requests_running", "Requests holding a slot.",
+                     sum(1 for s in slots if s["state"] != "idle"))
+        yield _gauge("num_requests_waiting", "Requests waiting for a slot.", queue["waiting"])
+        yield _gauge("oldest_waiting_seconds", "How long the oldest waiting request has waited.",
+                     queue["oldest_wait_s"])
+        pool_used = cache["used_tokens"] / max(cache["pool_tokens"], 1)
+        yield _gauge("kv_cache_usage_perc", "Share of the whole cache holding tokens (0-1).", pool_used)
+        per_slot = GaugeMetricFamily(P + "slot_cache_usage_perc",
+                                     "Share of each slot's context in use (0-1).", labels=["slot"])
+        busy = GaugeMetricFamily(P + "slot_busy", "1 if the slot serves a request.", labels=["slot"])
+        for s in slots:
+            per_slot.add_metric([str(s["id"])], s["n_cached"] / max(s["n_ctx"], 1))
+            busy.add_metric([str(s["id"])], 0 if s["state"] == "idle" else 1)
+        yield per_slot
+        yield busy
+        for name, key, doc in (
+            ("num_preemptions", "preemptions", "Sequences evicted from the cache and requeued."),
+            ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in slot caches."),
+            ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in slot caches."),
+            ("engine_steps", "steps", "Engine steps (one llama_decode each)."),
+            ("requests_aborted", "requests_aborted", "Requests aborted (client gone)."),
+        ):
+            yield CounterMetricFamily(P + name, doc, value=engine[key])
+        yield _gauge("engine_alive", "1 while the engine loop runs.", 1 if engine["alive"] else 0)
+
+    def _system(self):
+        mem = psutil.virtual_memory()
+        yield _gauge("process_cpu_percent", "Server process CPU use (100 = one core).",
+                     self.process.cpu_percent(None))
+        yield _gauge("process_resident_memory_bytes", "Server process resident memory.",
+                     self.process.memory_info().rss)
+        yield _gauge("system_memory_total_bytes", "Machine memory.", mem.total)
+        yield _gauge("system_memory_available_bytes", "Machine memory available.", mem.available)
+        yield _gauge("system_cpu_count", "Logical CPUs of the server machine.", psutil.cpu_count() or 0)
+        yield _gauge("system_cpu_percent", "Machine CPU use since the last scrape (0-100).",
+                     psutil.cpu_percent(None))
+
+
+def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+    return GaugeMetricFamily(P + name, doc, value=value)
+
+
+def build_registry(snapshot_source) -> tuple[CollectorRegistry, EngineMetrics]:
+    registry = CollectorRegistry()
+    registry.register(SnapshotCollector(snapshot_source))
+    return registry, EngineMetrics(registry)
