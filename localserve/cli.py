@@ -53,10 +53,19 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--out", help="write every figure as JSON to this file")
 
 
+def _top_parser(sub) -> None:
+    from tui.app import build_parser as build_top_parser
+
+    top = sub.add_parser("top", help="live terminal dashboard of a running server",
+                         description="Slot occupancy, queue, throughput and the server machine, live.")
+    build_top_parser(top)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localserve", description="A local LLM server.")
     sub = parser.add_subparsers(dest="command", required=True)
     _up_parser(sub)
+    _top_parser(sub)
     _bench_parser(sub)
     return parser
 
@@ -115,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "top":
+        from tui.app import run as run_top
+
+        return run_top(args)
     return 2
 
 

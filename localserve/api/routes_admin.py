@@ -7,6 +7,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from localserve import __version__
+
 router = APIRouter()
 
 
@@ -45,3 +47,24 @@ async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step."""
     registry = request.app.state.service.metrics_registry
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/props")
+async def props(request: Request):
+    """Model, backend, the -c split and scheduler settings: what a dashboard's header shows."""
+    service = request.app.state.service
+    if service.engine is None:
+        return JSONResponse({"status": "loading"}, status_code=503)
+    s = service.settings
+    pool = service.loop.scheduler.pool
+    facts = service.runner.describe()
+    facts["model"].update(id=service.model_id, path=str(service.model_path))
+    return {
+        **facts,
+        "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
+        "kv_unified": pool.unified, "split": pool.describe(),
+        "scheduler": {"policy": "continuous", "max_num_batched_tokens": service.loop.scheduler.budget,
+                      "max_num_seqs": service.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
+                      "queue_timeout_s": s.queue_timeout},
+        "version": __version__,
+    }

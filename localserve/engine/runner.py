@@ -113,6 +113,28 @@ class LlamaRunner:
     def n_ctx_train(self) -> int:
         return C.llama_model_n_ctx_train(self.model)
 
+    def describe(self) -> dict:
+        """Model and backend facts for /props and the start-up log."""
+        buf = ctypes.create_string_buffer(256)
+        C.llama_model_desc(self.model, buf, len(buf))
+        description = buf.value.decode("utf-8", "replace")  # e.g. "llama 256M Q4_1"
+        info = C.llama_print_system_info().decode("utf-8", "replace")
+        backend = next((name for name in ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL")
+                        if name in info), "CPU")
+        gpu = bool(C.llama_supports_gpu_offload())
+        n_layers = C.llama_model_n_layer(self.model)
+        return {
+            "model": {"description": description,
+                      "n_params": C.llama_model_n_params(self.model),
+                      "size_bytes": C.llama_model_size(self.model), "n_layers": n_layers,
+                      "n_ctx_train": self.n_ctx_train, "n_vocab": self.n_vocab,
+                      "quantization": description.rsplit(" ", 1)[-1],
+                      "name": self.meta("general.name")},
+            "backend": {"name": backend.lower(), "gpu_offload": gpu,
+                        "n_gpu_layers": min(self.config.n_gpu_layers, n_layers + 1) if gpu else 0,
+                        "system_info": info.strip(" |")},
+        }
+
     # ---- vocabulary (the scheduler's Vocab protocol) ----------------------------------
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")

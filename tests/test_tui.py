@@ -1,0 +1,119 @@
+"""The dashboard: snapshots of fixed payloads, and a pilot against the real server under load."""
+
+import asyncio
+import threading
+
+from test_tui_model import METRICS, slots
+from tui.app import Dashboard, FetchError, http_fetcher
+
+PROPS = {"backend": {"name": "cpu", "gpu_offload": False}, "model": {"n_layers": 30}}
+
+
+def scripted(payloads):
+    """A fetch that replays fixed payloads (then repeats the last), and a clock that ticks 2 s."""
+    state = {"i": 0, "t": 0.0}
+
+    async def fetch():
+        item = payloads[min(state["i"], len(payloads) - 1)]
+        state["i"] += 1
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def clock():
+        state["t"] += 2.0
+        return state["t"]
+
+    return fetch, clock
+
+
+def busy_dashboard(extra=()):
+    fetch, clock = scripted([
+        (slots(10), METRICS.format(gen=100, b1=0, b2=0), PROPS),
+        (slots(30, preemptions=1), METRICS.format(gen=160, b1=3, b2=4), PROPS),
+        *extra,
+    ])
+    return Dashboard(fetch, url="http://office-server:8080", interval=3600, clock=clock)
+
+
+async def poll_twice(pilot):
+    await pilot.pause()
+    pilot.app.poll()
+    await pilot.pause(0.2)
+
+
+def test_snapshot_busy_server_with_a_preemption(snap_compare):
+    assert snap_compare(busy_dashboard(), terminal_size=(100, 26), run_before=poll_twice)
+
+
+def test_snapshot_unreachable_server_keeps_the_last_view(snap_compare):
+    app = busy_dashboard(extra=[FetchError("unreachable, retrying (ConnectError)")])
+
+    async def three_polls(pilot):
+        await poll_twice(pilot)
+        pilot.app.poll()
+        await pilot.pause(0.2)
+
+    assert snap_compare(app, terminal_size=(100, 26), run_before=three_polls)
+
+
+def test_keys_pause_sort_and_resize():
+    async def run():
+        app = busy_dashboard()
+        async with app.run_test(size=(100, 26)) as pilot:
+            await poll_twice(pilot)
+            await pilot.press("s")
+            assert app.sort_key == "state"
+            await pilot.press("p")
+            assert app.paused and app.status == "paused"
+            await pilot.resize_terminal(50, 14)
+            await pilot.pause()
+            assert app.query_one("#slots").row_count == 2
+            await pilot.press("q")
+        assert app.return_code == 0
+
+    asyncio.run(run())
+
+
+def test_pilot_against_the_real_server_sees_slots_busy_then_idle(server, client):
+    load = [threading.Thread(target=lambda i=i: client.completions.create(
+        model="default", prompt=f"Story number {i}:", max_tokens=60,
+        extra_body={"ignore_eos": True})) for i in range(3)]
+
+    async def run():
+        app = Dashboard(http_fetcher(server.url), url=server.url, interval=0.2)
+        async with app.run_test(size=(110, 30)) as pilot:
+            for t in load:
+                t.start()
+            busy_seen = 0
+            for _ in range(200):
+                await pilot.pause(0.1)
+                if app.view and sum(r.state != "idle" for r in app.view.slots) >= 2:
+                    busy_seen += 1
+                if busy_seen and not any(t.is_alive() for t in load):
+                    break
+            for _ in range(50):
+                await pilot.pause(0.1)
+                if app.view and all(r.state == "idle" for r in app.view.slots):
+                    break
+            assert busy_seen > 0
+            assert all(r.state == "idle" for r in app.view.slots)
+            assert app.status == "live" and "SmolLM2" in app.view.model
+            assert app.view.backend.startswith("cpu")
+
+    asyncio.run(run())
+    for t in load:
+        t.join()
+
+
+def test_unreachable_server_is_reported_not_fatal():
+    async def run():
+        app = Dashboard(http_fetcher("http://127.0.0.1:9"), url="http://127.0.0.1:9", interval=0.1)
+        async with app.run_test(size=(80, 20)) as pilot:
+            for _ in range(30):
+                await pilot.pause(0.1)
+                if app.polls >= 2:
+                    break
+            assert app.polls >= 2 and app.status.startswith("unreachable, retrying")
+
+    asyncio.run(run())

@@ -1,0 +1,46 @@
+"""The dashboard's pure part: metrics parsing, histogram percentiles, rates between polls."""
+
+import pytest
+
+from tui.model import Tracker, histogram_quantile
+
+METRICS = """# TYPE localserve:generation_tokens counter
+localserve:generation_tokens_total {gen}
+# TYPE localserve:time_to_first_token_seconds histogram
+localserve:time_to_first_token_seconds_bucket{{le="0.5"}} {b1}
+localserve:time_to_first_token_seconds_bucket{{le="1.0"}} {b2}
+localserve:time_to_first_token_seconds_bucket{{le="+Inf"}} {b2}
+localserve:time_to_first_token_seconds_count {b2}
+localserve:time_to_first_token_seconds_sum 1.0
+"""
+
+
+def slots(n_decoded, preemptions=0, state="decode"):
+    return {"model": "m", "split": "2 slots × 512 tokens = -c 1024 (x)",
+            "slots": [{"id": 0, "state": state, "n_ctx": 512, "n_cached": 100, "request_id": "r1",
+                       "user": "ann", "n_decoded": n_decoded, "age_s": 3.0},
+                      {"id": 1, "state": "idle", "n_ctx": 512, "n_cached": 0, "request_id": None,
+                       "user": None, "n_decoded": 0, "age_s": None}],
+            "queue": {"waiting": 2, "oldest_wait_s": 1.5},
+            "engine": {"preemptions": preemptions}}
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    buckets = [(0.1, 0), (0.2, 50), (0.4, 100), (float("inf"), 100)]
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.2)
+    assert histogram_quantile(0.75, buckets) == pytest.approx(0.3)
+    assert histogram_quantile(0.5, [(1.0, 0), (float("inf"), 0)]) is None
+
+
+def test_rates_come_from_differences_between_polls():
+    tracker = Tracker()
+    first = tracker.update(slots(10), METRICS.format(gen=100, b1=0, b2=0), now=10.0)
+    assert first.tok_s == 0.0 and first.slots[0].tok_s == 0.0
+    second = tracker.update(slots(30, preemptions=1), METRICS.format(gen=160, b1=3, b2=4), now=12.0)
+    assert second.tok_s == pytest.approx(30.0)
+    assert second.slots[0].tok_s == pytest.approx(10.0)
+    assert second.preempted_just_now and second.preemptions == 1
+    assert second.ttft_p50 == pytest.approx(1 / 3 * 0.5 * 2, rel=0.01)  # 2nd of 4 in the 0-0.5 bucket
+    assert second.waiting == 2 and second.slots[0].user == "ann"
+    third = tracker.update(slots(30, preemptions=1), METRICS.format(gen=160, b1=3, b2=4), now=13.0)
+    assert not third.preempted_just_now and third.tok_s == 0.0

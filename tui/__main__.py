@@ -1,0 +1,5 @@
+import sys
+
+from tui.app import main
+
+sys.exit(main())

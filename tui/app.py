@@ -1,0 +1,169 @@
+"""Dashboard: `localserve top [--url URL] [--api-key KEY]` (also `python -m tui`).
+
+Polls /props, /slots and /metrics over HTTP in a worker that re-arms its own timer when it
+finishes, so polls never overlap however slow the server is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Awaitable, Callable
+
+import httpx
+from textual import work
+from textual.app import App, ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal
+from textual.widgets import Footer, Static
+
+from tui.model import Tracker, View
+from tui.widgets import LabeledSparkline, QueuePanel, SlotTable, SystemPanel
+
+# fetch() -> (slots JSON, metrics text, props JSON or None); raises FetchError
+Fetch = Callable[[], Awaitable[tuple[dict, str, dict | None]]]
+SORTS = ("id", "state", "age")
+
+
+class FetchError(Exception):
+    pass
+
+
+def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> Fetch:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    props_cache: dict = {}
+
+    async def fetch():
+        try:
+            async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
+                slots = await client.get("/slots")
+                if slots.status_code == 401:
+                    raise FetchError("wrong or missing API key (--api-key)")
+                if slots.status_code != 200:
+                    raise FetchError(f"server answered {slots.status_code} ({slots.text[:80]})")
+                metrics = await client.get("/metrics")
+                if not props_cache:
+                    props = await client.get("/props")
+                    if props.status_code == 200:
+                        props_cache.update(props.json())
+                return slots.json(), metrics.text, props_cache or None
+        except httpx.HTTPError as exc:
+            props_cache.clear()  # the server may come back as another model
+            raise FetchError(f"unreachable, retrying ({type(exc).__name__})") from exc
+
+    return fetch
+
+
+class Dashboard(App):
+    CSS_PATH = "dashboard.tcss"
+    TITLE = "localserve top"
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("p", "toggle_pause", "pause"),
+        Binding("s", "cycle_sort", "sort"),
+    ]
+
+    def __init__(self, fetch: Fetch, url: str = "", interval: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__()
+        self.fetch, self.url, self.interval, self.clock = fetch, url, interval, clock
+        self.tracker = Tracker()
+        self.paused = False
+        self.sort_key = "id"
+        self.view: View | None = None
+        self.status = "connecting…"
+        self.polls = 0
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="header")
+        yield Static(id="status")
+        yield SlotTable(id="slots")
+        yield QueuePanel(id="queue")
+        with Horizontal(id="charts"):
+            yield LabeledSparkline("tokens/s", id="throughput")
+            yield LabeledSparkline("time to first token", id="ttft")
+        yield SystemPanel(id="system")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#header", Static).update(f"localserve · {self.url}")
+        self.poll()
+
+    @work(exclusive=True)
+    async def poll(self) -> None:
+        try:
+            slots, metrics, props = await self.fetch()
+            self.view = self.tracker.update(slots, metrics, self.clock(), props)
+            self.status = "paused" if self.paused else "live"
+        except FetchError as exc:
+            self.status = str(exc)
+        self.polls += 1
+        self.render_view()
+        self.set_timer(self.interval, self._rearm)
+
+    def _rearm(self) -> None:
+        if not self.paused:
+            self.poll()
+
+    def render_view(self) -> None:
+        status = self.query_one("#status", Static)
+        status.update(self.status)
+        status.set_class(self.status not in ("live", "paused"), "error")
+        view = self.view
+        if view is None:
+            return
+        backend = f" · {view.backend}" if view.backend else ""
+        self.query_one("#header", Static).update(
+            f"[b]{view.model}[/b]{backend} · {view.split.split(' (')[0]} · {self.url}")
+        self.query_one(SlotTable).show(self._sorted(view))
+        self.query_one(QueuePanel).show(view)
+        p50 = "–" if view.ttft_p50 is None else f"{view.ttft_p50:.2f}s"
+        p95 = "–" if view.ttft_p95 is None else f"{view.ttft_p95:.2f}s"
+        self.query_one("#throughput", LabeledSparkline).show(
+            f"tokens/s {view.tok_s:.1f}", view.tok_s_history)
+        self.query_one("#ttft", LabeledSparkline).show(
+            f"TTFT p50 {p50}  p95 {p95}", view.ttft_p50_history)
+        self.query_one(SystemPanel).show(view)
+
+    def _sorted(self, view: View):
+        if self.sort_key == "state":
+            order = {"decode": 0, "prefill": 1, "preempted": 2, "idle": 3}
+            return sorted(view.slots, key=lambda r: (order.get(r.state, 9), r.id))
+        if self.sort_key == "age":
+            return sorted(view.slots, key=lambda r: -(r.age_s or -1))
+        return sorted(view.slots, key=lambda r: r.id)
+
+    def action_toggle_pause(self) -> None:
+        self.paused = not self.paused
+        self.status = "paused" if self.paused else "live"
+        if not self.paused:
+            self.poll()
+        self.render_view()
+
+    def action_cycle_sort(self) -> None:
+        self.sort_key = SORTS[(SORTS.index(self.sort_key) + 1) % len(SORTS)]
+        self.notify(f"sorted by {self.sort_key}", timeout=1.5)
+        self.render_view()
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or argparse.ArgumentParser(prog="localserve top")
+    parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
+    parser.add_argument("--api-key", help="API key, if the server requires one")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    url = args.url.rstrip("/")
+    Dashboard(http_fetcher(url, args.api_key), url=url, interval=args.interval).run()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
