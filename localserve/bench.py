@@ -123,12 +123,14 @@ HEADER = "  conc  out tok/s prompt/s   req/s  ttft50  ttft95 itl50ms itl95ms itl
 
 
 async def run_level(url: str, jobs: list[Job], concurrency: int, model: str | None = None,
-                    progress=None) -> LevelSummary:
+                    progress=None, api_key: str | None = None) -> LevelSummary:
     """Send every job with at most `concurrency` in flight; summarise."""
     queue = list(reversed(jobs))
     results: list[Result] = []
     limits = httpx.Limits(max_connections=concurrency + 4)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits) as client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), limits=limits,
+                                 headers=headers) as client:
         async def worker():
             while queue:
                 results.append(await run_one(client, url, model, queue.pop()))

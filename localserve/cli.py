@@ -28,6 +28,9 @@ def _up_parser(sub) -> None:
                        help="tokens per engine step: small = smooth streams while long prompts "
                             "arrive, large = faster prefill (default 64 on CPU, 512 with -ngl)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
+    sched.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "serial"],
+                       help="continuous (the product); static and serial exist to be measured "
+                            "against (see localserve bench)")
     sched.add_argument("--kv-unified", action="store_true",
                        help="one cache pool of -c tokens shared by all slots instead of a fixed "
                             "share each; when it runs short, the newest sequence is preempted")
@@ -44,13 +47,16 @@ def _up_parser(sub) -> None:
 def _bench_parser(sub) -> None:
     bench = sub.add_parser("bench", help="measure throughput and latency against a running server",
                            description="Send a seeded, mixed, streaming workload at each "
-                                       "concurrency level to any OpenAI-compatible server.")
+                                       "concurrency level to any OpenAI-compatible server; print a "
+                                       "table, name the knee, write JSON and a PNG plot.")
     bench.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
+    bench.add_argument("--api-key", help="API key, if the server requires one")
     bench.add_argument("--model", help="model id to send (default: none)")
-    bench.add_argument("--concurrency", default="1,4,8", help="comma-separated levels (default 1,4,8)")
-    bench.add_argument("--requests", type=int, default=32, help="requests per level (default 32)")
+    bench.add_argument("--concurrency", default="1,4,16,32,64",
+                       help="comma-separated levels (default 1,4,16,32,64)")
+    bench.add_argument("--requests", type=int, default=64, help="requests per level (default 64)")
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
-    bench.add_argument("--out", help="write every figure as JSON to this file")
+    bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
 
 
 def _top_parser(sub) -> None:
@@ -72,21 +78,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_bench(args: argparse.Namespace) -> int:
     import asyncio
+    import os
 
-    from localserve import bench
+    from localserve import bench, bench_report
 
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     jobs = bench.make_workload(args.requests, args.seed)
-    print(bench.HEADER)
     summaries = []
     for level in levels:
-        summary = asyncio.run(bench.run_level(args.url, jobs, level, args.model))
-        summaries.append(summary)
-        print(summary.row(), flush=True)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(bench.summary_json(summaries, url=args.url, seed=args.seed,
-                                        requests=args.requests))
+        def progress(done, total, level=level):
+            bar = "#" * (30 * done // total)
+            print(f"\rconcurrency {level:>3} [{bar:<30}] {done}/{total}", end="", file=sys.stderr,
+                  flush=True)
+
+        summaries.append(asyncio.run(bench.run_level(args.url, jobs, level, args.model, progress,
+                                                     api_key=args.api_key)))
+        print(file=sys.stderr)
+    print(bench.HEADER)
+    for summary in summaries:
+        print(summary.row())
+    knee, reason = bench_report.find_knee(summaries)
+    print(f"\noperating limit: {'concurrency ' + str(knee) if knee else 'not reached'}: {reason}")
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "bench.json"), "w") as fh:
+        fh.write(bench.summary_json(summaries, url=args.url, seed=args.seed, requests=args.requests,
+                                    knee=knee, knee_reason=reason))
+    bench_report.plot(summaries, os.path.join(args.out, "bench.png"), f"localserve bench: {args.url}")
+    print(f"wrote {args.out}/bench.json and {args.out}/bench.png")
     return 0 if all(s.errors == 0 for s in summaries) else 1
 
 
@@ -94,6 +112,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings(model=args.model, model_alias=args.model_alias, ctx_size=args.ctx_size,
                     parallel=args.parallel, max_num_batched_tokens=args.max_num_batched_tokens,
                     max_num_seqs=args.max_num_seqs, kv_unified=args.kv_unified,
+                    scheduler=args.scheduler,
                     max_queue=args.max_queue, queue_timeout=args.queue_timeout,
                     n_gpu_layers=args.n_gpu_layers,
                     threads=args.threads, host=args.host, port=args.port).validate()

@@ -22,6 +22,7 @@ class Settings:
     parallel: int = 4
     max_num_batched_tokens: int | None = None  # None: 64 on CPU, 512 with GPU offload
     max_num_seqs: int | None = None  # default: one per slot
+    scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     max_queue: int | None = 64  # waiting requests beyond this get 503 at once
     queue_timeout: float | None = None  # seconds a request may wait for a slot
@@ -60,6 +61,8 @@ class Settings:
             (self.threads is None or self.threads >= 1, "-t/--threads", self.threads,
              "must be at least 1"),
             (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),
+            (self.scheduler in ("continuous", "static", "serial"), "--scheduler", self.scheduler,
+             "must be continuous, static or serial"),
         ]
         for ok, flag, value, why in checks:
             if not ok:

@@ -13,7 +13,7 @@ from localserve.api.chat_template import ChatTemplate
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.engine.runner import LlamaRunner, RunnerConfig
-from localserve.engine.scheduler import Scheduler
+from localserve.engine.scheduler import make_scheduler
 from localserve.engine.slots import SlotPool
 from localserve.metrics import build_registry
 
@@ -67,7 +67,8 @@ class Service:
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
-            scheduler = Scheduler(pool, self.runner, s.step_token_budget, s.max_num_seqs)
+            scheduler = make_scheduler(s.scheduler, pool, self.runner, s.step_token_budget,
+                                       s.max_num_seqs)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
@@ -75,7 +76,7 @@ class Service:
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
             log.info("context split: %s", pool.describe())
-            log.info("scheduler: continuous batching, --max-num-batched-tokens %d, --max-num-seqs %d, "
+            log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d, --max-num-seqs %d, "
                      "--max-queue %s", scheduler.budget, scheduler.max_num_seqs, s.max_queue)
             if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
                 log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",

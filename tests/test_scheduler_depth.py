@@ -154,3 +154,43 @@ def test_frequent_preemption_warns_plainly_once_a_minute(caplog):
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1
     assert "cache is too small" in warnings[0] and "-c" in warnings[0] and "max_tokens" in warnings[0]
+
+
+def test_static_policy_holds_new_requests_until_the_whole_batch_ends():
+    from localserve.engine.scheduler import make_scheduler
+
+    sched = make_scheduler("static", SlotPool(256, 2), FakeVocab(), 64)
+    runner = PositionalRunner(10_000)
+    long_req = Request([1, 2, 3], SamplingParams(max_tokens=30, ignore_eos=True), request_id="long")
+    short_req = Request([4, 5, 6], SamplingParams(max_tokens=2, ignore_eos=True), request_id="short")
+    late = Request([7, 8, 9], SamplingParams(max_tokens=2, ignore_eos=True), request_id="late")
+    sched.add(long_req)
+    sched.add(short_req)
+    admitted_at = {}
+    for step in range(100):
+        if step == 3:
+            sched.add(late)  # a slot is already free (short ended), yet late must wait
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        for _, r, _ in plan.admitted:
+            admitted_at[r.request_id] = step
+        sched.update(plan, runner.decode(plan))
+    assert admitted_at["long"] == admitted_at["short"] == 0
+    assert admitted_at["late"] >= 30  # only after "long" produced all 30 tokens
+
+
+def test_serial_policy_runs_one_request_at_a_time():
+    from localserve.engine.scheduler import make_scheduler
+
+    sched = make_scheduler("serial", SlotPool(256, 4), FakeVocab(), 64)
+    reqs = [Request([1, 2], SamplingParams(max_tokens=5, ignore_eos=True), request_id=f"r{i}")
+            for i in range(3)]
+    runner = PositionalRunner(10_000)
+    for r in reqs:
+        sched.add(r)
+    while sched.has_work():
+        plan = sched.schedule()
+        assert len({c.slot_id for c in plan.chunks}) <= 1
+        sched.update(plan, runner.decode(plan))
+    assert sched.stats.max_decode_rows_in_step == 1 and sched.stats.requests_finished == 3

@@ -63,7 +63,7 @@ async def props(request: Request):
         **facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
         "kv_unified": pool.unified, "split": pool.describe(),
-        "scheduler": {"policy": "continuous", "max_num_batched_tokens": service.loop.scheduler.budget,
+        "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": service.loop.scheduler.budget,
                       "max_num_seqs": service.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},
         "version": __version__,

@@ -157,6 +157,7 @@ class Scheduler:
         self._pending_drops = []
         if self.pool.unified:
             self._make_room_for_decode(plan)
+        self._admit_batch(plan)
         budget = self.budget
         running = self.running
         for state in (SlotState.DECODE, SlotState.PREFILL):
@@ -164,13 +165,18 @@ class Scheduler:
                 if slot.state is state and budget > 0 and self._room(plan) > 0:
                     budget -= self._add_chunk(plan, slot, min(budget, self._room(plan)))
         n_running = len(running)
-        while self.waiting and budget > 0 and n_running < self.max_num_seqs:
+        while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
             admitted = self._admit_next(plan, budget)
             if not admitted:
                 break
             n_running += 1
             budget -= admitted
         return plan
+
+    admits_midway = True  # continuous batching: join the running batch at any step
+
+    def _admit_batch(self, plan: StepPlan) -> None:
+        """Policies that admit whole batches at once override this (see StaticScheduler)."""
 
     def _room(self, plan: StepPlan) -> int:
         """Cache cells still free for this step's batch (unbounded per slot in split mode:
@@ -197,7 +203,10 @@ class Scheduler:
         slot, keep = choice
         if self.pool.unified and not self._room_to_admit(plan, slot, keep, len(tokens) - keep + 1):
             return 0
-        self.waiting.pop()
+        self._assign(plan, self.waiting.pop(), slot, keep)
+        return self._add_chunk(plan, slot, min(budget, self._room(plan)))
+
+    def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int) -> None:
         self._admissions += 1
         slot.assign(req, keep, self._admissions)
         req.status = RequestStatus.RUNNING
@@ -205,7 +214,6 @@ class Scheduler:
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
-        return self._add_chunk(plan, slot, min(budget, self._room(plan)))
 
     # ---- the shared pool -----------------------------------------------------------
     def _room_to_admit(self, plan: StepPlan, slot: Slot, keep: int, need: int) -> bool:
@@ -332,3 +340,38 @@ class Scheduler:
         rows = plan.num_decode_rows
         if rows > self.stats.max_decode_rows_in_step:
             self.stats.max_decode_rows_in_step = rows
+
+
+class StaticScheduler(Scheduler):
+    """For comparison only (`--scheduler static|serial`): collect a batch of up to
+    `max_num_seqs` waiting requests, run it until its LAST sequence finishes, then the next.
+    Slots freed early stay idle meanwhile: the waste continuous batching removes.
+    With max_num_seqs=1 this is `serial`, one request at a time like a loop around a model."""
+
+    admits_midway = False
+
+    def _admit_batch(self, plan: StepPlan) -> None:
+        if any(s.busy for s in self.pool.slots):
+            return
+        for _ in range(self.max_num_seqs):
+            if not self.waiting:
+                return
+            choice = self.pool.best_idle_slot(self.waiting.peek().all_tokens)
+            if choice is None:
+                return
+            slot, keep = choice
+            self._assign(plan, self.waiting.pop(), slot, keep)
+
+
+POLICIES = ("continuous", "static", "serial")
+
+
+def make_scheduler(policy: str, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
+                   max_num_seqs: int | None = None) -> Scheduler:
+    if policy == "continuous":
+        return Scheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
+    if policy == "static":
+        return StaticScheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
+    if policy == "serial":
+        return StaticScheduler(pool, vocab, max_num_batched_tokens, 1)
+    raise ValueError(f"--scheduler {policy}: choose one of {', '.join(POLICIES)}")

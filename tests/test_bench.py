@@ -1,0 +1,67 @@
+"""localserve bench: the knee logic on synthetic curves, and the command against two servers."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import RunningServer
+from localserve.bench import LevelSummary, make_workload
+from localserve.bench_report import find_knee
+
+
+def level(c, tput, p95):
+    return LevelSummary(concurrency=c, requests=10, errors=0, wall_s=1, output_tok_s=tput,
+                        prompt_tok_s=0, requests_s=1, ttft_p50=0, ttft_p95=0, itl_p50=0, itl_p95=0,
+                        itl_max=0, e2e_p95=p95)
+
+
+def test_knee_is_where_throughput_flattens_and_latency_climbs():
+    curve = [level(1, 90, 1.0), level(4, 200, 1.3), level(16, 300, 2.0), level(32, 310, 4.1),
+             level(64, 312, 8.0)]
+    knee, reason = find_knee(curve)
+    assert knee == 16 and "16 to 32" in reason
+
+
+def test_no_knee_while_throughput_still_grows():
+    knee, reason = find_knee([level(1, 90, 1.0), level(4, 200, 2.0), level(16, 420, 4.0)])
+    assert knee is None and "still grew" in reason
+
+
+def test_flat_throughput_with_flat_latency_is_not_a_knee():
+    knee, _ = find_knee([level(1, 100, 1.0), level(4, 102, 1.05)])
+    assert knee is None
+
+
+def test_workload_is_seeded_mixed_and_heavy_tailed():
+    jobs = make_workload(400, seed=3)
+    assert jobs == make_workload(400, seed=3) and jobs != make_workload(400, seed=4)
+    outs = sorted(j.max_tokens for j in jobs)
+    assert outs[0] >= 16 and outs[-1] <= 128
+    assert outs[len(outs) // 2] < 50 and outs[-1] > 100  # most short, a few long
+    assert len({len(j.prompt) for j in jobs}) > 100
+
+
+@pytest.fixture(scope="module")
+def second_server():
+    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", log_name="second")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("which", ["server", "second_server"])
+def test_bench_command_writes_json_and_png(which, request, tmp_path):
+    url = request.getfixturevalue(which).url
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "-m", "localserve", "bench", "--url", url,
+                          "--concurrency", "1,2", "--requests", "3", "--out", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    data = json.loads((out / "bench.json").read_text())
+    assert [lv["concurrency"] for lv in data["levels"]] == [1, 2]
+    assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in data["levels"])
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "operating limit" in run.stdout
