@@ -49,7 +49,7 @@ def test_metrics_families_exist_and_move_with_traffic(server, client):
 
 
 def test_metrics_answer_while_a_long_prefill_runs(server, client):
-    prompt = "The quick brown fox jumps over the lazy dog. " * 90
+    prompt = "Metrics under load: a slow purple turtle crosses the busy road. " * 70  # not cached
     worker = threading.Thread(target=lambda: client.completions.create(
         model="default", prompt=prompt, max_tokens=2))
     worker.start()
