@@ -26,7 +26,7 @@ def _up_parser(sub) -> None:
                        help="slots = requests decoded together; each gets ctx-size/parallel tokens")
     sched.add_argument("--max-num-batched-tokens", type=int,
                        help="tokens per engine step: small = smooth streams while long prompts "
-                            "arrive, large = faster prefill (default 64 on CPU, 512 with -ngl)")
+                            "arrive, large = faster prefill (default 256 on CPU, 512 with -ngl)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
     sched.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "serial"],
                        help="continuous (the product); static and serial exist to be measured "

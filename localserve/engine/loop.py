@@ -44,6 +44,7 @@ class EngineLoop(threading.Thread):
         self.failure: str | None = None  # set if the loop itself died
         self.stopping = False
         self.last_step_s = 0.0
+        self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
         self._queued_lock = threading.Lock()
         self.snapshot: dict = self._build_snapshot()
@@ -83,6 +84,13 @@ class EngineLoop(threading.Thread):
             self.snapshot = self._build_snapshot()
 
     def step(self) -> None:
+        step_started = time.perf_counter()
+        try:
+            self._step()
+        finally:
+            self.busy_seconds += time.perf_counter() - step_started
+
+    def _step(self) -> None:
         if self.queue_timeout_s is not None:
             self._deliver(self.scheduler.expire_waiting(self.queue_timeout_s, time.monotonic()))
         plan = self.scheduler.schedule()
@@ -219,6 +227,9 @@ class EngineLoop(threading.Thread):
                 "prompt_tokens_computed": stats.prompt_tokens_computed,
                 "prefix_cache_queries": stats.prefix_cache_queries,
                 "prefix_cache_hits": stats.prefix_cache_hits,
+                "busy_s": round(self.busy_seconds, 3),
+                "llama_decode_s": round(getattr(self.runner, "decode_seconds", 0.0), 3),
+                "sampling_s": round(getattr(self.runner, "sample_seconds", 0.0), 3),
             },
         }
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import llama_cpp as C
@@ -81,6 +82,8 @@ class LlamaRunner:
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self._pieces: dict[int, bytes] = {}
+        self.decode_seconds = 0.0  # wall time inside llama_decode alone, for the overhead share
+        self.sample_seconds = 0.0  # wall time inside llama_sampler_sample
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -184,7 +187,10 @@ class LlamaRunner:
                 batch.logits[i - 1] = 1
                 rows.append((chunk.slot_id, i - 1))
         batch.n_tokens = i
+        started = time.perf_counter()
         rc = C.llama_decode(self.ctx, batch)
+        decoded = time.perf_counter()
+        self.decode_seconds += decoded - started
         if rc == 1:
             raise CacheFull(f"no free cache cells for a batch of {i} tokens")
         if rc != 0:
@@ -192,8 +198,10 @@ class LlamaRunner:
                 C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
             raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
                               f"from {len(plan.chunks)} sequences")
-        return {slot_id: C.llama_sampler_sample(self.samplers[slot_id], self.ctx, row)
-                for slot_id, row in rows}
+        sampled = {slot_id: C.llama_sampler_sample(self.samplers[slot_id], self.ctx, row)
+                   for slot_id, row in rows}
+        self.sample_seconds += time.perf_counter() - decoded
+        return sampled
 
     def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
         """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist.
