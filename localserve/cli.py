@@ -11,37 +11,59 @@ from localserve.config import Settings, SettingsError
 
 def _up_parser(sub) -> None:
     up = sub.add_parser("up", help="serve a GGUF model over an OpenAI-compatible API",
+                        argument_default=argparse.SUPPRESS,
                         description="Start the server. With no -m it serves the embedded "
-                                    "SmolLM2-135M-Instruct model.")
+                                    "SmolLM2-135M-Instruct model. Settings come from these flags, "
+                                    "then LOCALSERVE_<NAME> environment variables (e.g. "
+                                    "LOCALSERVE_CTX_SIZE=16384), then a TOML file (--config), "
+                                    "then the defaults shown.")
+    up.add_argument("--config", help="TOML file of settings (keys as in the flags, e.g. ctx_size = 16384)")
     model = up.add_argument_group("model")
     model.add_argument("-m", "--model", help="path to a .gguf file, or a file name inside models/")
     model.add_argument("--alias", dest="model_alias", help="model id to report in /v1/models")
-    model.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int, default=0,
-                       help="layers to offload to the GPU (needs a CUDA or Metal build)")
-    model.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
+    model.add_argument("--no-memory-check", dest="memory_check", action="store_false",
+                       help="load even if the model and cache look larger than free memory")
+    gpu = up.add_argument_group("GPU offload (CUDA or Metal builds)")
+    gpu.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int,
+                     help="layers to offload (default: all when the build can offload, else 0)")
+    gpu.add_argument("--main-gpu", dest="main_gpu", type=int, help="GPU for the model (default 0)")
+    gpu.add_argument("--tensor-split", dest="tensor_split",
+                     help="share of the model per GPU, e.g. 3,1")
+    gpu.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
     sched = up.add_argument_group("slots and scheduling")
-    sched.add_argument("-c", "--ctx-size", dest="ctx_size", type=int, default=8192,
+    sched.add_argument("-c", "--ctx-size", dest="ctx_size", type=int,
                        help="total context, split evenly over the slots (default 8192)")
-    sched.add_argument("-np", "--parallel", type=int, default=4,
-                       help="slots = requests decoded together; each gets ctx-size/parallel tokens")
+    sched.add_argument("-np", "--parallel", type=int,
+                       help="slots = requests decoded together; each gets ctx-size/parallel tokens "
+                            "(default 4)")
     sched.add_argument("--max-num-batched-tokens", type=int,
                        help="tokens per engine step: small = smooth streams while long prompts "
                             "arrive, large = faster prefill (default 256 on CPU, 512 with -ngl)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
-    sched.add_argument("--scheduler", default="continuous", choices=["continuous", "static", "serial"],
-                       help="continuous (the product); static and serial exist to be measured "
-                            "against (see localserve bench)")
+    sched.add_argument("--scheduler", choices=["continuous", "static", "serial"],
+                       help="continuous (default, the product); static and serial exist to be "
+                            "measured against (see localserve bench)")
     sched.add_argument("--kv-unified", action="store_true",
                        help="one cache pool of -c tokens shared by all slots instead of a fixed "
                             "share each; when it runs short, the newest sequence is preempted")
-    sched.add_argument("--max-queue", type=int, default=64,
+    sched.add_argument("--max-queue", type=int,
                        help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
     sched.add_argument("--queue-timeout", type=float,
                        help="seconds a request may wait for a slot before it gets 503 (default: none)")
-    net = up.add_argument_group("network")
-    net.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    net.add_argument("--port", type=int, default=8080, help="port (default 8080)")
-    up.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    net = up.add_argument_group("network and access")
+    net.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = the LAN)")
+    net.add_argument("--port", type=int, help="port (default 8080)")
+    net.add_argument("--api-key", dest="api_keys", action="append",
+                     help="require this key (repeatable); clients send 'Authorization: Bearer KEY'")
+    net.add_argument("--api-key-file", help="file of 'name:key' lines; the name identifies the user")
+    net.add_argument("--cors-origin", dest="cors_origins", action="append",
+                     help="allow browser frontends on this origin (repeatable), e.g. http://chat.lan:3000")
+    net.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
+    life = up.add_argument_group("lifecycle")
+    life.add_argument("--drain-timeout", type=float,
+                      help="on Ctrl-C/SIGTERM, seconds to let running requests finish (default 30); "
+                           "a second Ctrl-C exits at once")
+    life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
 def _bench_parser(sub) -> None:
@@ -109,32 +131,24 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    return Settings(model=args.model, model_alias=args.model_alias, ctx_size=args.ctx_size,
-                    parallel=args.parallel, max_num_batched_tokens=args.max_num_batched_tokens,
-                    max_num_seqs=args.max_num_seqs, kv_unified=args.kv_unified,
-                    scheduler=args.scheduler,
-                    max_queue=args.max_queue, queue_timeout=args.queue_timeout,
-                    n_gpu_layers=args.n_gpu_layers,
-                    threads=args.threads, host=args.host, port=args.port).validate()
+    from localserve.settings_loader import load_settings
+
+    given = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
+    return load_settings(given, config_path=getattr(args, "config", None))
 
 
 def run_up(args: argparse.Namespace) -> int:
-    import uvicorn
+    from localserve.server import serve
 
-    from localserve.api.app import create_app
-
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+    log_level = getattr(args, "log_level", "info")
+    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
         print(f"localserve: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
-    logging.getLogger("localserve").info("listening on http://%s:%d/v1", settings.host, settings.port)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
-    return 0
+    return serve(settings, log_level)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -26,14 +26,21 @@ class Settings:
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     max_queue: int | None = 64  # waiting requests beyond this get 503 at once
     queue_timeout: float | None = None  # seconds a request may wait for a slot
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: every layer when the build can offload, else 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8080
     model_alias: str | None = None
+    api_keys: tuple[str, ...] = ()
+    api_key_file: str | None = None
+    cors_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 4 * 1024 * 1024
+    drain_timeout: float = 30.0
+    memory_check: bool = True
 
-    @property
-    def step_token_budget(self) -> int:
+    def step_token_budget(self, gpu_offload: bool = False) -> int:
         """Tokens per engine step: the prefill-vs-smoothness knob. Measured on 2 CPU cores
         (README, Performance): 64 keeps the worst stall of running streams near 0.5 s but
         loses ~10-15% throughput to per-step costs; 256 matches llama-server's throughput
@@ -41,7 +48,7 @@ class Settings:
         4-6 s. A GPU needs bigger steps to be busy."""
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
-        return 512 if self.n_gpu_layers > 0 else 256
+        return 512 if gpu_offload and self.n_gpu_layers != 0 else 256
 
     def validate(self) -> "Settings":
         checks = [
@@ -64,6 +71,16 @@ class Settings:
             (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),
             (self.scheduler in ("continuous", "static", "serial"), "--scheduler", self.scheduler,
              "must be continuous, static or serial"),
+            (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl/--n-gpu-layers",
+             self.n_gpu_layers, "must be 0 or more"),
+            (self.main_gpu >= 0, "--main-gpu", self.main_gpu, "must be 0 or more"),
+            (all(x >= 0 for x in self.tensor_split) and (not self.tensor_split or sum(self.tensor_split) > 0),
+             "--tensor-split", ",".join(map(str, self.tensor_split)), "needs non-negative shares"),
+            (all(len(k) >= 8 for k in self.api_keys), "--api-key", "(hidden)",
+             "each key needs at least 8 characters"),
+            (self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes,
+             "must be at least 1024"),
+            (self.drain_timeout >= 0, "--drain-timeout", self.drain_timeout, "must be 0 or more"),
         ]
         for ok, flag, value, why in checks:
             if not ok:

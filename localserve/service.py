@@ -12,10 +12,12 @@ from pathlib import Path
 from localserve.api.chat_template import ChatTemplate
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.engine.runner import LlamaRunner, RunnerConfig
+from localserve.api.auth import load_keys
+from localserve.engine.runner import LlamaRunner, RunnerConfig, supports_gpu_offload
 from localserve.engine.scheduler import make_scheduler
 from localserve.engine.slots import SlotPool
 from localserve.metrics import build_registry
+from localserve.resources import check_memory
 
 log = logging.getLogger("localserve")
 
@@ -32,6 +34,26 @@ class Service:
         self.loaded = threading.Event()
         self.metrics_registry, self.metrics = build_registry(
             lambda: self.engine.snapshot if self.engine is not None else None)
+        self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
+        self._keys: dict[str, str] | None = None
+
+    @property
+    def keys(self) -> dict[str, str]:
+        """{key: name} from --api-key and --api-key-file (read once)."""
+        if self._keys is None:
+            self._keys = load_keys(self.settings)
+        return self._keys
+
+    def check_memory(self, model_path: str) -> str:
+        return check_memory(self.settings, model_path, supports_gpu_offload())
+
+    def in_flight(self) -> int:
+        """Requests running or waiting (what a drain waits for)."""
+        if self.loop is None:
+            return 0
+        snap = self.loop.snapshot
+        return self.loop.queued + sum(1 for s in snap["slots"] if s["state"] != "idle") \
+            + snap["queue"]["waiting"]
 
     @property
     def model_id(self) -> str:
@@ -57,24 +79,30 @@ class Service:
         try:
             self.model_path = resolve_model(s.model)
             log.info("loading %s", self.model_path)
+            budget = s.step_token_budget(supports_gpu_offload())
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
-                n_batch=s.step_token_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
-                kv_unified=s.kv_unified))
+                n_batch=budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
+                main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified))
             pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)
             if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
                 log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
-            scheduler = make_scheduler(s.scheduler, pool, self.runner, s.step_token_budget,
-                                       s.max_num_seqs)
+            scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
                                    observer=self.metrics)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
+            facts = self.runner.describe()
+            backend = facts["backend"]
+            log.info("model: %s (%s, %d layers, trained on %d tokens)", self.model_id,
+                     facts["model"]["description"], facts["model"]["n_layers"],
+                     facts["model"]["n_ctx_train"])
+            log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
             log.info("context split: %s", pool.describe())
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d, --max-num-seqs %d, "
                      "--max-queue %s", scheduler.budget, scheduler.max_num_seqs, s.max_queue)
@@ -96,9 +124,13 @@ class Service:
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
 
-    def stop(self) -> None:
-        if self.loop is not None:
+    def stop_engine(self) -> None:
+        """Stop the engine loop; anything unfinished gets an error event."""
+        if self.loop is not None and self.loop.is_alive():
             self.loop.stop()
             self.loop.join(timeout=10)
+
+    def stop(self) -> None:
+        self.stop_engine()
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
             self.runner.close()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import logging
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import routes_admin, routes_openai
+from localserve.api.auth import KeyChecker, require_key
+from localserve.api.limits import BodySizeLimit
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings
 from localserve.service import Service
@@ -28,10 +31,18 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
         yield
         service.stop()
 
+    settings = service.settings
     app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan)
     app.state.service = service
-    app.include_router(routes_openai.router)
-    app.include_router(routes_admin.router)
+    app.state.keys = KeyChecker(service.keys)
+    guarded = [Depends(require_key)]
+    app.include_router(routes_openai.router, dependencies=guarded)
+    app.include_router(routes_admin.open_router)
+    app.include_router(routes_admin.router, dependencies=guarded)
+    if settings.cors_origins:
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     _install_error_handlers(app)
     return app
 

@@ -9,12 +9,15 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from localserve import __version__
 
-router = APIRouter()
+open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
+router = APIRouter()  # needs a key when keys are set
 
 
-@router.get("/health")
+@open_router.get("/health")
 async def health(request: Request):
     service = request.app.state.service
+    if service.ready and service.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
     if service.ready:
         return {"status": "ok"}
     if service.load_error:

@@ -25,6 +25,9 @@ router = APIRouter(prefix="/v1")
 
 def ready_service(request: Request) -> Service:
     service: Service = request.app.state.service
+    if service.draining:
+        raise OpenAIError(503, "the server is shutting down and takes no new requests",
+                          "server_error", code="shutting_down", headers={"Retry-After": "10"})
     if service.ready:
         return service
     if service.load_error:
@@ -53,7 +56,7 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int) -> SamplingParam
         ignore_eos=body.ignore_eos)
 
 
-def submit(service: Service, tokens: list[int], body: _Sampling) -> RequestStream:
+def submit(service: Service, tokens: list[int], body: _Sampling, user: str | None) -> RequestStream:
     n_ctx = service.n_ctx_per_slot
     if len(tokens) >= n_ctx:
         s = service.settings
@@ -61,7 +64,7 @@ def submit(service: Service, tokens: list[int], body: _Sampling) -> RequestStrea
                           f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
                           f", and the answer needs room too. Shorten the prompt, or raise -c or "
                           f"lower --parallel.", code="context_length_exceeded", param="messages")
-    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=body.user)
+    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=user)
     try:
         return service.engine.submit(request)
     except QueueFull as exc:
@@ -69,6 +72,11 @@ def submit(service: Service, tokens: list[int], body: _Sampling) -> RequestStrea
                           "server_error", code="queue_full", headers={"Retry-After": "2"})
     except EngineUnavailable as exc:
         raise OpenAIError(503, f"the server cannot take requests now: {exc}", "server_error")
+
+
+def identity(request: Request, body: _Sampling) -> str | None:
+    """Who is asking: the API key's name when keys are set, else the body's `user` field."""
+    return getattr(request.state, "user", None) or body.user
 
 
 def usage(event: TokenEvent) -> dict:
@@ -97,7 +105,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         text = service.template.render([m.as_template_dict() for m in body.messages])
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), param="messages")
-    stream = submit(service, service.tokenize_prompt(text), body)
+    stream = submit(service, service.tokenize_prompt(text), body, identity(request, body))
     reply = Reply("chat.completion", service.model_id, body)
     if body.stream:
         return EventSourceResponse(reply.sse(stream), ping=15)
@@ -116,7 +124,7 @@ async def completions(body: CompletionRequest, request: Request):
             raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
                               param="prompt")
         tokens = list(body.prompt)
-    stream = submit(service, tokens, body)
+    stream = submit(service, tokens, body, identity(request, body))
     reply = Reply("text_completion", service.model_id, body)
     if body.echo:
         reply.prefix = body.prompt if isinstance(body.prompt, str) else service.detokenize(tokens)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -40,6 +41,58 @@ class CacheFull(DecodeError):
     written, so the batch can be planned again after evicting a sequence."""
 
 
+def supports_gpu_offload() -> bool:
+    """True when this llama.cpp build has a GPU backend (CUDA, Metal, ...)."""
+    return bool(C.llama_supports_gpu_offload())
+
+
+def memory_needs(model_path: str, ctx_size: int) -> dict:
+    """Bytes the model and an f16 cache of ctx_size tokens will take, read from the GGUF's
+    hyper-parameters without loading the weights (a vocab-only load)."""
+    _quiet_llama()
+    params = C.llama_model_default_params()
+    params.vocab_only = True
+    model = C.llama_model_load_from_file(model_path.encode(), params)
+    if not model:
+        raise RuntimeError(f"llama.cpp could not read {model_path}")
+    try:
+        def meta_int(key: str, default: int) -> int:
+            buf = ctypes.create_string_buffer(64)
+            n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
+            try:
+                return int(buf.value) if n >= 0 else default
+            except ValueError:  # a per-layer array: take the largest entry's worth
+                return default
+
+        arch = ctypes.create_string_buffer(64)
+        C.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
+        a = arch.value.decode()
+        n_layer = meta_int(f"{a}.block_count", 32)
+        n_head = max(meta_int(f"{a}.attention.head_count", 32), 1)
+        n_head_kv = meta_int(f"{a}.attention.head_count_kv", n_head)
+        head_dim = meta_int(f"{a}.attention.key_length", meta_int(f"{a}.embedding_length", 4096) // n_head)
+        kv_per_token = 2 * n_layer * n_head_kv * head_dim * 2  # K and V, f16
+    finally:
+        C.llama_model_free(model)
+    return {"model_bytes": os.path.getsize(model_path), "kv_bytes": kv_per_token * ctx_size,
+            "kv_bytes_per_token": kv_per_token}
+
+
+_PROGRESS = {"last": -1}
+
+
+@ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_float, ctypes.c_void_p)
+def _load_progress(progress, _user_data):
+    """llama.cpp's load progress, drawn as a bar on a terminal (every 5%)."""
+    pct = int(progress * 100)
+    if pct // 5 != _PROGRESS["last"] // 5 and sys.stderr.isatty():
+        bar = "#" * (pct // 4)
+        print(f"\rloading model [{bar:<25}] {pct:3d}%", end="\n" if pct >= 100 else "",
+              file=sys.stderr, flush=True)
+    _PROGRESS["last"] = pct
+    return True
+
+
 @dataclass(frozen=True)
 class RunnerConfig:
     model_path: str
@@ -47,17 +100,30 @@ class RunnerConfig:
     n_slots: int = 4
     n_batch: int = 512  # = --max-num-batched-tokens: the most tokens one step may carry
     n_threads: int | None = None
-    n_gpu_layers: int = 0
+    n_gpu_layers: int | None = None  # None: all layers when the build can offload, else 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
     kv_unified: bool = False
+
+
+def _quiet_llama() -> None:
+    C.llama_log_set(_llama_log, ctypes.c_void_p(0))
+    C.llama_backend_init()
 
 
 class LlamaRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
-        C.llama_log_set(_llama_log, ctypes.c_void_p(0))
-        C.llama_backend_init()
+        _quiet_llama()
         mparams = C.llama_model_default_params()
-        mparams.n_gpu_layers = config.n_gpu_layers
+        gpu = supports_gpu_offload()
+        self.n_gpu_layers = (999 if config.n_gpu_layers is None else config.n_gpu_layers) if gpu else 0
+        mparams.n_gpu_layers = self.n_gpu_layers
+        mparams.main_gpu = config.main_gpu
+        if config.tensor_split:
+            self._tensor_split = (ctypes.c_float * C.llama_max_devices())(*config.tensor_split)
+            mparams.tensor_split = self._tensor_split
+        mparams.progress_callback = _load_progress
         self.model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")
@@ -134,7 +200,7 @@ class LlamaRunner:
                       "quantization": description.rsplit(" ", 1)[-1],
                       "name": self.meta("general.name")},
             "backend": {"name": backend.lower(), "gpu_offload": gpu,
-                        "n_gpu_layers": min(self.config.n_gpu_layers, n_layers + 1) if gpu else 0,
+                        "n_gpu_layers": min(self.n_gpu_layers, n_layers + 1),
                         "system_info": info.strip(" |")},
         }
 

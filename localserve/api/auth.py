@@ -1,0 +1,72 @@
+"""API keys: `Authorization: Bearer KEY` (the OpenAI clients' way) or `X-Api-Key: KEY`.
+
+A key's name is the request's identity: it takes turns in the fair queue, and shows in the
+dashboard's user column and the logs. Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from fastapi import Request
+
+from localserve.api.schemas import OpenAIError
+from localserve.config import Settings, SettingsError
+
+
+def load_keys(settings: Settings) -> dict[str, str]:
+    """{key: name}. --api-key values are named key-1, key-2...; a key file gives its own names."""
+    keys = {key: f"key-{i}" for i, key in enumerate(settings.api_keys, 1)}
+    if settings.api_key_file:
+        path = Path(settings.api_key_file)
+        if not path.is_file():
+            raise SettingsError(f"--api-key-file {path}: no such file")
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            name, sep, key = (part.strip() for part in line.partition(":"))
+            if not sep or not name or len(key) < 8:
+                raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' with a "
+                                    f"key of at least 8 characters")
+            keys[key] = name
+    return keys
+
+
+class KeyChecker:
+    def __init__(self, keys: dict[str, str]):
+        self._keys = [(k.encode(), name) for k, name in keys.items()]
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._keys)
+
+    def identify(self, request: Request) -> str | None:
+        """The caller's name, None when no keys are configured; 401 when a key is wrong or missing."""
+        if not self._keys:
+            return None
+        offered = _offered_key(request)
+        if offered is None:
+            raise OpenAIError(401, "Missing API key: send 'Authorization: Bearer YOUR_KEY' "
+                              "(or 'X-Api-Key: YOUR_KEY').", "authentication_error", "missing_api_key")
+        found = None
+        for key, name in self._keys:  # compare with every key: time does not reveal which matched
+            if hmac.compare_digest(key, offered.encode()):
+                found = name
+        if found is None:
+            raise OpenAIError(401, "Incorrect API key provided.", "authentication_error",
+                              "invalid_api_key")
+        return found
+
+
+def _offered_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip()
+    return request.headers.get("x-api-key")
+
+
+async def require_key(request: Request) -> None:
+    """Router dependency: checks the key and records the caller's name in request.state.user."""
+    request.state.user = request.app.state.keys.identify(request)

@@ -1,0 +1,48 @@
+"""Refuse request bodies over a size limit with 413, without reading them into memory."""
+
+from __future__ import annotations
+
+import json
+
+
+class BodySizeLimit:
+    """ASGI middleware: checks Content-Length up front and counts chunked bodies as they arrive."""
+
+    def __init__(self, app, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.max_bytes:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counting_receive():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    raise BodyTooLarge()
+            return message
+
+        try:
+            await self.app(scope, counting_receive, send)
+        except BodyTooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send):
+        body = json.dumps({"error": {
+            "message": f"Request body is larger than the server's limit of {self.max_bytes} bytes "
+                       f"(--max-body-bytes).", "type": "invalid_request_error", "param": None,
+            "code": "request_too_large"}}).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class BodyTooLarge(Exception):
+    pass

@@ -1,0 +1,40 @@
+"""Before loading: will the model and its cache fit in free memory? Refuse clearly if not,
+rather than let the machine swap or the process be killed mid-load."""
+
+from __future__ import annotations
+
+import psutil
+
+from localserve.config import Settings, SettingsError
+
+GIB = 1024 ** 3
+# llama.cpp's compute buffers, the Python process and the HTTP side: a fixed allowance.
+OVERHEAD_BYTES = 512 * 1024 ** 2
+
+
+def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
+    """Raise SettingsError with the numbers and a suggestion when RAM is short; else return a
+    one-line summary for the start-up log. With layers on a GPU only the host share is
+    checked (GPU memory is not visible from here)."""
+    from localserve.engine.runner import memory_needs
+
+    needs = memory_needs(model_path, settings.ctx_size)
+    on_gpu = gpu_offload and settings.n_gpu_layers != 0
+    host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
+    free = psutil.virtual_memory().available
+    summary = (f"memory: model {needs['model_bytes'] / GIB:.2f} GiB + cache "
+               f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {settings.ctx_size}"
+               f"{' (on the GPU; GPU memory not checked)' if on_gpu else ''}; "
+               f"{free / GIB:.1f} GiB free")
+    if host_bytes <= free:
+        return summary
+    room = free - OVERHEAD_BYTES - needs["model_bytes"]
+    fitting = max(0, int(room / needs["kv_bytes_per_token"]) // 256 * 256)
+    hint = (f"use a smaller -c (about -c {fitting} would fit)" if fitting >= 256
+            else "this model does not fit in free memory at any -c; free memory or use a smaller model")
+    raise SettingsError(
+        f"not enough memory: the model ({needs['model_bytes'] / GIB:.2f} GiB) and its cache for "
+        f"-c {settings.ctx_size} ({needs['kv_bytes'] / GIB:.2f} GiB) need about "
+        f"{host_bytes / GIB:.1f} GiB, but only {free / GIB:.1f} GiB is free. Rather than swap or "
+        f"be killed, localserve stops here: {hint}, or offload layers to a GPU (-ngl), "
+        f"or pass --no-memory-check to try anyway.")

@@ -1,0 +1,94 @@
+"""Run the HTTP server: start-up checks and warnings, then uvicorn with a graceful drain.
+
+First Ctrl-C / SIGTERM: stop admitting (new requests get 503), let running requests finish
+for up to --drain-timeout, end whatever is left with an error event, then exit. A second
+Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+
+import uvicorn
+
+from localserve.api.app import create_app
+from localserve.config import Settings, SettingsError, resolve_model
+from localserve.service import Service
+
+log = logging.getLogger("localserve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def exposure_warning(settings: Settings) -> str | None:
+    if is_loopback(settings.host) or settings.api_keys or settings.api_key_file:
+        return None
+    return (f"\n{'!' * 78}\n"
+            f"  localserve is listening on {settings.host}:{settings.port} WITHOUT an API key.\n"
+            f"  Anyone who can reach this machine can use the model, read /slots and /metrics,\n"
+            f"  and keep it busy. Exposed local LLM servers are routinely found and abused.\n"
+            f"  Set a key:  localserve up --host {settings.host} --api-key YOUR-LONG-SECRET\n"
+            f"  (or --api-key-file keys.txt with one 'name:key' per line)\n"
+            f"{'!' * 78}")
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, service: Service):
+        super().__init__(config)
+        self.service = service
+        self.draining = False
+
+    def handle_exit(self, sig, frame) -> None:
+        if self.draining:
+            log.warning("second signal: exiting now")
+            self.force_exit = True
+            self.should_exit = True
+            return
+        self.draining = True
+        timeout = self.service.settings.drain_timeout
+        log.warning("shutting down: refusing new requests, letting %d running/queued ones finish "
+                    "(up to %.0f s; press Ctrl-C again to exit now)", self.service.in_flight(), timeout)
+        self.service.draining = True
+        threading.Thread(target=self._drain_then_exit, args=(timeout,), daemon=True).start()
+
+    def _drain_then_exit(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.service.in_flight():
+            time.sleep(0.05)
+        left = self.service.in_flight()
+        if left:
+            log.warning("drain timeout: ending %d unfinished requests with an error", left)
+        self.service.stop_engine()  # unfinished requests get an error event, not silence
+        time.sleep(0.3)  # let those events reach their clients
+        self.should_exit = True
+
+
+def serve(settings: Settings, log_level: str = "info") -> int:
+    warning = exposure_warning(settings)
+    if warning:
+        log.warning(warning)
+    service = Service(settings)
+    try:
+        service.keys  # validates --api-key-file now, before anything loads
+        model_path = resolve_model(settings.model)
+        if settings.memory_check:
+            log.info(service.check_memory(str(model_path)))
+    except SettingsError as exc:
+        log.error("%s", exc)
+        return 2
+    app = create_app(settings, service)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                            timeout_graceful_shutdown=5)
+    log.info("listening on http://%s:%d/v1", settings.host, settings.port)
+    DrainingServer(config, service).run()
+    return 0
