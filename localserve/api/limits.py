@@ -18,20 +18,27 @@ class BodySizeLimit:
         if length is not None and length.isdigit() and int(length) > self.max_bytes:
             return await self._refuse(send)
         seen = 0
+        refused = False
 
         async def counting_receive():
-            nonlocal seen
+            """Past the limit: answer 413 ourselves and tell the app the client left."""
+            nonlocal seen, refused
+            if refused:
+                return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise BodyTooLarge()
+                    refused = True
+                    await self._refuse(send)
+                    return {"type": "http.disconnect"}
             return message
 
-        try:
-            await self.app(scope, counting_receive, send)
-        except BodyTooLarge:
-            await self._refuse(send)
+        async def guarded_send(message):
+            if not refused:  # the app's own reply to the cut-off body is dropped
+                await send(message)
+
+        await self.app(scope, counting_receive, guarded_send)
 
     async def _refuse(self, send):
         body = json.dumps({"error": {
@@ -42,7 +49,3 @@ class BodySizeLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-
-class BodyTooLarge(Exception):
-    pass

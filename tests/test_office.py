@@ -1,0 +1,173 @@
+"""Small-office features on the real server: keys, exposure warning, CORS, size limits,
+/props, the memory refusal, and draining on SIGTERM."""
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from conftest import ROOT, RunningServer
+
+KEY = "alice-secret-key-123"
+
+
+@pytest.fixture(scope="module")
+def office(tmp_path_factory):
+    keyfile = tmp_path_factory.mktemp("keys") / "keys.txt"
+    keyfile.write_text(f"# office keys\nalice:{KEY}\n\nbob: bob-secret-key-456\n")
+    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keyfile),
+                        "--api-key", "plain-cli-key-789", "--cors-origin", "http://chat.office:3000",
+                        "--max-body-bytes", "4096", log_name="office")
+    try:
+        yield srv.wait_ready()
+    finally:
+        srv.stop()
+
+
+def post(srv, headers=None, **body):
+    body.setdefault("messages", [{"role": "user", "content": "Say hi"}])
+    body.setdefault("max_tokens", 3)
+    return httpx.post(srv.url + "/v1/chat/completions", json=body, headers=headers or {}, timeout=60)
+
+
+def test_keys_in_either_header_and_clear_401s(office):
+    assert post(office, {"Authorization": f"Bearer {KEY}"}).status_code == 200
+    assert post(office, {"X-Api-Key": "bob-secret-key-456"}).status_code == 200
+    assert post(office, {"Authorization": "Bearer plain-cli-key-789"}).status_code == 200
+    missing = post(office)
+    wrong = post(office, {"Authorization": "Bearer nope-nope-nope"})
+    assert missing.status_code == wrong.status_code == 401
+    assert missing.json()["error"]["code"] == "missing_api_key"
+    assert wrong.json()["error"]["type"] == "authentication_error"
+
+
+def test_health_is_open_but_monitoring_needs_a_key(office):
+    assert httpx.get(office.url + "/health").status_code == 200
+    for path in ("/slots", "/metrics", "/props", "/v1/models"):
+        assert httpx.get(office.url + path).status_code == 401, path
+        assert httpx.get(office.url + path, headers={"X-Api-Key": KEY}).status_code == 200, path
+
+
+def test_key_name_is_the_identity_in_slots(office):
+    seen = set()
+    body = {"messages": [{"role": "user", "content": "Tell a story"}], "max_tokens": 60,
+            "ignore_eos": True, "user": "spoofed"}
+    worker = threading.Thread(target=post, args=(office, {"X-Api-Key": KEY}), kwargs=body)
+    worker.start()
+    while worker.is_alive():
+        snap = httpx.get(office.url + "/slots", headers={"X-Api-Key": KEY}).json()
+        seen |= {s["user"] for s in snap["slots"] if s["user"]}
+        time.sleep(0.02)
+    assert seen == {"alice"}
+
+
+def test_cors_preflight_allows_the_configured_origin_only(office):
+    def preflight(origin):
+        return httpx.options(office.url + "/v1/chat/completions", headers={
+            "Origin": origin, "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+    ok = preflight("http://chat.office:3000")
+    assert ok.status_code == 200
+    assert ok.headers["access-control-allow-origin"] == "http://chat.office:3000"
+    assert "access-control-allow-origin" not in preflight("http://evil.example").headers
+
+
+def test_oversized_bodies_get_413_declared_or_chunked(office):
+    big = {"messages": [{"role": "user", "content": "x" * 10_000}]}
+    r = httpx.post(office.url + "/v1/chat/completions", json=big, headers={"X-Api-Key": KEY})
+    assert r.status_code == 413 and "4096" in r.json()["error"]["message"]
+
+    def chunks():
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(20):
+            yield b"y" * 1000
+        yield b'"}]}'
+
+    r = httpx.post(office.url + "/v1/chat/completions", content=chunks(),
+                   headers={"X-Api-Key": KEY, "content-type": "application/json"})
+    assert r.status_code == 413
+    assert post(office, {"X-Api-Key": KEY}).status_code == 200
+
+
+def test_props_describe_model_backend_split_and_scheduler(office):
+    props = httpx.get(office.url + "/props", headers={"X-Api-Key": KEY}).json()
+    assert props["model"]["n_layers"] == 30 and props["model"]["quantization"] == "Q4_1"
+    assert props["model"]["n_params"] > 100e6 and props["model"]["path"].endswith(".gguf")
+    assert props["backend"]["name"] == "cpu" and props["backend"]["n_gpu_layers"] == 0
+    assert props["n_slots"] == 2 and props["n_ctx_per_slot"] == 1024 and props["ctx_size"] == 2048
+    assert props["scheduler"]["policy"] == "continuous" and props["version"]
+
+
+def test_listening_off_loopback_without_a_key_warns_loudly():
+    srv = RunningServer("--host", "0.0.0.0", "-c", "512", "-np", "1", log_name="exposed")
+    try:
+        srv.wait_ready()
+        assert "WITHOUT an API key" in srv.log() and "--api-key" in srv.log()
+    finally:
+        srv.stop()
+
+
+def test_a_huge_context_is_refused_before_loading_with_numbers():
+    run = subprocess.run([sys.executable, "-m", "localserve", "up", "-c", "50000000", "--port", "1"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "not enough memory" in run.stderr and "-c 50000000" in run.stderr
+    assert "smaller -c" in run.stderr
+
+
+def test_bad_environment_value_is_refused_naming_the_variable():
+    run = subprocess.run([sys.executable, "-m", "localserve", "up"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60, env={**os.environ, "LOCALSERVE_PARALLEL": "many"})
+    assert run.returncode == 2 and "LOCALSERVE_PARALLEL='many'" in run.stderr
+
+
+def stream_text(url, max_tokens, out):
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
+            "stream": True}
+    text, events = "", []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                events.append(line)
+    out.append(events)
+
+
+def test_sigterm_drains_running_streams_and_refuses_new_ones():
+    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--drain-timeout", "60",
+                        log_name="drain").wait_ready()
+    results = []
+    workers = [threading.Thread(target=stream_text, args=(srv.url, 80, results)) for _ in range(2)]
+    for w in workers:
+        w.start()
+    time.sleep(1.0)
+    srv.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+    assert httpx.get(srv.url + "/health").json()["status"] == "draining"
+    for w in workers:
+        w.join(timeout=120)
+    assert srv.proc.wait(timeout=60) == 0
+    assert len(results) == 2
+    for events in results:
+        assert '"finish_reason":"length"' in events[-1].replace(" ", "")
+    srv.stop()
+
+
+def test_drain_timeout_ends_leftovers_with_an_error_event():
+    srv = RunningServer("-c", "2048", "-np", "1", "-t", "2", "--drain-timeout", "1",
+                        log_name="drain-timeout").wait_ready()
+    results = []
+    worker = threading.Thread(target=stream_text, args=(srv.url, 1000, results))
+    worker.start()
+    time.sleep(1.0)
+    srv.proc.send_signal(signal.SIGTERM)
+    worker.join(timeout=60)
+    assert srv.proc.wait(timeout=60) == 0
+    assert results and "shutting down" in results[0][-1]
+    srv.stop()

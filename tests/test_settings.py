@@ -1,0 +1,65 @@
+"""Settings precedence (CLI > environment > TOML file > defaults) and validation messages."""
+
+import pytest
+
+from localserve.config import Settings, SettingsError
+from localserve.server import exposure_warning
+from localserve.settings_loader import load_settings
+
+
+def write(tmp_path, text):
+    path = tmp_path / "localserve.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_precedence_cli_over_env_over_file_over_defaults(tmp_path):
+    cfg = write(tmp_path, 'ctx_size = 4096\nparallel = 2\nport = 9000\nhost = "0.0.0.0"\n')
+    env = {"LOCALSERVE_CTX_SIZE": "16384", "LOCALSERVE_PARALLEL": "8"}
+    s = load_settings({"parallel": 3}, environ=env, config_path=cfg)
+    assert s.parallel == 3  # CLI
+    assert s.ctx_size == 16384  # environment beats the file
+    assert s.port == 9000 and s.host == "0.0.0.0"  # file beats defaults
+    assert s.max_queue == Settings().max_queue  # default
+
+
+def test_config_file_from_environment_and_server_section(tmp_path):
+    cfg = write(tmp_path, '[server]\nmax-queue = 5\ncors_origins = ["http://a:1", "http://b:2"]\n')
+    s = load_settings({}, environ={"LOCALSERVE_CONFIG": cfg})
+    assert s.max_queue == 5 and s.cors_origins == ("http://a:1", "http://b:2")
+
+
+def test_env_lists_bools_and_none():
+    s = load_settings({}, environ={"LOCALSERVE_TENSOR_SPLIT": "3,1", "LOCALSERVE_KV_UNIFIED": "yes",
+                                   "LOCALSERVE_MAX_QUEUE": "none"})
+    assert s.tensor_split == (3.0, 1.0) and s.kv_unified is True and s.max_queue is None
+
+
+@pytest.mark.parametrize("kwargs, fragment", [
+    (dict(environ={"LOCALSERVE_CTX_SIZE": "lots"}), "LOCALSERVE_CTX_SIZE='lots': expected a whole number"),
+    (dict(cli={"parallel": 0}), "-np/--parallel 0: must be at least 1"),
+    (dict(cli={"port": 70000}), "--port 70000"),
+    (dict(cli={"ctx_size": 64, "parallel": 8}), "under 16 tokens per slot"),
+    (dict(cli={"api_keys": ["short"]}), "at least 8 characters"),
+    (dict(cli={"drain_timeout": -1}), "--drain-timeout"),
+])
+def test_bad_values_name_the_field_and_value(kwargs, fragment):
+    with pytest.raises(SettingsError) as info:
+        load_settings(kwargs.get("cli", {}), environ=kwargs.get("environ", {}))
+    assert fragment in str(info.value)
+
+
+def test_bad_file_keys_and_types_are_named(tmp_path):
+    with pytest.raises(SettingsError, match="unknown setting 'ctx'"):
+        load_settings({}, environ={}, config_path=write(tmp_path, "ctx = 5\n"))
+    with pytest.raises(SettingsError, match="ctx_size='big': expected a whole number"):
+        load_settings({}, environ={}, config_path=write(tmp_path, 'ctx_size = "big"\n'))
+    with pytest.raises(SettingsError, match="no such file"):
+        load_settings({}, environ={}, config_path=str(tmp_path / "missing.toml"))
+
+
+def test_exposure_warning_only_off_loopback_without_keys():
+    assert exposure_warning(Settings(host="127.0.0.1")) is None
+    assert exposure_warning(Settings(host="0.0.0.0", api_keys=("a-long-key",))) is None
+    text = exposure_warning(Settings(host="0.0.0.0"))
+    assert "WITHOUT an API key" in text and "--api-key" in text
