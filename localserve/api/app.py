@@ -66,9 +66,14 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(OpenAIError(400, "Invalid request: " + "; ".join(problems), param=param))
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException):
+    async def http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return _error(OpenAIError(exc.status_code, str(exc.detail), kind))
+        message = f"{exc.detail}: {request.method} {request.url.path}"
+        if exc.status_code == 404:
+            message += " (the API lives under /v1; see /docs)"
+        elif exc.status_code == 405:
+            message += f" (this path accepts {exc.headers.get('Allow', 'another method') if exc.headers else 'another method'})"
+        return _error(OpenAIError(exc.status_code, message, kind, headers=exc.headers))
 
     @app.exception_handler(Exception)
     async def unexpected(_: Request, exc: Exception):

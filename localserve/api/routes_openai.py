@@ -6,6 +6,7 @@ its slot (400) -> engine.submit() -> stream chunks (SSE) or collect one response
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -58,6 +59,8 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int) -> SamplingParam
 
 def submit(service: Service, tokens: list[int], body: _Sampling, user: str | None) -> RequestStream:
     n_ctx = service.n_ctx_per_slot
+    if not tokens:
+        raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
     if len(tokens) >= n_ctx:
         s = service.settings
         raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
@@ -109,7 +112,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     reply = Reply("chat.completion", service.model_id, body)
     if body.stream:
         return EventSourceResponse(reply.sse(stream), ping=15)
-    return await reply.collect(stream)
+    return await reply.collect(stream, request)
 
 
 @router.post("/completions")
@@ -130,7 +133,17 @@ async def completions(body: CompletionRequest, request: Request):
         reply.prefix = body.prompt if isinstance(body.prompt, str) else service.detokenize(tokens)
     if body.stream:
         return EventSourceResponse(reply.sse(stream), ping=15)
-    return await reply.collect(stream)
+    return await reply.collect(stream, request)
+
+
+async def cancel_on_disconnect(request: Request, stream: RequestStream) -> None:
+    """A non-streaming client that hangs up should free its slot too (streams notice by
+    themselves: sse-starlette cancels their generator)."""
+    while not stream.finished:
+        await asyncio.sleep(0.25)
+        if await request.is_disconnected():
+            stream.cancel()
+            return
 
 
 class Reply:
@@ -177,8 +190,9 @@ class Reply:
         finally:
             stream.cancel()
 
-    async def collect(self, stream: RequestStream) -> dict:
+    async def collect(self, stream: RequestStream, request: Request) -> dict:
         parts = [self.prefix]
+        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
         try:
             async for event in stream:
                 parts.append(event.text)
@@ -190,6 +204,9 @@ class Reply:
                 last = event
         finally:
             stream.cancel()
+            watcher.cancel()
+        if last.finish_reason == "abort":
+            raise OpenAIError(499, "the client closed the request", code="client_closed")
         text = "".join(parts)
         if self.chat:
             choice = {"index": 0, "message": {"role": "assistant", "content": text},

@@ -7,6 +7,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_STOP_STRINGS = 16
+MAX_TOKENS_LIMIT = 1_000_000  # beyond any context: a number this large is a client bug
+
+
+def _valid_text(value: str, field: str) -> str:
+    """Reject text that cannot be encoded as UTF-8 (an unpaired surrogate such as '\\ud800')."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"{field} contains an unpaired UTF-16 surrogate at position {exc.start}; "
+                         f"send valid Unicode text") from None
+    return value
 
 
 class OpenAIError(Exception):
@@ -33,7 +44,7 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
@@ -57,7 +68,7 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
         if any(len(s) > 256 for s in stops):
             raise ValueError("a stop string may be at most 256 characters")
-        return [s for s in stops if s]
+        return [_valid_text(s, "stop") for s in stops if s]
 
     @property
     def include_usage(self) -> bool:
@@ -68,6 +79,11 @@ class TextPart(BaseModel):
     type: Literal["text"]
     text: str
 
+    @field_validator("text")
+    @classmethod
+    def _utf8(cls, value):
+        return _valid_text(value, "content")
+
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
@@ -75,6 +91,11 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _utf8(cls, value):
+        return _valid_text(value, "content") if isinstance(value, str) else value
 
     def as_template_dict(self) -> dict:
         content = self.content
@@ -86,7 +107,7 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
 
     @property
     def token_limit(self) -> int | None:
@@ -95,7 +116,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for text completions
+    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS_LIMIT)  # OpenAI's default for completions
     echo: bool = False
 
     @field_validator("prompt")
@@ -104,10 +125,10 @@ class CompletionRequest(_Sampling):
         if isinstance(value, list) and value and isinstance(value[0], str):
             if len(value) != 1:
                 raise ValueError("send one prompt per request (a list of several is not supported)")
-            return value[0]
+            return _valid_text(value[0], "prompt")
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
-        return value
+        return _valid_text(value, "prompt") if isinstance(value, str) else value
 
     @property
     def token_limit(self) -> int | None:

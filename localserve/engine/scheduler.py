@@ -283,8 +283,16 @@ class Scheduler:
                 self.stats.prompt_tokens_computed += min(
                     len(chunk.tokens), chunk.request.num_prompt_tokens - chunk.start_pos)
             if chunk.sample:
-                events.append((chunk.request, self._accept_token(slot, sampled[chunk.slot_id])))
+                events.append((chunk.request, self._accept_or_fail(slot, sampled[chunk.slot_id])))
         return events
+
+    def _accept_or_fail(self, slot: Slot, token: int) -> TokenEvent:
+        """A bug in one request's stop rules or detokenizing ends that request alone."""
+        try:
+            return self._accept_token(slot, token)
+        except Exception as exc:
+            log.exception("request %s failed while handling its token", slot.request.request_id)
+            return self._end(slot, "error", error=f"internal error in this request: {exc!r}")
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
         """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
