@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -61,15 +62,22 @@ class RunningServer:
         self._log.close()
 
 
-@pytest.fixture(scope="session")
-def server():
-    """4 slots of 1024 tokens, small step budget so chunked prefill is exercised."""
-    srv = RunningServer("-c", "4096", "-np", "4", "--max-num-batched-tokens", "128", "-t", "2",
-                        log_name="main")
+@contextlib.contextmanager
+def running(*args: str, log_name: str):
+    """A started, ready server for the duration of a with-block (module fixtures use it)."""
+    srv = RunningServer(*args, log_name=log_name)
     try:
         yield srv.wait_ready()
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="session")
+def server():
+    """4 slots of 1024 tokens, small step budget so chunked prefill is exercised."""
+    with running("-c", "4096", "-np", "4", "--max-num-batched-tokens", "128", "-t", "2",
+                 log_name="main") as srv:
+        yield srv
 
 
 @pytest.fixture()

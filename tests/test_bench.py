@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import RunningServer
+from conftest import running
 from localserve.bench import LevelSummary, make_workload
 from localserve.bench_report import find_knee
 
@@ -45,11 +45,8 @@ def test_workload_is_seeded_mixed_and_heavy_tailed():
 
 @pytest.fixture(scope="module")
 def second_server():
-    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", log_name="second")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "2048", "-np", "2", "-t", "2", log_name="second") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("which", ["server", "second_server"])

@@ -9,7 +9,6 @@ from localserve.api.app import create_app
 from localserve.config import Settings
 from localserve.engine.detokenize import IncrementalDetokenizer
 from localserve.engine.request import Request, SamplingParams
-from localserve.engine.runner import DecodeError
 from localserve.service import Service
 
 
@@ -54,23 +53,6 @@ def test_repeat_penalty_changes_a_repetitive_answer(service):
     penalized = "".join(e.text for e in generate(service, prompt, max_tokens=24, temperature=0,
                                                   repeat_penalty=1.8, presence_penalty=1.0))
     assert plain != penalized
-
-
-def test_failed_decode_ends_only_its_batch_and_the_loop_serves_on(service, monkeypatch):
-    real_decode = service.runner.decode
-    calls = {"n": 0}
-
-    def flaky(plan):
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise DecodeError("injected failure")
-        return real_decode(plan)
-
-    monkeypatch.setattr(service.loop.runner, "decode", flaky)
-    events = generate(service, "Hello", max_tokens=5, temperature=0)
-    assert events[-1].finish_reason == "error" and "injected" in events[-1].error
-    events = generate(service, "Hello", max_tokens=5, temperature=0)
-    assert events[-1].finish_reason == "length" and service.ready
 
 
 def test_health_is_503_while_loading_and_requests_get_503():

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, RunningServer
+from conftest import ROOT, RunningServer, running
 
 KEY = "alice-secret-key-123"
 
@@ -20,13 +20,10 @@ KEY = "alice-secret-key-123"
 def office(tmp_path_factory):
     keyfile = tmp_path_factory.mktemp("keys") / "keys.txt"
     keyfile.write_text(f"# office keys\nalice:{KEY}\n\nbob: bob-secret-key-456\n")
-    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keyfile),
-                        "--api-key", "plain-cli-key-789", "--cors-origin", "http://chat.office:3000",
-                        "--max-body-bytes", "4096", log_name="office")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keyfile),
+                 "--api-key", "plain-cli-key-789", "--cors-origin", "http://chat.office:3000",
+                 "--max-body-bytes", "4096", log_name="office") as srv:
+        yield srv
 
 
 def post(srv, headers=None, **body):

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from conftest import RunningServer
+from conftest import running
 
 SYSTEM = ("You are the help desk of a small architecture office. Answer briefly and politely. "
           "The office opens at nine and closes at five. The printer is on the second floor. "
@@ -17,11 +17,8 @@ SYSTEM = ("You are the help desk of a small architecture office. Answer briefly 
 @pytest.fixture(scope="module")
 def tight_server():
     """One shared pool of 512 tokens for 4 slots: too small for 4 x (~10 + 150) tokens."""
-    srv = RunningServer("-c", "512", "-np", "4", "--kv-unified", "-t", "2", log_name="tight")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "512", "-np", "4", "--kv-unified", "-t", "2", log_name="tight") as srv:
+        yield srv
 
 
 # Counting prompts: the model's continuation is so certain that the float noise of a shared
@@ -92,11 +89,8 @@ def test_shared_system_prompt_is_served_from_the_prefix_cache(server, client):
 
 @pytest.fixture(scope="module")
 def one_slot_server():
-    srv = RunningServer("-c", "1024", "-np", "1", "--max-queue", "2", "-t", "2", log_name="queue")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "1024", "-np", "1", "--max-queue", "2", "-t", "2", log_name="queue") as srv:
+        yield srv
 
 
 def test_queue_overflow_gets_503_with_retry_after_and_serving_goes_on(one_slot_server):

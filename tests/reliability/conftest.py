@@ -2,17 +2,14 @@
 
 import pytest
 
-from conftest import RunningServer
+from conftest import running
 
 
 @pytest.fixture(scope="module")
 def rserver():
-    srv = RunningServer("-c", "2048", "-np", "4", "-t", "2", "--max-queue", "8",
-                        "--max-num-batched-tokens", "128", log_name="reliability")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "2048", "-np", "4", "-t", "2", "--max-queue", "8",
+                 "--max-num-batched-tokens", "128", log_name="reliability") as srv:
+        yield srv
 
 
 def wait_idle(srv, timeout=10.0):

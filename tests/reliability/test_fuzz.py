@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
 
-from conftest import RunningServer
+from conftest import running
 
 EXAMPLES = 20
 
@@ -14,11 +14,8 @@ EXAMPLES = 20
 @pytest.fixture(scope="module")
 def fuzz_server():
     """Slots of 128 tokens: any generated request, however large its max_tokens, ends fast."""
-    srv = RunningServer("-c", "512", "-np", "4", "-t", "2", log_name="fuzz")
-    try:
-        yield srv.wait_ready()
-    finally:
-        srv.stop()
+    with running("-c", "512", "-np", "4", "-t", "2", log_name="fuzz") as srv:
+        yield srv
 
 
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
