@@ -102,14 +102,14 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=24)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workloads", default="mixed,chat")
+    ap.add_argument("--workloads", default="mixed,chat", help="comma-separated; empty for none")
     ap.add_argument("--llama-server", help="path to llama.cpp's llama-server binary, to compare")
     ap.add_argument("--skip-prefill-demo", action="store_true")
     ap.add_argument("--out", default="bench-out/policies.json")
     args = ap.parse_args()
     t = str(args.threads)
     results: dict = {"command": " ".join(sys.argv), "workloads": {}}
-    for name in args.workloads.split(","):
+    for name in filter(None, args.workloads.split(",")):
         words, outs = WORKLOADS[name]
         jobs = bench.make_workload(args.requests, args.seed, words, outs)
         rows = {}
@@ -130,16 +130,18 @@ def main() -> int:
                 print(f"  continuous / {label}: {base / summary.output_tok_s:.2f}x output tok/s")
         results["workloads"][name] = {k: v.__dict__ for k, v in rows.items()}
 
-    ceiling = raw_ceiling([1, args.concurrency], args.threads)
-    print("\nraw runner decode ceiling: " + ", ".join(f"B={b}: {v:.1f} tok/s" for b, v in ceiling.items()))
-    results["raw_ceiling_tok_s"] = ceiling
+    if results["workloads"]:
+        ceiling = raw_ceiling([1, args.concurrency], args.threads)
+        print("\nraw runner decode ceiling: " + ", ".join(f"B={b}: {v:.1f} tok/s"
+                                                      for b, v in ceiling.items()))
+        results["raw_ceiling_tok_s"] = ceiling
 
     if not args.skip_prefill_demo:
         long_prompt = "The committee reviewed the quarterly figures in detail. " * 190
         print("\nchunked prefill: worst inter-token gap of 3 running streams while a "
               "~1,900-token prompt arrives (-c 8192 -np 4)")
         results["prefill_stall_s"] = {}
-        for budget in ("64", "2048"):
+        for budget in ("64", "256", "2048"):
             server = RunningServer("-c", "8192", "-np", "4", "-t", t, "--max-num-batched-tokens",
                                    budget, log_name=f"prefill{budget}").wait_ready()
             try:

@@ -168,3 +168,27 @@ def test_drain_timeout_ends_leftovers_with_an_error_event():
     assert srv.proc.wait(timeout=60) == 0
     assert results and "shutting down" in results[0][-1]
     srv.stop()
+
+
+def test_dashboard_says_when_its_key_is_wrong(office):
+    import asyncio
+
+    from tui.app import Dashboard, http_fetcher
+
+    async def run():
+        app = Dashboard(http_fetcher(office.url, "not-the-key-000"), url=office.url, interval=0.1)
+        async with app.run_test(size=(90, 24)) as pilot:
+            for _ in range(30):
+                await pilot.pause(0.1)
+                if app.polls >= 1:
+                    break
+            assert "wrong or missing API key" in app.status and app.view is None
+        good = Dashboard(http_fetcher(office.url, KEY), url=office.url, interval=0.1)
+        async with good.run_test(size=(90, 24)) as pilot:
+            for _ in range(30):
+                await pilot.pause(0.1)
+                if good.view is not None:
+                    break
+            assert good.status == "live" and len(good.view.slots) == 2
+
+    asyncio.run(run())
