@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -25,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 from bench_core import raw_ceiling  # noqa: E402
-from conftest import RunningServer, free_port  # noqa: E402
+from conftest import RunningServer  # noqa: E402
 
 from localserve import bench  # noqa: E402
 from localserve.config import resolve_model  # noqa: E402
@@ -36,30 +35,10 @@ WORKLOADS = {  # name: (prompt words, output tokens)
 }
 
 
-class LlamaServer:
+def llama_server(binary: str, threads: int) -> RunningServer:
     """llama.cpp's C++ server on the same model and split, for comparison."""
-
-    def __init__(self, binary: str, threads: int):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen(
-            [binary, "-m", str(resolve_model(None)), "-c", "8192", "-np", "8", "-t", str(threads),
-             "--port", str(self.port), "--cont-batching"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def wait_ready(self):
-        for _ in range(600):
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError("llama-server did not start")
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=30)
+    return RunningServer("-m", str(resolve_model(None)), "-c", "8192", "-np", "8", "-t", str(threads),
+                         "--cont-batching", log_name="llama-server", program=[binary])
 
 
 def measure(server, jobs, concurrency):
@@ -117,7 +96,7 @@ def main() -> int:
             rows[policy] = measure(RunningServer("-c", "8192", "-np", "8", "-t", t, "--scheduler",
                                                  policy, log_name=policy), jobs, args.concurrency)
         if args.llama_server:
-            rows["llama-server"] = measure(LlamaServer(args.llama_server, args.threads), jobs,
+            rows["llama-server"] = measure(llama_server(args.llama_server, args.threads), jobs,
                                            args.concurrency)
         print(f"\nworkload '{name}': {args.requests} requests, prompts {words[0]}-{words[1]} words, "
               f"{outs[0]}-{outs[1]} tokens out, concurrency {args.concurrency}, seed {args.seed}")

@@ -23,14 +23,16 @@ def free_port() -> int:
 
 
 class RunningServer:
-    def __init__(self, *args: str, log_name: str = "server"):
+    """`localserve up ARGS` on a free port (or another server's `program`, e.g. llama-server)."""
+
+    def __init__(self, *args: str, log_name: str = "server", program: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp")) / f"localserve-{log_name}-{self.port}.log"
         self._log = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "localserve", "up", "--port", str(self.port), *args],
-            cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+        program = program or [sys.executable, "-m", "localserve", "up"]
+        self.proc = subprocess.Popen([*program, "--port", str(self.port), *args],
+                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 120) -> "RunningServer":
         deadline = time.monotonic() + timeout
