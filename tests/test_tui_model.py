@@ -21,7 +21,9 @@ def slots(n_decoded, preemptions=0, state="decode"):
                        "user": "ann", "n_decoded": n_decoded, "age_s": 3.0},
                       {"id": 1, "state": "idle", "n_ctx": 512, "n_cached": 0, "request_id": None,
                        "user": None, "n_decoded": 0, "age_s": None}],
-            "queue": {"waiting": 2, "oldest_wait_s": 1.5},
+            "queue": {"waiting": 2, "oldest_wait_s": 1.5, "requests": [
+                {"request_id": "r7", "user": "bob", "position": 0, "wait_s": 1.5, "preempted": True},
+                {"request_id": "r8", "user": None, "position": 1, "wait_s": 0.2, "preempted": False}]},
             "engine": {"preemptions": preemptions}}
 
 
@@ -42,5 +44,6 @@ def test_rates_come_from_differences_between_polls():
     assert second.preempted_just_now and second.preemptions == 1
     assert second.ttft_p50 == pytest.approx(1 / 3 * 0.5 * 2, rel=0.01)  # 2nd of 4 in the 0-0.5 bucket
     assert second.waiting == 2 and second.slots[0].user == "ann"
+    assert [r["request_id"] for r in second.next_up] == ["r7", "r8"] and second.next_up[0]["preempted"]
     third = tracker.update(slots(30, preemptions=1), METRICS.format(gen=160, b1=3, b2=4), now=13.0)
     assert not third.preempted_just_now and third.tok_s == 0.0

@@ -66,6 +66,7 @@ class View:
     slots: list[SlotRow] = field(default_factory=list)
     waiting: int = 0
     oldest_wait_s: float = 0.0
+    next_up: list[dict] = field(default_factory=list)  # first waiting requests, in serving order
     tok_s: float = 0.0
     tok_s_history: list[float] = field(default_factory=list)
     ttft_p50: float | None = None
@@ -96,6 +97,7 @@ class Tracker:
         decoded = {s["request_id"]: s["n_decoded"] for s in slots["slots"] if s["request_id"]}
         view = View(model=slots.get("model", "?"), split=slots.get("split", ""),
                     waiting=slots["queue"]["waiting"], oldest_wait_s=slots["queue"]["oldest_wait_s"],
+                    next_up=list(slots["queue"].get("requests", []))[:4],
                     preemptions=int(slots["engine"].get("preemptions", 0)))
         view.backend = _backend_text(props)
         prev = self._last

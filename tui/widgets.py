@@ -87,6 +87,13 @@ class QueuePanel(Static):
         text.append(str(view.preemptions), style="bold red" if view.preempted_just_now else "")
         if view.preempted_just_now:
             text.append("  ← cache short: a sequence was evicted", style="red")
+        if view.next_up:
+            text.append("   next: ")
+            for i, r in enumerate(view.next_up):
+                text.append(", " if i else "")
+                text.append(f"{r.get('user') or r['request_id']} {r['wait_s']:.1f}s")
+                if r.get("preempted"):
+                    text.append(" (preempted)", style="bold red")
         self.update(text)
 
 
