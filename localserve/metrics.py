@@ -35,9 +35,9 @@ class EngineMetrics:
         self.itl = hist("inter_token_latency_seconds", "Gap between consecutive tokens of a stream.")
         self.e2e = hist("e2e_request_latency_seconds", "Arrival to the last token.")
         self.queue_time = hist("request_queue_time_seconds", "Arrival to first admission into a slot.")
-        self.step_time = hist("engine_step_seconds", "Wall time of one engine step (llama_decode and all).")
-        self.step_tokens = hist("iteration_tokens_total", "Tokens carried by one engine step (batch fullness).",
-                                STEP_TOKEN_BUCKETS)
+        self.step_time = hist("engine_step_seconds", "Wall time of one engine step, llama_decode included.")
+        self.step_tokens = hist("iteration_tokens_total",
+                                "Tokens carried by one engine step (batch fullness).", STEP_TOKEN_BUCKETS)
         self.prompt_tokens = Counter(P + "prompt_tokens", "Prompt tokens of finished requests.",
                                      registry=registry)
         self.generation_tokens = Counter(P + "generation_tokens", "Generated tokens.", registry=registry)

@@ -28,7 +28,8 @@ class RunningServer:
     def __init__(self, *args: str, log_name: str = "server", program: list[str] | None = None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp")) / f"localserve-{log_name}-{self.port}.log"
+        log_dir = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp"))
+        self.log_path = log_dir / f"localserve-{log_name}-{self.port}.log"
         self._log = open(self.log_path, "w")
         program = program or [sys.executable, "-m", "localserve", "up"]
         self.proc = subprocess.Popen([*program, "--port", str(self.port), *args],

@@ -126,7 +126,7 @@ def test_bad_environment_value_is_refused_naming_the_variable():
 def stream_text(url, max_tokens, out):
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "ignore_eos": True,
             "stream": True}
-    text, events = "", []
+    events = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
             if line.startswith("data: {"):

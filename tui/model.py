@@ -142,5 +142,6 @@ def _backend_text(props: dict | None) -> str:
     backend = props.get("backend", {})
     text = backend.get("name", "?")
     if backend.get("gpu_offload"):
-        text += f", {backend.get('n_gpu_layers', 0)}/{props.get('model', {}).get('n_layers', '?')} layers on GPU"
+        n_layers = props.get("model", {}).get("n_layers", "?")
+        text += f", {backend.get('n_gpu_layers', 0)}/{n_layers} layers on GPU"
     return text

@@ -47,9 +47,11 @@ class SlotTable(DataTable):
         self.clear()
         for r in rows:
             age = f"{r.age_s:.1f}s" if r.age_s is not None else ""
+            busy = r.request_id is not None
             self.add_row(str(r.id), Text(r.state, style=STATE_STYLE.get(r.state, "")),
-                         context_bar(r.n_cached, r.n_ctx, idle=r.state == "idle"), str(r.n_decoded) if r.request_id else "",
-                         f"{r.tok_s:.1f}" if r.request_id else "", age, r.user or "")
+                         context_bar(r.n_cached, r.n_ctx, idle=r.state == "idle"),
+                         str(r.n_decoded) if busy else "", f"{r.tok_s:.1f}" if busy else "",
+                         age, r.user or "")
 
 
 class LabeledSparkline(Vertical):

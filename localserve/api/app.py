@@ -72,7 +72,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         if exc.status_code == 404:
             message += " (the API lives under /v1; see /docs)"
         elif exc.status_code == 405:
-            message += f" (this path accepts {exc.headers.get('Allow', 'another method') if exc.headers else 'another method'})"
+            allowed = (exc.headers or {}).get("Allow", "another method")
+            message += f" (this path accepts {allowed})"
         return _error(OpenAIError(exc.status_code, message, kind, headers=exc.headers))
 
     @app.exception_handler(Exception)

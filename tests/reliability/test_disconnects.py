@@ -68,7 +68,8 @@ def test_disconnect_storm_leaks_no_slot_and_disturbs_no_one(rserver):
     assert len(kinds) == 48 and set(kinds) == {"before-first-token", "mid-prefill", "mid-decode"}
     started = time.monotonic()
     snap = wait_idle(rserver, timeout=5)
-    print(f"disconnect storm: 48 streams cancelled ({', '.join(f'{k}: {kinds.count(k)}' for k in sorted(set(kinds)))}), "
+    counts = ", ".join(f"{k}: {kinds.count(k)}" for k in sorted(set(kinds)))
+    print(f"disconnect storm: 48 streams cancelled ({counts}), "
           f"all slots idle {time.monotonic() - started:.2f}s after the last cancel")
     # hang-ups before the request reached the server abort nothing; the others must all count
     assert snap["engine"]["requests_aborted"] - aborted_before >= 20

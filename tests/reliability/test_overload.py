@@ -43,8 +43,9 @@ def test_overload_every_request_completes_or_is_refused_cleanly(rserver):
 
     outcomes = asyncio.run(run())
     kinds = [k for k, _ in outcomes]
-    assert kinds.count("bad") == 0 and kinds.count("transport") == 0, [o for o in outcomes if o[0] != "ok"][:3]
-    assert kinds.count("ok") >= 4 and kinds.count("refused") >= 50, (kinds.count("ok"), kinds.count("refused"))
+    problems = [o for o in outcomes if o[0] in ("bad", "transport")]
+    assert not problems, problems[:3]
+    assert kinds.count("ok") >= 4 and kinds.count("refused") >= 50, kinds
     assert kinds.count("ok") + kinds.count("refused") == N_REQUESTS
     snap = wait_idle(rserver)
     assert snap["engine"]["alive"]
