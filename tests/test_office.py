@@ -138,10 +138,11 @@ def test_sigterm_drains_running_streams_and_refuses_new_ones():
     srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--drain-timeout", "60",
                         log_name="drain").wait_ready()
     results = []
-    workers = [threading.Thread(target=stream_text, args=(srv.url, 80, results)) for _ in range(2)]
+    workers = [threading.Thread(target=stream_text, args=(srv.url, 400, results)) for _ in range(2)]
     for w in workers:
         w.start()
     time.sleep(1.0)
+    assert sum(s["state"] != "idle" for s in srv.slots()["slots"]) == 2  # streams in flight
     srv.proc.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})

@@ -16,7 +16,7 @@ router = APIRouter()  # needs a key when keys are set
 @open_router.get("/health")
 async def health(request: Request):
     service = request.app.state.service
-    if service.ready and service.draining:
+    if service.draining:  # shutting down is not an error, even once the engine has stopped
         return JSONResponse({"status": "draining"}, status_code=503)
     if service.ready:
         return {"status": "ok"}
