@@ -46,15 +46,13 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, service: Service):
         super().__init__(config)
         self.service = service
-        self.draining = False
 
     def handle_exit(self, sig, frame) -> None:
-        if self.draining:
+        if self.service.draining:
             log.warning("second signal: exiting now")
             self.force_exit = True
             self.should_exit = True
             return
-        self.draining = True
         timeout = self.service.settings.drain_timeout
         log.warning("shutting down: refusing new requests, letting %d running/queued ones finish "
                     "(up to %.0f s; press Ctrl-C again to exit now)", self.service.in_flight(), timeout)

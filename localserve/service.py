@@ -48,12 +48,8 @@ class Service:
         return check_memory(self.settings, model_path, supports_gpu_offload())
 
     def in_flight(self) -> int:
-        """Requests running or waiting (what a drain waits for)."""
-        if self.loop is None:
-            return 0
-        snap = self.loop.snapshot
-        return self.loop.queued + sum(1 for s in snap["slots"] if s["state"] != "idle") \
-            + snap["queue"]["waiting"]
+        """Requests accepted and not yet finished (what a drain waits for)."""
+        return self.loop.in_flight if self.loop is not None else 0
 
     @property
     def model_id(self) -> str:

@@ -62,3 +62,20 @@ def test_health_is_503_while_loading_and_requests_get_503():
     assert client.get("/health").json()["status"] == "loading"
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.headers["retry-after"] and "loading" in r.json()["error"]["message"]
+
+
+def test_in_flight_counts_a_request_from_submit_to_its_last_event(service):
+    """The drain waits on this count: it must never read 0 while a request is unfinished,
+    including the step in which the request is being admitted."""
+    async def run():
+        stream = service.engine.submit(Request(service.tokenize_prompt("Hi"),
+                                               SamplingParams(max_tokens=6, ignore_eos=True)))
+        seen = [service.in_flight()]
+        async for event in stream:
+            if not event.finished:
+                seen.append(service.in_flight())
+        return seen
+
+    seen = asyncio.run(run())
+    assert min(seen) == 1 and len(seen) == 6
+    assert service.in_flight() == 0

@@ -46,6 +46,7 @@ class EngineLoop(threading.Thread):
         self.last_step_s = 0.0
         self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
+        self.in_flight = 0  # submitted and not yet finished: what a drain waits for
         self._queued_lock = threading.Lock()
         self.snapshot: dict = self._build_snapshot()
 
@@ -58,6 +59,7 @@ class EngineLoop(threading.Thread):
                 raise QueueFull(f"{self.queued} requests are already waiting (--max-queue "
                                 f"{self.max_queue})")
             self.queued += 1
+            self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(("add", request))
 
@@ -157,8 +159,10 @@ class EngineLoop(threading.Thread):
 
     def _deliver(self, events) -> None:
         for request, event in events:
-            if event.finished:
+            if event.finished:  # every submitted request gets exactly one finished event
                 self._release_queue_place(request)
+                with self._queued_lock:
+                    self.in_flight -= 1
             try:
                 if self.observer is not None:
                     self.observer.on_event(request, event)
