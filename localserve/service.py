@@ -30,6 +30,7 @@ class Service:
         self.loop: EngineLoop | None = None
         self.engine: AsyncEngine | None = None
         self.template: ChatTemplate | None = None
+        self.facts: dict | None = None  # model and backend, read once at load (for /props)
         self.load_error: str | None = None
         self.loaded = threading.Event()
         self.metrics_registry, self.metrics = build_registry(
@@ -61,6 +62,19 @@ class Service:
     def ready(self) -> bool:
         return self.engine is not None and self.engine.healthy
 
+    def status(self) -> tuple[str, str | None]:
+        """One answer for /health and for new requests: ("ok" | "draining" | "loading" |
+        "error", what went wrong)."""
+        if self.draining:
+            return "draining", None
+        if self.ready:
+            return "ok", None
+        if self.load_error:
+            return "error", self.load_error
+        if self.engine is None:
+            return "loading", None
+        return "error", self.loop.failure or "engine stopped"
+
     @property
     def n_ctx_per_slot(self) -> int:
         return self.loop.scheduler.pool.n_ctx_per_slot
@@ -80,6 +94,8 @@ class Service:
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
                 n_batch=budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
                 main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified))
+            facts = self.facts = self.runner.describe()
+            facts["model"].update(id=self.model_id, path=str(self.model_path))
             pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)
             if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
                 log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
@@ -93,7 +109,6 @@ class Service:
                                    observer=self.metrics)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
-            facts = self.runner.describe()
             backend = facts["backend"]
             log.info("model: %s (%s, %d layers, trained on %d tokens)", self.model_id,
                      facts["model"]["description"], facts["model"]["n_layers"],

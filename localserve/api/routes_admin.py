@@ -15,17 +15,11 @@ router = APIRouter()  # needs a key when keys are set
 
 @open_router.get("/health")
 async def health(request: Request):
-    service = request.app.state.service
-    if service.draining:  # shutting down is not an error, even once the engine has stopped
-        return JSONResponse({"status": "draining"}, status_code=503)
-    if service.ready:
+    state, problem = request.app.state.service.status()
+    if state == "ok":
         return {"status": "ok"}
-    if service.load_error:
-        return JSONResponse({"status": "error", "error": service.load_error}, status_code=503)
-    if service.engine is not None:
-        return JSONResponse({"status": "error", "error": service.loop.failure or "engine stopped"},
-                            status_code=503)
-    return JSONResponse({"status": "loading"}, status_code=503)
+    body = {"status": state} if problem is None else {"status": state, "error": problem}
+    return JSONResponse(body, status_code=503)
 
 
 @router.get("/slots")
@@ -60,10 +54,8 @@ async def props(request: Request):
         return JSONResponse({"status": "loading"}, status_code=503)
     s = service.settings
     pool = service.loop.scheduler.pool
-    facts = service.runner.describe()
-    facts["model"].update(id=service.model_id, path=str(service.model_path))
     return {
-        **facts,
+        **service.facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
         "kv_unified": pool.unified, "split": pool.describe(),
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": service.loop.scheduler.budget,

@@ -26,18 +26,17 @@ router = APIRouter(prefix="/v1")
 
 def ready_service(request: Request) -> Service:
     service: Service = request.app.state.service
-    if service.draining:
+    state, problem = service.status()
+    if state == "ok":
+        return service
+    if state == "draining":
         raise OpenAIError(503, "the server is shutting down and takes no new requests",
                           "server_error", code="shutting_down", headers={"Retry-After": "10"})
-    if service.ready:
-        return service
-    if service.load_error:
-        raise OpenAIError(503, f"the model failed to load: {service.load_error}", "server_error")
-    if service.engine is None:
+    if state == "loading":
         raise OpenAIError(503, "the model is still loading; retry shortly", "server_error",
                           headers={"Retry-After": "2"})
-    raise OpenAIError(503, "the engine is not running: " + (service.loop.failure or "shutting down"),
-                      "server_error")
+    what = "the model failed to load" if service.load_error else "the engine is not running"
+    raise OpenAIError(503, f"{what}: {problem}", "server_error")
 
 
 def check_model_name(service: Service, name: str | None) -> None:

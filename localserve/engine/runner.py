@@ -190,7 +190,7 @@ class LlamaRunner:
         info = C.llama_print_system_info().decode("utf-8", "replace")
         backend = next((name for name in ("CUDA", "Metal", "Vulkan", "ROCm", "SYCL")
                         if name in info), "CPU")
-        gpu = bool(C.llama_supports_gpu_offload())
+        gpu = supports_gpu_offload()
         n_layers = C.llama_model_n_layer(self.model)
         return {
             "model": {"description": description,
