@@ -85,8 +85,9 @@ class Tracker:
     """Keeps the previous poll and a minute of history to turn counters into rates."""
 
     def __init__(self):
-        self._last: tuple[float, dict, dict] | None = None  # (time, metrics, {request_id: n_decoded})
-        self._history: deque[tuple[float, float, list]] = deque()  # (time, generated, ttft buckets)
+        # the previous poll: (time, tokens generated, preemptions, {request_id: n_decoded})
+        self._last: tuple[float, float, int, dict] | None = None
+        self._history: deque[tuple[float, list]] = deque()  # (time, ttft buckets) over the window
         self.tok_s_history: deque[float] = deque(maxlen=60)
         self.ttft_history: deque[float] = deque(maxlen=60)
 
@@ -103,16 +104,16 @@ class Tracker:
         prev = self._last
         dt = now - prev[0] if prev else 0.0
         if prev and dt > 0:
-            view.tok_s = max(0.0, generated - prev[1].get("localserve:generation_tokens_total", 0.0)) / dt
+            view.tok_s = max(0.0, generated - prev[1]) / dt
             self.tok_s_history.append(view.tok_s)
-            view.preempted_just_now = view.preemptions > int(prev[1].get("_preemptions", 0))
+            view.preempted_just_now = view.preemptions > prev[2]
         for s in slots["slots"]:
             rate = 0.0
-            if prev and dt > 0 and s["request_id"] in prev[2]:
-                rate = max(0, s["n_decoded"] - prev[2][s["request_id"]]) / dt
+            if prev and dt > 0 and s["request_id"] in prev[3]:
+                rate = max(0, s["n_decoded"] - prev[3][s["request_id"]]) / dt
             view.slots.append(SlotRow(s["id"], s["state"], s["n_cached"], s["n_ctx"], s["n_decoded"],
                                       rate, s.get("age_s"), s.get("user"), s["request_id"]))
-        self._history.append((now, generated, ttft_buckets))
+        self._history.append((now, ttft_buckets))
         while self._history and now - self._history[0][0] > WINDOW_S:
             self._history.popleft()
         view.ttft_p50, view.ttft_p95 = self._ttft_window(ttft_buckets)
@@ -125,13 +126,12 @@ class Tracker:
         view.rss_bytes = m.get("localserve:process_resident_memory_bytes", 0.0)
         view.mem_total = m.get("localserve:system_memory_total_bytes", 0.0)
         view.mem_available = m.get("localserve:system_memory_available_bytes", 0.0)
-        m["_preemptions"] = view.preemptions
-        self._last = (now, m, decoded)
+        self._last = (now, generated, view.preemptions, decoded)
         return view
 
     def _ttft_window(self, current: list) -> tuple[float | None, float | None]:
         """TTFT percentiles of requests that got their first token within the window."""
-        oldest = dict(self._history[0][2]) if self._history else {}
+        oldest = dict(self._history[0][1]) if self._history else {}
         delta = [(le, count - oldest.get(le, 0.0)) for le, count in current]
         return histogram_quantile(0.5, delta), histogram_quantile(0.95, delta)
 

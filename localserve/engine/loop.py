@@ -105,15 +105,12 @@ class EngineLoop(threading.Thread):
         try:
             sampled = self.runner.decode(plan)
             events = self.scheduler.update(plan, sampled)
-        except CacheFull as exc:
-            if self.scheduler.preempt_newest():
+        except DecodeError as exc:
+            if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
             else:
                 log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
                 events = self.scheduler.fail(plan, str(exc))
-        except DecodeError as exc:
-            log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
-            events = self.scheduler.fail(plan, str(exc))
         except Exception as exc:  # a bug in one request's handling must not stop the others
             log.exception("step failed; ending the requests in that batch")
             events = self.scheduler.fail(plan, f"internal error: {exc!r}")

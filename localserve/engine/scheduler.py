@@ -139,8 +139,8 @@ class Scheduler:
 
     def expire_waiting(self, max_wait_s: float, now: float) -> list[tuple[Request, TokenEvent]]:
         """End requests that waited longer than `max_wait_s` without getting a slot."""
-        expired = [r for r in self.waiting if r.status is RequestStatus.WAITING
-                   and r.num_output_tokens == 0 and now - r.arrival_time > max_wait_s]
+        expired = [r for r in self.waiting  # preempted ones (with output) already had a slot
+                   if r.num_output_tokens == 0 and now - r.arrival_time > max_wait_s]
         message = f"no slot became free within {max_wait_s:g} s; retry later"
         return [self.abort(r.request_id, "timeout", message) for r in expired]
 
