@@ -58,7 +58,30 @@ def _up_parser(sub) -> None:
     net.add_argument("--api-key-file", help="file of 'name:key' lines; the name identifies the user")
     net.add_argument("--cors-origin", dest="cors_origins", action="append",
                      help="allow browser frontends on this origin (repeatable), e.g. http://chat.lan:3000")
+    net.add_argument("--allowed-host", dest="allowed_hosts", action="append",
+                     help="a Host name to accept besides loopback names (repeatable); only matters "
+                          "on a loopback server without keys, where other Hosts are refused "
+                          "(DNS-rebinding guard)")
     net.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
+    net.add_argument("--header-timeout", type=float,
+                     help="seconds a client may take to send its request headers (default 10)")
+    net.add_argument("--max-connections", type=int,
+                     help="open connections at most; at the cap the slowest header-sender is "
+                          "dropped (default 1000)")
+    share = up.add_argument_group("sharing between API keys (apply only when keys are set)")
+    share.add_argument("--shared-prefix-cache", action="store_true",
+                       help="let keys reuse each other's cached prompt prefixes (faster for a common "
+                            "system prompt, but one key can then probe what another sent)")
+    share.add_argument("--max-queue-per-key", type=int,
+                       help="waiting requests one key may hold; more get 429 (default: half of "
+                            "--max-queue)")
+    share.add_argument("--max-slots-per-key", type=int,
+                       help="slots one key may hold while another key waits (default: all but one)")
+    share.add_argument("--rate-limit", type=float,
+                       help="requests per second per key, beyond the burst 429 + Retry-After "
+                            "(default 10; 0 = off)")
+    share.add_argument("--rate-burst", type=int,
+                       help="requests a key may send at once before --rate-limit applies (default 40)")
     life = up.add_argument_group("lifecycle")
     life.add_argument("--drain-timeout", type=float,
                       help="on Ctrl-C/SIGTERM, seconds to let running requests finish (default 30); "
@@ -160,6 +183,10 @@ def run_up(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"localserve: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "api_keys", None):
+        logging.getLogger("localserve").warning(
+            "--api-key on the command line is visible to every user of this machine (ps); prefer "
+            "--api-key-file (chmod 600) or the LOCALSERVE_API_KEYS environment variable")
     return serve(settings, log_level)
 
 

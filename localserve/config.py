@@ -36,7 +36,17 @@ class Settings:
     api_keys: tuple[str, ...] = ()
     api_key_file: str | None = None
     cors_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback (no-key loopback)
     max_body_bytes: int = 4 * 1024 * 1024
+    # Shares between API keys (only with keys: without them no identity can be trusted).
+    shared_prefix_cache: bool = False  # reuse cached prefixes across keys (leaks; see README)
+    max_queue_per_key: int | None = None  # None: half of --max-queue
+    max_slots_per_key: int | None = None  # None: all slots but one (while others wait)
+    rate_limit: float = 10.0  # requests per second per key (token bucket); 0 = off
+    rate_burst: int = 40  # requests a key may send at once before the rate applies
+    # Connection hygiene.
+    header_timeout: float = 10.0  # seconds a client may take to send its request headers
+    max_connections: int = 1000  # open connections; beyond, the slowest header-sender goes
     drain_timeout: float = 30.0
     memory_check: bool = True
 
@@ -49,6 +59,19 @@ class Settings:
         if self.max_num_batched_tokens is not None:
             return self.max_num_batched_tokens
         return 512 if gpu_offload and self.n_gpu_layers != 0 else 256
+
+    def queue_share(self) -> int | None:
+        """Waiting requests one key may hold: half the queue, so others always find a place."""
+        if self.max_queue_per_key is not None:
+            return self.max_queue_per_key
+        return None if self.max_queue is None else max(1, self.max_queue // 2)
+
+    def slot_share(self) -> int | None:
+        """Slots one key may hold while another waits: all but one (one slot: no cap)."""
+        if self.max_slots_per_key is not None:
+            return self.max_slots_per_key
+        usable = min(self.parallel, self.max_num_seqs or self.parallel)
+        return usable - 1 if usable > 1 else None
 
     def validate(self) -> "Settings":
         checks = [
@@ -81,6 +104,15 @@ class Settings:
             (self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes,
              "must be at least 1024"),
             (self.drain_timeout >= 0, "--drain-timeout", self.drain_timeout, "must be 0 or more"),
+            (self.max_queue_per_key is None or self.max_queue_per_key >= 1, "--max-queue-per-key",
+             self.max_queue_per_key, "must be at least 1"),
+            (self.max_slots_per_key is None or self.max_slots_per_key >= 1, "--max-slots-per-key",
+             self.max_slots_per_key, "must be at least 1"),
+            (self.rate_limit >= 0, "--rate-limit", self.rate_limit, "must be 0 (off) or more"),
+            (self.rate_burst >= 1, "--rate-burst", self.rate_burst, "must be at least 1"),
+            (self.header_timeout > 0, "--header-timeout", self.header_timeout, "must be more than 0"),
+            (self.max_connections >= 16, "--max-connections", self.max_connections,
+             "must be at least 16"),
         ]
         for ok, flag, value, why in checks:
             if not ok:

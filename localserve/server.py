@@ -7,7 +7,6 @@ Ctrl-C exits at once.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
@@ -15,23 +14,17 @@ import time
 import uvicorn
 
 from localserve.api.app import create_app
+from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
+from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
 from localserve.service import Service
 
 log = logging.getLogger("localserve")
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def exposure_warning(settings: Settings) -> str | None:
-    if is_loopback(settings.host) or settings.api_keys or settings.api_key_file:
+def exposure_warning(settings: Settings, keys_loaded: int) -> str | None:
+    """Based on the keys actually loaded, not on whether a key option was given."""
+    if is_loopback(settings.host) or keys_loaded:
         return None
     return (f"\n{'!' * 78}\n"
             f"  localserve is listening on {settings.host}:{settings.port} WITHOUT an API key.\n"
@@ -72,12 +65,11 @@ class DrainingServer(uvicorn.Server):
 
 
 def serve(settings: Settings, log_level: str = "info") -> int:
-    warning = exposure_warning(settings)
-    if warning:
-        log.warning(warning)
     service = Service(settings)
     try:
-        service.keys  # validates --api-key-file now, before anything loads
+        warning = exposure_warning(settings, len(service.keys))  # reads --api-key-file now
+        if warning:
+            log.warning(warning)
         model_path = resolve_model(settings.model)
         if settings.memory_check:
             log.info(service.check_memory(str(model_path)))
@@ -85,8 +77,11 @@ def serve(settings: Settings, log_level: str = "info") -> int:
         log.error("%s", exc)
         return 2
     app = create_app(settings, service)
+    open_files = raise_open_files_limit()
+    protocol = guarded_protocol(settings.header_timeout,
+                                connection_cap(settings.max_connections, open_files))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=5)
+                            timeout_graceful_shutdown=5, http=protocol)
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
     DrainingServer(config, service).run()
     return 0

@@ -9,12 +9,12 @@ import logging
 import threading
 from pathlib import Path
 
-from localserve.api.chat_template import ChatTemplate
+from localserve.api.chat_template import ChatTemplate, PromptPart
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.api.auth import load_keys
 from localserve.engine.runner import LlamaRunner, RunnerConfig, supports_gpu_offload
-from localserve.engine.scheduler import make_scheduler
+from localserve.engine.policies import make_scheduler
 from localserve.engine.slots import SlotPool
 from localserve.metrics import build_registry
 from localserve.resources import check_memory
@@ -44,6 +44,17 @@ class Service:
         if self._keys is None:
             self._keys = load_keys(self.settings)
         return self._keys
+
+    @property
+    def keys_enabled(self) -> bool:
+        return bool(self.keys)
+
+    def cache_scope(self, user: str | None) -> str | None:
+        """Whose cached prefixes a request may reuse: its key's own, unless keys are off (one
+        desktop user) or --shared-prefix-cache says the team accepts what sharing leaks."""
+        if not self.keys_enabled or self.settings.shared_prefix_cache:
+            return None
+        return user
 
     def check_memory(self, model_path: str) -> str:
         return check_memory(self.settings, model_path, supports_gpu_offload())
@@ -102,11 +113,14 @@ class Service:
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
-            scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs)
+            shares = self.keys_enabled  # without keys no identity can be trusted to share by
+            scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
+                                       slot_share=s.slot_share() if shares else None)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
-                                   observer=self.metrics)
+                                   observer=self.metrics,
+                                   max_queue_per_user=s.queue_share() if shares else None)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
             backend = facts["backend"]
@@ -117,6 +131,11 @@ class Service:
             log.info("context split: %s", pool.describe())
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d, --max-num-seqs %d, "
                      "--max-queue %s", scheduler.budget, scheduler.max_num_seqs, s.max_queue)
+            if shares:
+                log.info("shares per key: %s queue places, %s slots while others wait, %s "
+                         "requests/s (burst %d), prefix cache %s", s.queue_share(), s.slot_share(),
+                         s.rate_limit or "unlimited", s.rate_burst,
+                         "shared across keys" if s.shared_prefix_cache else "per key")
             if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
                 log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",
                             pool.n_ctx_per_slot, self.runner.n_ctx_train)
@@ -127,10 +146,21 @@ class Service:
             self.loaded.set()
 
     def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokenize a rendered prompt, adding BOS unless the template already wrote it."""
+        """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the
+        text already starts with it."""
         bos = self.runner.bos_text
         add_special = not (bos and text.startswith(bos))
         return self.runner.tokenize(text, add_special=add_special, parse_special=True)
+
+    def tokenize_parts(self, parts: list[PromptPart]) -> list[int]:
+        """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
+        text as plain text. BOS is added unless the template wrote it."""
+        bos = self.runner.bos_text
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
+            tokens += self.runner.tokenize(part.text, add_special=add_bos, parse_special=part.trusted)
+        return tokens
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")

@@ -1,10 +1,17 @@
 """Build Settings from four layers, highest first: CLI flags > LOCALSERVE_* environment >
 a TOML file (--config) > defaults. Every value is coerced to its field's type here, and a bad
-one is reported with where it came from (flag, variable or file key) and what was expected."""
+one is reported with where it came from (flag, variable or file key) and what was expected.
+
+Names: a setting's environment variable and TOML key are its long flag, e.g. --ctx-size is
+LOCALSERVE_CTX_SIZE and `ctx_size` (or `ctx-size`); repeatable flags take the plural too
+(--api-key: LOCALSERVE_API_KEY or LOCALSERVE_API_KEYS). An unknown LOCALSERVE_* variable or
+TOML key stops start-up naming the closest valid one: a misspelt key must never leave the
+server open."""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import tomllib
 from typing import Any, Mapping
@@ -14,6 +21,25 @@ from localserve.config import Settings, SettingsError
 ENV_PREFIX = "LOCALSERVE_"
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+# Flag names that differ from their field's name (flag-derived spelling -> field).
+ALIASES = {"api_key": "api_keys", "cors_origin": "cors_origins", "allowed_host": "allowed_hosts",
+           "alias": "model_alias"}
+NOT_SETTINGS = {"CONFIG", "VENV"}  # LOCALSERVE_CONFIG names the TOML; LOCALSERVE_VENV scripts/setup's
+
+
+def field_name(key: str) -> str | None:
+    """The Settings field a flag-style or field-style name means, or None."""
+    name = key.strip().lower().replace("-", "_")
+    name = ALIASES.get(name, name)
+    return name if name in FIELDS else None
+
+
+def _unknown(what: str, shown: str, bare: str, spell) -> SettingsError:
+    known = sorted(set(FIELDS) | set(ALIASES))
+    close = difflib.get_close_matches(bare.lower().replace("-", "_"), known, n=1, cutoff=0.6)
+    hint = (f"; did you mean {spell(close[0])}?" if close
+            else f" (known: {', '.join(spell(n) for n in known)})")
+    return SettingsError(f"unknown {what} {shown}{hint}")
 
 
 def _expect(annotation: str) -> str:
@@ -72,19 +98,23 @@ def from_toml(path: str) -> dict:
     section = data.get("server", data)  # keys at top level or under [server]
     out = {}
     for key, value in section.items():
-        name = key.replace("-", "_")
-        if name not in FIELDS:
-            raise SettingsError(f"{path}: unknown setting '{key}' (known: {', '.join(sorted(FIELDS))})")
+        name = field_name(key)
+        if name is None:
+            raise _unknown("setting", f"'{key}' in {path}", key, lambda n: n)
         out[name] = coerce(name, value, f"{path}: {key}")
     return out
 
 
 def from_env(environ: Mapping[str, str]) -> dict:
     out = {}
-    for name in FIELDS:
-        var = ENV_PREFIX + name.upper()
-        if var in environ:
-            out[name] = coerce(name, environ[var], var)
+    for var, value in environ.items():
+        if not var.startswith(ENV_PREFIX) or var[len(ENV_PREFIX):] in NOT_SETTINGS:
+            continue
+        name = field_name(var[len(ENV_PREFIX):])
+        if name is None:
+            raise _unknown("environment variable", var, var[len(ENV_PREFIX):],
+                           lambda n: ENV_PREFIX + n.upper())
+        out[name] = coerce(name, value, var)
     return out
 
 

@@ -25,7 +25,8 @@ def free_port() -> int:
 class RunningServer:
     """`localserve up ARGS` on a free port (or another server's `program`, e.g. llama-server)."""
 
-    def __init__(self, *args: str, log_name: str = "server", program: list[str] | None = None):
+    def __init__(self, *args: str, log_name: str = "server", program: list[str] | None = None,
+                 preexec_fn=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp"))
@@ -33,7 +34,8 @@ class RunningServer:
         self._log = open(self.log_path, "w")
         program = program or [sys.executable, "-m", "localserve", "up"]
         self.proc = subprocess.Popen([*program, "--port", str(self.port), *args],
-                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT)
+                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     preexec_fn=preexec_fn)
 
     def wait_ready(self, timeout: float = 120) -> "RunningServer":
         deadline = time.monotonic() + timeout
@@ -52,8 +54,8 @@ class RunningServer:
         self._log.flush()
         return self.log_path.read_text()
 
-    def slots(self) -> dict:
-        return httpx.get(self.url + "/slots", timeout=5).json()
+    def slots(self, headers: dict | None = None) -> dict:
+        return httpx.get(self.url + "/slots", headers=headers, timeout=10).json()
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -66,9 +68,9 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def running(*args: str, log_name: str):
+def running(*args: str, log_name: str, preexec_fn=None):
     """A started, ready server for the duration of a with-block (module fixtures use it)."""
-    srv = RunningServer(*args, log_name=log_name)
+    srv = RunningServer(*args, log_name=log_name, preexec_fn=preexec_fn)
     try:
         yield srv.wait_ready()
     finally:

@@ -157,7 +157,7 @@ def test_frequent_preemption_warns_plainly_once_a_minute(caplog):
 
 
 def test_static_policy_holds_new_requests_until_the_whole_batch_ends():
-    from localserve.engine.scheduler import make_scheduler
+    from localserve.engine.policies import make_scheduler
 
     sched = make_scheduler("static", SlotPool(256, 2), FakeVocab(), 64)
     runner = PositionalRunner(10_000)
@@ -181,7 +181,7 @@ def test_static_policy_holds_new_requests_until_the_whole_batch_ends():
 
 
 def test_serial_policy_runs_one_request_at_a_time():
-    from localserve.engine.scheduler import make_scheduler
+    from localserve.engine.policies import make_scheduler
 
     sched = make_scheduler("serial", SlotPool(256, 4), FakeVocab(), 64)
     reqs = [Request([1, 2], SamplingParams(max_tokens=5, ignore_eos=True), request_id=f"r{i}")

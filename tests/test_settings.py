@@ -59,9 +59,9 @@ def test_bad_file_keys_and_types_are_named(tmp_path):
 
 
 def test_exposure_warning_only_off_loopback_without_keys():
-    assert exposure_warning(Settings(host="127.0.0.1")) is None
-    assert exposure_warning(Settings(host="0.0.0.0", api_keys=("a-long-key",))) is None
-    text = exposure_warning(Settings(host="0.0.0.0"))
+    assert exposure_warning(Settings(host="127.0.0.1"), keys_loaded=0) is None
+    assert exposure_warning(Settings(host="0.0.0.0"), keys_loaded=1) is None
+    text = exposure_warning(Settings(host="0.0.0.0", api_key_file="keys.txt"), keys_loaded=0)
     assert "WITHOUT an API key" in text and "--api-key" in text
 
 

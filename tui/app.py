@@ -1,7 +1,9 @@
 """Dashboard: `localserve top [--url URL] [--api-key KEY]` (also `python -m tui`).
 
 Polls /props, /slots and /metrics over HTTP in a worker that re-arms its own timer when it
-finishes, so polls never overlap however slow the server is.
+finishes, so polls never overlap however slow the server is. Every string the server supplies
+(model name, user names, error text) is shown as plain text, never parsed as Rich markup: a
+user named "[/]" must neither crash the dashboard nor draw a fake link.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ import time
 from typing import Awaitable, Callable
 
 import httpx
+from rich.text import Text
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal
+from textual.css.query import NoMatches
 from textual.widgets import Footer, Static
 
 from tui.model import Tracker, View
@@ -76,8 +80,8 @@ class Dashboard(App):
         self.polls = 0
 
     def compose(self) -> ComposeResult:
-        yield Static(id="header")
-        yield Static(id="status")
+        yield Static(id="header", markup=False)
+        yield Static(id="status", markup=False)
         yield SlotTable(id="slots")
         yield QueuePanel(id="queue")
         with Horizontal(id="charts"):
@@ -98,15 +102,27 @@ class Dashboard(App):
             self.status = "paused" if self.paused else "live"
         except FetchError as exc:
             self.status = str(exc)
+        if not self.is_running:  # the app closed while the fetch was in flight
+            return
         self.polls += 1
         self.render_view()
         self.set_timer(self.interval, self._rearm)
 
     def _rearm(self) -> None:
-        if not self.paused:
+        if not self.paused and self.is_running:
             self.poll()
 
+    def on_unmount(self) -> None:
+        """Stop polling before the widgets go, so no update reaches a removed screen."""
+        self.workers.cancel_all()
+
     def render_view(self) -> None:
+        try:
+            self._render_view()
+        except NoMatches:  # the screen is being torn down (quit during a poll)
+            pass
+
+    def _render_view(self) -> None:
         status = self.query_one("#status", Static)
         status.update(self.status)
         status.set_class(self.status not in ("live", "paused"), "error")
@@ -114,8 +130,9 @@ class Dashboard(App):
         if view is None:
             return
         backend = f" · {view.backend}" if view.backend else ""
-        self.query_one("#header", Static).update(
-            f"[b]{view.model}[/b]{backend} · {view.split.split(' (')[0]} · {self.url}")
+        header = Text.assemble((view.model, "bold"),
+                               f"{backend} · {view.split.split(' (')[0]} · {self.url}")
+        self.query_one("#header", Static).update(header)
         self.query_one(SlotTable).show(self._sorted(view))
         self.query_one(QueuePanel).show(view)
         p50 = "–" if view.ttft_p50 is None else f"{view.ttft_p50:.2f}s"

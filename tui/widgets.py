@@ -51,7 +51,7 @@ class SlotTable(DataTable):
             self.add_row(str(r.id), Text(r.state, style=STATE_STYLE.get(r.state, "")),
                          context_bar(r.n_cached, r.n_ctx, idle=r.state == "idle"),
                          str(r.n_decoded) if busy else "", f"{r.tok_s:.1f}" if busy else "",
-                         age, r.user or "")
+                         age, Text(r.user or ""))  # Text: a user name is never markup
 
 
 class LabeledSparkline(Vertical):

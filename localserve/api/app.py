@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from contextlib import asynccontextmanager
 
@@ -13,9 +14,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import routes_admin, routes_openai
 from localserve.api.auth import KeyChecker, require_key
+from localserve.api.host_guard import LoopbackHostGuard, is_loopback
 from localserve.api.limits import BodySizeLimit
+from localserve.api.rate_limit import RateLimiter
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings
+from localserve.connections import install_loop_error_throttle
 from localserve.service import Service
 
 log = logging.getLogger("localserve.api")
@@ -26,6 +30,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        install_loop_error_throttle(asyncio.get_running_loop())
         if service.engine is None and not service.loaded.is_set():
             service.start_loading()
         yield
@@ -35,6 +40,8 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan)
     app.state.service = service
     app.state.keys = KeyChecker(service.keys)
+    app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
+                              if service.keys_enabled and settings.rate_limit > 0 else None)
     guarded = [Depends(require_key)]
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_admin.open_router)
@@ -43,6 +50,9 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
                            allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if is_loopback(settings.host) and not service.keys_enabled:  # outermost: checked first
+        app.add_middleware(LoopbackHostGuard, allowed_hosts=settings.allowed_hosts,
+                           cors_origins=settings.cors_origins)
     _install_error_handlers(app)
     return app
 

@@ -1,12 +1,18 @@
 """API keys: `Authorization: Bearer KEY` (the OpenAI clients' way) or `X-Api-Key: KEY`.
 
-A key's name is the request's identity: it takes turns in the fair queue, and shows in the
-dashboard's user column and the logs. Keys are compared in constant time.
+A key's name is the request's identity: it takes turns in the fair queue, has its own shares
+of the queue, the slots and the request rate, its own prefix cache, and shows in the
+dashboard's user column and the logs. Keys are compared in constant time, as UTF-8 bytes on
+both sides (HTTP headers arrive as bytes; Starlette hands them over decoded as latin-1).
+
+Keys fail closed: a key file that yields no key stops start-up rather than serve without one.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import stat
 from pathlib import Path
 
 from fastapi import Request
@@ -15,28 +21,49 @@ from localserve.api.schemas import OpenAIError
 from localserve.config import Settings, SettingsError
 
 
+log = logging.getLogger("localserve")
+
+
 def load_keys(settings: Settings) -> dict[str, str]:
     """{key: name}. --api-key values are named key-1, key-2...; a key file gives its own names."""
     keys = {key: f"key-{i}" for i, key in enumerate(settings.api_keys, 1)}
     if settings.api_key_file:
-        path = Path(settings.api_key_file)
-        if not path.is_file():
-            raise SettingsError(f"--api-key-file {path}: no such file")
-        for n, line in enumerate(path.read_text().splitlines(), 1):
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            name, sep, key = (part.strip() for part in line.partition(":"))
-            if not sep or not name or len(key) < 8:
-                raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' with a "
-                                    f"key of at least 8 characters")
-            keys[key] = name
+        keys.update(read_key_file(Path(settings.api_key_file)))
+    return keys
+
+
+def read_key_file(path: Path) -> dict[str, str]:
+    """'name:key' lines; '#' comments. Refuses a file that yields no key at all."""
+    if not path.is_file():
+        raise SettingsError(f"--api-key-file {path}: no such file")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SettingsError(f"--api-key-file {path}: not UTF-8 text (byte {exc.start}); save it "
+                            f"as UTF-8") from None
+    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("--api-key-file %s can be read by other users of this machine: "
+                    "chmod 600 %s", path, path)
+    keys = {}
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, sep, key = (part.strip() for part in line.partition(":"))
+        if not sep or not name or len(key) < 8:
+            raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' with a "
+                                f"key of at least 8 characters")
+        keys[key] = name
+    if not keys:
+        raise SettingsError(f"--api-key-file {path}: no keys in it (only blank or '#' lines); "
+                            f"refusing to start without the authentication it was meant to give. "
+                            f"Add lines 'name:key'.")
     return keys
 
 
 class KeyChecker:
     def __init__(self, keys: dict[str, str]):
-        self._keys = [(k.encode(), name) for k, name in keys.items()]
+        self._keys = [(k.encode("utf-8"), name) for k, name in keys.items()]
 
     @property
     def enabled(self) -> bool:
@@ -52,7 +79,7 @@ class KeyChecker:
                               "(or 'X-Api-Key: YOUR_KEY').", "authentication_error", "missing_api_key")
         found = None
         for key, name in self._keys:  # compare with every key: time does not reveal which matched
-            if hmac.compare_digest(key, offered.encode()):
+            if hmac.compare_digest(key, offered):
                 found = name
         if found is None:
             raise OpenAIError(401, "Incorrect API key provided.", "authentication_error",
@@ -60,11 +87,13 @@ class KeyChecker:
         return found
 
 
-def _offered_key(request: Request) -> str | None:
+def _offered_key(request: Request) -> bytes | None:
+    """The key's raw bytes (headers are decoded as latin-1, which round-trips every byte)."""
     auth = request.headers.get("authorization", "")
     if auth.lower().startswith("bearer "):
-        return auth[7:].strip()
-    return request.headers.get("x-api-key")
+        return auth[7:].strip().encode("latin-1")
+    key = request.headers.get("x-api-key")
+    return None if key is None else key.encode("latin-1")
 
 
 async def require_key(request: Request) -> None:

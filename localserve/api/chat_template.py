@@ -1,6 +1,17 @@
-"""Render chat messages with the model's own Jinja2 template (GGUF `tokenizer.chat_template`)."""
+"""Render chat messages with the model's own Jinja2 template (GGUF `tokenizer.chat_template`).
+
+Only the template's own text may become control tokens. So the template is rendered with
+every message's content replaced by an unguessable placeholder, and the result is returned
+as parts: the template's literal text (tokenized with special-token parsing on, so its
+`<|im_start|>` markers become control tokens) and the callers' text (tokenized with it off,
+so a user typing `<|im_start|>system` gets those characters, never the control token).
+"""
 
 from __future__ import annotations
+
+import re
+import secrets
+from dataclasses import dataclass
 
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -18,6 +29,14 @@ def _raise(message: str):
     raise ChatTemplateError(message)
 
 
+@dataclass(frozen=True)
+class PromptPart:
+    """A run of prompt text and who wrote it: the template (trusted) or a caller (plain text)."""
+
+    text: str
+    trusted: bool
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
@@ -28,6 +47,31 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt as one string (for /apply-template-style display, not for tokenizing)."""
+        return "".join(p.text for p in self.render_parts(messages, add_generation_prompt))
+
+    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True
+                     ) -> list[PromptPart]:
+        """The prompt as template parts and caller parts, in order (see the module doc)."""
+        nonce = secrets.token_hex(8)
+        contents = {}
+        masked = []
+        for i, message in enumerate(messages):
+            marker = f"\ue000{nonce}-{i}\ue001"
+            contents[marker] = message.get("content") or ""
+            masked.append({**message, "content": marker})
+        rendered = self._render(masked, add_generation_prompt)
+        parts = []
+        pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001)")
+        for piece in pattern.split(rendered):
+            if piece in contents:
+                if contents[piece]:
+                    parts.append(PromptPart(contents[piece], trusted=False))
+            elif piece:
+                parts.append(PromptPart(piece, trusted=True))
+        return parts
+
+    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token)

@@ -1,22 +1,24 @@
 """OpenAI-compatible endpoints: where a request enters, is checked, and where its text leaves.
 
-Path: validate body (schemas) -> render chat template -> tokenize -> refuse what cannot fit
-its slot (400) -> engine.submit() -> stream chunks (SSE) or collect one response.
+Path: validate body (schemas) -> the key's rate (429) -> render chat template and tokenize
+on a worker thread (prompt.py) -> refuse what cannot fit its slot (400) -> engine.submit()
+-> stream chunks (SSE) or collect one response.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 
 from fastapi import APIRouter, Request
 from sse_starlette.sse import EventSourceResponse
 
-from localserve.api.chat_template import ChatTemplateError
+from localserve.api import prompt
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
-from localserve.engine.loop import EngineUnavailable, QueueFull, RequestStream
+from localserve.engine.loop import EngineUnavailable, QueueFull, RequestStream, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams, TokenEvent
 from localserve.service import Service
@@ -56,6 +58,20 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int) -> SamplingParam
         ignore_eos=body.ignore_eos)
 
 
+def check_rate(request: Request) -> None:
+    """A key over its request rate (--rate-limit) gets 429 before any work is done for it."""
+    user = getattr(request.state, "user", None)
+    limiter = request.app.state.rate_limiter
+    if user is None or limiter is None:
+        return
+    wait = limiter.try_acquire(user)
+    if wait > 0:
+        raise OpenAIError(429, f"Too many requests from key '{user}': the limit is "
+                          f"{limiter.rate:g} per second (burst {limiter.burst}). Retry in "
+                          f"{wait:.1f} s.", code="rate_limit_exceeded",
+                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
 def submit(service: Service, tokens: list[int], body: _Sampling, user: str | None) -> RequestStream:
     n_ctx = service.n_ctx_per_slot
     if not tokens:
@@ -66,9 +82,13 @@ def submit(service: Service, tokens: list[int], body: _Sampling, user: str | Non
                           f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
                           f", and the answer needs room too. Shorten the prompt, or raise -c or "
                           f"lower --parallel.", code="context_length_exceeded", param="messages")
-    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=user)
+    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx), user=user,
+                            cache_scope=service.cache_scope(user))
     try:
         return service.engine.submit(request)
+    except UserQueueFull as exc:
+        raise OpenAIError(429, f"{exc}; wait for some to finish.", code="queue_share_exceeded",
+                          headers={"Retry-After": "2"})
     except QueueFull as exc:
         raise OpenAIError(503, f"The server is busy: {exc}. Retry in a few seconds.",
                           "server_error", code="queue_full", headers={"Retry-After": "2"})
@@ -103,11 +123,9 @@ async def list_models(request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     service = ready_service(request)
     check_model_name(service, body.model)
-    try:
-        text = service.template.render([m.as_template_dict() for m in body.messages])
-    except ChatTemplateError as exc:
-        raise OpenAIError(400, str(exc), param="messages")
-    stream = submit(service, service.tokenize_prompt(text), body, identity(request, body))
+    check_rate(request)
+    tokens = await prompt.chat_prompt(service, body.messages)
+    stream = submit(service, tokens, body, identity(request, body))
     reply = Reply("chat.completion", service.model_id, body)
     if body.stream:
         return EventSourceResponse(reply.sse(stream), ping=15)
@@ -118,8 +136,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 async def completions(body: CompletionRequest, request: Request):
     service = ready_service(request)
     check_model_name(service, body.model)
+    check_rate(request)
     if isinstance(body.prompt, str):
-        tokens = service.tokenize_prompt(body.prompt)
+        tokens = await prompt.text_prompt(service, body.prompt)
     else:
         bad = [t for t in body.prompt if not 0 <= t < service.runner.n_vocab]
         if bad:

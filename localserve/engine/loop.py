@@ -14,6 +14,8 @@ import logging
 import queue
 import threading
 import time
+from collections import Counter
+
 from localserve.engine.request import Request, TokenEvent
 from localserve.engine.runner import CacheFull, DecodeError
 from localserve.engine.scheduler import Scheduler, StepPlan
@@ -31,13 +33,20 @@ class QueueFull(RuntimeError):
     """--max-queue requests are already waiting: refuse at once rather than queue forever."""
 
 
+class UserQueueFull(QueueFull):
+    """This user already holds their share of the queue (--max-queue-per-key): the rest of the
+    queue stays free for everyone else."""
+
+
 class EngineLoop(threading.Thread):
     def __init__(self, scheduler: Scheduler, runner, max_queue: int | None = None,
-                 queue_timeout_s: float | None = None, observer=None):
+                 queue_timeout_s: float | None = None, observer=None,
+                 max_queue_per_user: int | None = None):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
         self.runner = runner
         self.max_queue = max_queue
+        self.max_queue_per_user = max_queue_per_user
         self.queue_timeout_s = queue_timeout_s
         self.observer = observer  # metrics: on_step(plan, seconds), on_event(request, event)
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -47,6 +56,7 @@ class EngineLoop(threading.Thread):
         self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
         self.in_flight = 0  # submitted and not yet finished: what a drain waits for
+        self._queued_by_user: Counter = Counter()  # what --max-queue-per-key bounds
         self._queued_lock = threading.Lock()
         self.snapshot: dict = self._build_snapshot()
 
@@ -58,6 +68,11 @@ class EngineLoop(threading.Thread):
             if self.max_queue is not None and self.queued >= self.max_queue:
                 raise QueueFull(f"{self.queued} requests are already waiting (--max-queue "
                                 f"{self.max_queue})")
+            mine = self._queued_by_user[request.user]
+            if self.max_queue_per_user is not None and mine >= self.max_queue_per_user:
+                raise UserQueueFull(f"you already have {mine} requests waiting, your share of the "
+                                    f"queue (--max-queue-per-key {self.max_queue_per_user})")
+            self._queued_by_user[request.user] += 1
             self.queued += 1
             self.in_flight += 1
         request.holds_queue_place = True
@@ -153,6 +168,9 @@ class EngineLoop(threading.Thread):
             request.holds_queue_place = False
             with self._queued_lock:
                 self.queued -= 1
+                self._queued_by_user[request.user] -= 1
+                if self._queued_by_user[request.user] <= 0:
+                    del self._queued_by_user[request.user]
 
     def _deliver(self, events) -> None:
         for request, event in events:
@@ -225,6 +243,7 @@ class EngineLoop(threading.Thread):
                 "requests_finished": stats.requests_finished,
                 "requests_aborted": stats.requests_aborted,
                 "preemptions": stats.preemptions,
+                "share_preemptions": stats.share_preemptions,
                 "prompt_tokens_computed": stats.prompt_tokens_computed,
                 "prefix_cache_queries": stats.prefix_cache_queries,
                 "prefix_cache_hits": stats.prefix_cache_hits,

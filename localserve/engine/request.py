@@ -74,7 +74,8 @@ class Request:
     params: SamplingParams
     emit: Callable[[TokenEvent], None] = lambda event: None
     request_id: str = field(default_factory=lambda: f"req-{next(_ids)}")
-    user: str | None = None
+    user: str | None = None  # identity: the API key's name (or the `user` field without keys)
+    cache_scope: str | None = None  # whose cached prefixes this request may reuse (None: anyone's)
     arrival_time: float = field(default_factory=time.monotonic)
 
     status: RequestStatus = RequestStatus.WAITING

@@ -148,6 +148,9 @@ class LlamaRunner:
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self._pieces: dict[int, bytes] = {}
+        # No token spells more bytes than this: n tokens never cover more than n * this bytes,
+        # which lets the API refuse an impossible prompt without tokenizing it.
+        self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
         self.decode_seconds = 0.0  # wall time inside llama_decode alone, for the overhead share
         self.sample_seconds = 0.0  # wall time inside llama_sampler_sample
 

@@ -16,13 +16,19 @@ One token budget per step (`max_num_batched_tokens`), spent in this order:
 With one shared cache pool (--kv-unified), room is checked first: idle slots' kept prefixes
 are dropped, then the most recently admitted running sequence is preempted (cache dropped,
 request put back at the head of the queue, its prompt and output recomputed later).
+
+Shares between identities (API keys), when `slot_share` is set: while another user waits, one
+user holds at most `slot_share` slots. Admission skips a user at their share; a user who took
+every slot while nobody else waited gives their newest one back (preempted, first in their own
+queue, behind the waiting user) as soon as someone else arrives. So a newcomer waits at most
+one step for a slot whatever one colleague has running.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -76,7 +82,8 @@ class SchedulerStats:
     max_decode_rows_in_step: int = 0  # proof of sharing: >1 means streams decoded together
     requests_finished: int = 0
     requests_aborted: int = 0
-    preemptions: int = 0
+    preemptions: int = 0  # the shared cache pool ran short
+    share_preemptions: int = 0  # a user gave a slot back to a colleague who was waiting
     prompt_tokens_computed: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
@@ -104,13 +111,14 @@ class PreemptionWatch:
 
 class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
-                 max_num_seqs: int | None = None):
+                 max_num_seqs: int | None = None, slot_share: int | None = None):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
         self.vocab = vocab
         self.budget = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs or len(pool.slots)
+        self.slot_share = slot_share  # most slots one user holds while others wait; None: no cap
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
         self.preemption_watch = PreemptionWatch()
@@ -157,6 +165,7 @@ class Scheduler:
         self._pending_drops = []
         if self.pool.unified:
             self._make_room_for_decode(plan)
+        self._enforce_slot_share(plan)
         self._admit_batch(plan)
         budget = self.budget
         running = self.running
@@ -193,18 +202,45 @@ class Scheduler:
         return len(tokens)
 
     def _admit_next(self, plan: StepPlan, budget: int) -> int:
-        """Admit the queue's head if a slot (and, when shared, cache room) is free.
-        Returns the tokens its first chunk took, 0 if nothing was admitted."""
-        req = self.waiting.peek()
+        """Admit the first waiting request whose user is within their share, if a slot (and,
+        when shared, cache room) is free. Returns the tokens its first chunk took, 0 if none."""
+        req = self._next_admissible()
+        if req is None:
+            return 0
         tokens = req.all_tokens
-        choice = self.pool.best_idle_slot(tokens)
+        choice = self.pool.best_idle_slot(tokens, req.cache_scope)
         if choice is None:
             return 0
         slot, keep = choice
         if self.pool.unified and not self._room_to_admit(plan, slot, keep, len(tokens) - keep + 1):
             return 0
-        self._assign(plan, self.waiting.pop(), slot, keep)
+        self._assign(plan, self.waiting.take(req), slot, keep)
         return self._add_chunk(plan, slot, min(budget, self._room(plan)))
+
+    def _slots_held(self) -> Counter:
+        return Counter(s.request.user for s in self.running)
+
+    def _next_admissible(self) -> Request | None:
+        """The queue's head, unless its user is at their slot share while others wait: then
+        the first request of a user below it."""
+        if self.slot_share is None:
+            return self.waiting.peek()
+        held, waiting_users = self._slots_held(), self.waiting.users()
+        for req in self.waiting:
+            if held[req.user] < self.slot_share or not waiting_users - {req.user}:
+                return req
+        return None
+
+    def _enforce_slot_share(self, plan: StepPlan) -> None:
+        """A user above their share while someone else waits gives back their newest slot."""
+        if self.slot_share is None or not self.waiting:
+            return
+        waiting_users = self.waiting.users()
+        for user, n in self._slots_held().items():
+            if n > self.slot_share and waiting_users - {user}:
+                newest = max((s for s in self.running if s.request.user == user),
+                             key=lambda s: s.admitted_seq)
+                self._preempt_slot(plan, newest, for_share=True)
 
     def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int) -> None:
         self._admissions += 1
@@ -244,23 +280,34 @@ class Scheduler:
         plan.dropped.append(slot.slot_id)
 
     def _preempt(self, plan: StepPlan) -> bool:
+        """The cache pool is short: evict the newest sequence; it is the next one admitted."""
         running = self.running
         if len(running) < 2:
             return False  # a lone sequence that fills the pool ends by its length limit instead
-        slot = max(running, key=lambda s: s.admitted_seq)
+        self._preempt_slot(plan, max(running, key=lambda s: s.admitted_seq), for_share=False)
+        self.preemption_watch.record(time.monotonic())
+        return True
+
+    def _preempt_slot(self, plan: StepPlan, slot: Slot, for_share: bool) -> None:
+        """Drop a running sequence's cache and put its request back in the queue: at the very
+        head when the cache ran short, at the head of its own user's turn when it made room
+        for another user. Its prompt and output so far are recomputed on re-admission."""
         req = slot.request
         dropped = slot.n_cached
         self._drop(plan, slot)
         slot.release()
         req.status = RequestStatus.WAITING
         req.preemptions += 1
-        self.waiting.push_front(req)
-        self.stats.preemptions += 1
-        log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed): cache pool "
-                 "%d tokens, %d running, %d waiting", req.request_id, slot.slot_id, dropped,
-                 self.pool.ctx_size, len(running) - 1, len(self.waiting))
-        self.preemption_watch.record(time.monotonic())
-        return True
+        if for_share:
+            self.waiting.requeue(req)
+            self.stats.share_preemptions += 1
+        else:
+            self.waiting.push_front(req)
+            self.stats.preemptions += 1
+        why = "to share slots with a waiting user" if for_share else "cache pool short"
+        log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
+                 "%d running, %d waiting", req.request_id, slot.slot_id, dropped, why,
+                 len(self.running), len(self.waiting))
 
     def preempt_newest(self) -> bool:
         """The runner found no room for a planned batch (fragmentation): evict one sequence;
@@ -348,38 +395,3 @@ class Scheduler:
         rows = plan.num_decode_rows
         if rows > self.stats.max_decode_rows_in_step:
             self.stats.max_decode_rows_in_step = rows
-
-
-class StaticScheduler(Scheduler):
-    """For comparison only (`--scheduler static|serial`): collect a batch of up to
-    `max_num_seqs` waiting requests, run it until its LAST sequence finishes, then the next.
-    Slots freed early stay idle meanwhile: the waste continuous batching removes.
-    With max_num_seqs=1 this is `serial`, one request at a time like a loop around a model."""
-
-    admits_midway = False
-
-    def _admit_batch(self, plan: StepPlan) -> None:
-        if any(s.busy for s in self.pool.slots):
-            return
-        for _ in range(self.max_num_seqs):
-            if not self.waiting:
-                return
-            choice = self.pool.best_idle_slot(self.waiting.peek().all_tokens)
-            if choice is None:
-                return
-            slot, keep = choice
-            self._assign(plan, self.waiting.pop(), slot, keep)
-
-
-POLICIES = ("continuous", "static", "serial")
-
-
-def make_scheduler(policy: str, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
-                   max_num_seqs: int | None = None) -> Scheduler:
-    if policy == "continuous":
-        return Scheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
-    if policy == "static":
-        return StaticScheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
-    if policy == "serial":
-        return StaticScheduler(pool, vocab, max_num_batched_tokens, 1)
-    raise ValueError(f"--scheduler {policy}: choose one of {', '.join(POLICIES)}")

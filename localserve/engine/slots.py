@@ -36,6 +36,7 @@ class Slot:
     state: SlotState = SlotState.IDLE
     request: Request | None = None
     cached: list[int] = field(default_factory=list)  # tokens in this slot's cache, positions 0..n-1
+    cache_scope: str | None = None  # whose tokens `cached` holds: only they may reuse them
     last_used: float = 0.0
     admitted_seq: int = 0  # admission order: the newest running request is preempted first
 
@@ -58,6 +59,7 @@ class Slot:
     def assign(self, request: Request, keep: int, admitted_seq: int) -> None:
         """Take a request, keeping the first `keep` cached tokens (a shared prefix)."""
         del self.cached[keep:]
+        self.cache_scope = request.cache_scope
         self.request = request
         self.state = SlotState.PREFILL
         self.admitted_seq = admitted_seq
@@ -115,14 +117,18 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]
         return min(idle, key=lambda s: s.last_used, default=None)
 
-    def best_idle_slot(self, tokens: list[int]) -> tuple[Slot, int] | None:
+    def best_idle_slot(self, tokens: list[int], scope: str | None = None) -> tuple[Slot, int] | None:
         """The idle slot sharing the longest cached prefix with `tokens` (at least
         MIN_PREFIX_REUSE tokens), else the least recently used one; with how many cached tokens
-        it keeps (always leaving >= 1 token to compute: the next token needs fresh logits)."""
+        it keeps (always leaving >= 1 token to compute: the next token needs fresh logits).
+        Only a slot whose cache was filled within the same `scope` shares anything: reuse
+        across identities would tell one user what another sent (the cached-token count and
+        the time to first token both reveal a match)."""
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        shared = {s.slot_id: min(common_prefix_len(s.cached, tokens), len(tokens) - 1) for s in idle}
+        shared = {s.slot_id: min(common_prefix_len(s.cached, tokens), len(tokens) - 1)
+                  if s.cache_scope == scope else 0 for s in idle}
         best = max(idle, key=lambda s: (shared[s.slot_id], -s.last_used))
         if shared[best.slot_id] < MIN_PREFIX_REUSE:
             best = min(idle, key=lambda s: s.last_used)

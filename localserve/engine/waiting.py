@@ -39,14 +39,29 @@ class FairQueue:
 
     def pop(self) -> Request:
         """The head; its user then goes to the back of the rotation."""
-        if self._resumed:
+        return self.take(self.peek())
+
+    def take(self, request: Request) -> Request:
+        """Remove a request about to be admitted; its user goes to the back of the rotation."""
+        if self._resumed and self._resumed[0] is request:
             return self._resumed.popleft()
-        user, queue = next(iter(self._by_user.items()))
-        request = queue.popleft()
-        del self._by_user[user]
+        if not self.remove(request):
+            raise KeyError(request.request_id)
+        queue = self._by_user.pop(request.user, None)
         if queue:
-            self._by_user[user] = queue
+            self._by_user[request.user] = queue
         return request
+
+    def requeue(self, request: Request) -> None:
+        """Preempted to give another user a slot: first of its own user's requests, and that
+        user behind everyone else in the rotation (so the user it made room for goes first)."""
+        queue = self._by_user.pop(request.user, deque())
+        queue.appendleft(request)
+        self._by_user[request.user] = queue
+
+    def users(self) -> set[str | None]:
+        """Identities with a request waiting."""
+        return {r.user for r in self._resumed} | set(self._by_user)
 
     def remove(self, request: Request) -> bool:
         if request in self._resumed:

@@ -1,0 +1,60 @@
+"""From a request body to prompt tokens, without letting one body stall the server.
+
+Three rules, each closing a hole a colleague could use against the others:
+- Only the chat template's own text is parsed for special tokens; message text never is
+  (see chat_template.py), so nobody can forge a system or assistant turn.
+- What could never fit a slot is refused before any rendering or tokenizing, by cheap
+  counts: more messages than a slot has tokens, or more bytes than a slot's tokens could
+  ever spell (no token is longer than the vocabulary's longest piece).
+- Rendering and tokenizing run on a worker thread, so /health and every other request keep
+  being answered while a large prompt is tokenized.
+"""
+
+from __future__ import annotations
+
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api.chat_template import ChatTemplateError
+from localserve.api.schemas import ChatMessage, OpenAIError
+from localserve.service import Service
+
+
+def _too_long(service: Service, what: str, param: str) -> OpenAIError:
+    s = service.settings
+    return OpenAIError(400, f"This request's {what}, but each slot holds {service.n_ctx_per_slot} "
+                       f"tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots). Shorten "
+                       f"it, or raise -c or lower --parallel.", code="context_length_exceeded",
+                       param=param)
+
+
+def check_size(service: Service, n_messages: int, n_bytes: int, param: str) -> None:
+    """Refuse at once what no tokenization could fit into a slot."""
+    n_ctx = service.n_ctx_per_slot
+    if n_messages > n_ctx:
+        raise _too_long(service, f"{n_messages} messages need more than one token each", param)
+    if n_bytes > n_ctx * service.runner.max_piece_bytes:
+        raise _too_long(service, f"text is {n_bytes} bytes, more than "
+                        f"{n_ctx} tokens of at most {service.runner.max_piece_bytes} bytes can spell",
+                        param)
+
+
+def _chat_tokens(service: Service, messages: list[dict]) -> list[int]:
+    try:
+        parts = service.template.render_parts(messages)
+    except ChatTemplateError as exc:
+        raise OpenAIError(400, str(exc), param="messages")
+    return service.tokenize_parts(parts)
+
+
+async def chat_prompt(service: Service, messages: list[ChatMessage]) -> list[int]:
+    rendered = [m.as_template_dict() for m in messages]
+    check_size(service, len(rendered), sum(len(m["content"].encode()) for m in rendered),
+               "messages")
+    return await run_in_threadpool(_chat_tokens, service, rendered)
+
+
+async def text_prompt(service: Service, prompt: str) -> list[int]:
+    """A raw completion prompt is the caller's own whole text (no one else's template), so its
+    special tokens are parsed, as llama-server does; size and threading rules still apply."""
+    check_size(service, 1, len(prompt.encode()), "prompt")
+    return await run_in_threadpool(service.tokenize_prompt, prompt)
