@@ -67,6 +67,19 @@ class RunningServer:
         self._log.close()
 
 
+def wait_for(condition, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
+    """Poll `condition` until it returns something truthy (returned), or fail at the deadline.
+    The only way tests wait: never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
 @contextlib.contextmanager
 def running(*args: str, log_name: str, preexec_fn=None):
     """A started, ready server for the duration of a with-block (module fixtures use it)."""

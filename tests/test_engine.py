@@ -57,7 +57,7 @@ def test_repeat_penalty_changes_a_repetitive_answer(service):
 
 def test_health_is_503_while_loading_and_requests_get_503():
     app = create_app(service=Service(Settings()))  # never loaded: lifespan not run
-    client = TestClient(app)
+    client = TestClient(app, base_url="http://localhost")
     assert client.get("/health").status_code == 503
     assert client.get("/health").json()["status"] == "loading"
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, RunningServer, running
+from conftest import ROOT, RunningServer, running, wait_for
 
 KEY = "alice-secret-key-123"
 
@@ -134,41 +134,51 @@ def stream_text(url, max_tokens, out):
     out.append(events)
 
 
+def busy_slots(srv) -> int:
+    return sum(s["state"] != "idle" and s["n_decoded"] > 0 for s in srv.slots()["slots"])
+
+
 def test_sigterm_drains_running_streams_and_refuses_new_ones():
     srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--drain-timeout", "60",
-                        log_name="drain").wait_ready()
-    results = []
-    workers = [threading.Thread(target=stream_text, args=(srv.url, 400, results)) for _ in range(2)]
-    for w in workers:
-        w.start()
-    time.sleep(1.0)
-    assert sum(s["state"] != "idle" for s in srv.slots()["slots"]) == 2  # streams in flight
-    srv.proc.send_signal(signal.SIGTERM)
-    time.sleep(0.3)
-    refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
-    assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
-    assert httpx.get(srv.url + "/health").json()["status"] == "draining"
-    for w in workers:
-        w.join(timeout=120)
-    assert srv.proc.wait(timeout=60) == 0
-    assert len(results) == 2
-    for events in results:
-        assert '"finish_reason":"length"' in events[-1].replace(" ", "")
-    srv.stop()
+                        log_name="drain")
+    try:
+        srv.wait_ready()
+        results = []
+        workers = [threading.Thread(target=stream_text, args=(srv.url, 400, results))
+                   for _ in range(2)]
+        for w in workers:
+            w.start()
+        wait_for(lambda: busy_slots(srv) == 2, what="both streams decoding")
+        srv.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: httpx.get(srv.url + "/health").json()["status"] == "draining",
+                 what="the server to say it is draining")
+        refused = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert refused.status_code == 503 and refused.json()["error"]["code"] == "shutting_down"
+        for w in workers:
+            w.join(timeout=120)
+        assert srv.proc.wait(timeout=60) == 0
+        assert len(results) == 2
+        for events in results:
+            assert '"finish_reason":"length"' in events[-1].replace(" ", "")
+    finally:
+        srv.stop()
 
 
 def test_drain_timeout_ends_leftovers_with_an_error_event():
     srv = RunningServer("-c", "2048", "-np", "1", "-t", "2", "--drain-timeout", "1",
-                        log_name="drain-timeout").wait_ready()
-    results = []
-    worker = threading.Thread(target=stream_text, args=(srv.url, 1000, results))
-    worker.start()
-    time.sleep(1.0)
-    srv.proc.send_signal(signal.SIGTERM)
-    worker.join(timeout=60)
-    assert srv.proc.wait(timeout=60) == 0
-    assert results and "shutting down" in results[0][-1]
-    srv.stop()
+                        log_name="drain-timeout")
+    try:
+        srv.wait_ready()
+        results = []
+        worker = threading.Thread(target=stream_text, args=(srv.url, 1000, results))
+        worker.start()
+        wait_for(lambda: busy_slots(srv) == 1, what="the stream decoding")
+        srv.proc.send_signal(signal.SIGTERM)
+        worker.join(timeout=60)
+        assert srv.proc.wait(timeout=60) == 0
+        assert results and "shutting down" in results[0][-1]
+    finally:
+        srv.stop()
 
 
 def test_dashboard_says_when_its_key_is_wrong(office):

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, running
+from conftest import running, wait_for
 
 ALICE, BOB = "alice-secret-key-123", "bob-secret-key-4567"
 SECRET = ("HR note, private: the person being let go on Friday is Dana Whitfield from "
@@ -131,14 +131,6 @@ def stream_until_closed(srv, key, done: threading.Event, finished: list):
                     finished.append(line)
     except httpx.HTTPError:
         pass
-
-
-def wait_for(condition, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def test_bob_is_served_while_alice_holds_every_slot_and_her_queue_share(office):

@@ -36,10 +36,16 @@ def busy_dashboard(extra=()):
     return Dashboard(fetch, url="http://office-server:8080", interval=3600, clock=clock)
 
 
-async def poll_twice(pilot):
+async def poll_done(pilot):
+    """Wait for the running poll worker to finish and its render to land (no fixed sleep)."""
+    await pilot.app.workers.wait_for_complete()
     await pilot.pause()
+
+
+async def poll_twice(pilot):
+    await poll_done(pilot)  # the poll started at mount
     pilot.app.poll()
-    await pilot.pause(0.2)
+    await poll_done(pilot)
 
 
 def test_snapshot_busy_server_with_a_preemption(snap_compare):
@@ -52,7 +58,7 @@ def test_snapshot_unreachable_server_keeps_the_last_view(snap_compare):
     async def three_polls(pilot):
         await poll_twice(pilot)
         pilot.app.poll()
-        await pilot.pause(0.2)
+        await poll_done(pilot)
 
     assert snap_compare(app, terminal_size=(100, 26), run_before=three_polls)
 
@@ -67,7 +73,7 @@ def test_keys_pause_sort_and_resize():
             await pilot.press("p")
             assert app.paused and app.status == "paused"
             await pilot.resize_terminal(50, 14)
-            await pilot.pause()
+            await pilot.pause()  # one message-queue turn, not a sleep
             assert app.query_one("#slots").row_count == 2
             await pilot.press("q")
         assert app.return_code == 0
@@ -115,5 +121,30 @@ def test_unreachable_server_is_reported_not_fatal():
                 if app.polls >= 2:
                     break
             assert app.polls >= 2 and app.status.startswith("unreachable, retrying")
+
+    asyncio.run(run())
+
+
+def test_server_strings_are_shown_as_plain_text_never_markup():
+    """A user named "[/]" (possible without keys: the `user` field) once killed the dashboard."""
+    hostile = slots(10)
+    hostile["model"] = "[link=https://evil.example]click[/link]"
+    hostile["slots"][0]["user"] = "[/]"
+    hostile["queue"]["requests"][0]["user"] = "[bold red]admin[/]"
+    fetch, clock = scripted([(hostile, METRICS.format(gen=100, b1=0, b2=0), PROPS),
+                             FetchError("server answered 500 ([/] [b]x)")])
+
+    async def run():
+        app = Dashboard(fetch, url="http://office-server:8080", interval=3600, clock=clock)
+        async with app.run_test(size=(110, 26)) as pilot:
+            await poll_done(pilot)
+            table = app.query_one("#slots")
+            assert "[/]" in [str(cell) for cell in table.get_row_at(0)]
+            header = app.query_one("#header").render()
+            assert "[link=https://evil.example]click[/link]" in str(header)
+            assert "[bold red]admin[/]" in str(app.query_one("#queue").render())
+            app.poll()
+            await poll_done(pilot)
+            assert "([/] [b]x)" in str(app.query_one("#status").render())
 
     asyncio.run(run())

@@ -304,7 +304,8 @@ class Scheduler:
         else:
             self.waiting.push_front(req)
             self.stats.preemptions += 1
-        why = "to share slots with a waiting user" if for_share else "cache pool short"
+        why = ("to share slots with a waiting user" if for_share
+               else f"cache pool {self.pool.ctx_size} tokens short")
         log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
                  "%d running, %d waiting", req.request_id, slot.slot_id, dropped, why,
                  len(self.running), len(self.waiting))

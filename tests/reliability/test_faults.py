@@ -91,7 +91,7 @@ def test_dead_engine_thread_shows_in_health_and_requests_fail_fast():
             raise RuntimeError("injected scheduler bug")
 
         service.loop.scheduler.schedule = broken_schedule
-        client = TestClient(create_app(service=service))
+        client = TestClient(create_app(service=service), base_url="http://localhost")
         stuck = req("Anyone there?", service)
 
         async def submit():

@@ -9,6 +9,7 @@ import time
 import httpx
 import psutil
 
+from conftest import wait_for
 from reliability.conftest import wait_idle
 
 SOAK_S = float(os.environ.get("LOCALSERVE_SOAK_S", "45"))
@@ -62,7 +63,7 @@ def test_soak_leaves_nothing_behind(rserver):
 
     asyncio.run(run())
     snap = wait_idle(rserver, timeout=10)
-    time.sleep(0.5)
+    wait_for(lambda: established(pid) <= conns_start, timeout=10, what="client connections to close")
     grown = psutil.Process(pid).memory_info().rss - rss_start
     print(f"soak {SOAK_S:.0f}s: {tally}; RSS growth {grown / 2**20:.1f} MiB; "
           f"connections {conns_start} -> {established(pid)}")
