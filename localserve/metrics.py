@@ -47,9 +47,9 @@ class EngineMetrics:
     def on_step(self, plan, seconds: float) -> None:
         self.step_time.observe(seconds)
         self.step_tokens.observe(plan.num_tokens)
-        for _, request, _ in plan.admitted:
-            if request.preemptions == 0:
-                self.queue_time.observe(time.monotonic() - request.arrival_time)
+        for admission in plan.admitted:
+            if admission.request.preemptions == 0:
+                self.queue_time.observe(time.monotonic() - admission.request.arrival_time)
 
     def on_event(self, request, event) -> None:
         now = time.monotonic()
@@ -61,9 +61,9 @@ class EngineMetrics:
                 self.itl.observe(now - request.last_token_time)
             request.last_token_time = now
         if event.finished:
-            self.finished.labels(event.finish_reason).inc()
+            self.finished.labels(event.finish_reason.value).inc()
             self.prompt_tokens.inc(event.prompt_tokens)
-            if event.finish_reason in ("stop", "length"):
+            if event.finish_reason.completed:
                 self.e2e.observe(now - request.arrival_time)
 
 
@@ -71,7 +71,7 @@ class SnapshotCollector:
     """Gauges read at scrape time from the engine's last published snapshot and psutil."""
 
     def __init__(self, snapshot_source):
-        self.snapshot_source = snapshot_source  # () -> dict | None
+        self.snapshot_source = snapshot_source  # () -> EngineSnapshot | None
         self.process = psutil.Process(os.getpid())
         self.process.cpu_percent(None)  # prime: the first call always returns 0
 
@@ -83,31 +83,34 @@ class SnapshotCollector:
         snap = self.snapshot_source()
         if snap is None:
             return
-        slots, queue, cache, engine = snap["slots"], snap["queue"], snap["cache"], snap["engine"]
-        yield _gauge("num_requests_running", "Requests holding a slot.",
-                     sum(1 for s in slots if s["state"] != "idle"))
-        yield _gauge("num_requests_waiting", "Requests waiting for a slot.", queue["waiting"])
+        yield _gauge("num_requests_running", "Requests holding a slot.", snap.running)
+        yield _gauge("num_requests_waiting", "Requests waiting for a slot.", snap.queue.waiting)
         yield _gauge("oldest_waiting_seconds", "How long the oldest waiting request has waited.",
-                     queue["oldest_wait_s"])
-        pool_used = cache["used_tokens"] / max(cache["pool_tokens"], 1)
+                     snap.queue.oldest_wait_s)
+        pool_used = snap.cache.used_tokens / max(snap.cache.pool_tokens, 1)
         yield _gauge("kv_cache_usage_perc", "Share of the whole cache holding tokens (0-1).", pool_used)
         per_slot = GaugeMetricFamily(P + "slot_cache_usage_perc",
                                      "Share of each slot's context in use (0-1).", labels=["slot"])
         busy = GaugeMetricFamily(P + "slot_busy", "1 if the slot serves a request.", labels=["slot"])
-        for s in slots:
-            per_slot.add_metric([str(s["id"])], s["n_cached"] / max(s["n_ctx"], 1))
-            busy.add_metric([str(s["id"])], 0 if s["state"] == "idle" else 1)
+        for s in snap.slots:
+            per_slot.add_metric([str(s.id)], s.n_cached / max(s.n_ctx, 1))
+            busy.add_metric([str(s.id)], 0 if s.state == "idle" else 1)
         yield per_slot
         yield busy
-        for name, key, doc in (
-            ("num_preemptions", "preemptions", "Sequences evicted from the cache and requeued."),
-            ("prefix_cache_queries", "prefix_cache_queries", "Prompt tokens looked up in slot caches."),
-            ("prefix_cache_hits", "prefix_cache_hits", "Prompt tokens found in slot caches."),
-            ("engine_steps", "steps", "Engine steps (one llama_decode each)."),
-            ("requests_aborted", "requests_aborted", "Requests aborted (client gone)."),
+        engine = snap.engine
+        for name, value, doc in (
+            ("num_preemptions", engine.preemptions, "Sequences evicted from the cache and requeued."),
+            ("num_share_preemptions", engine.share_preemptions,
+             "Sequences requeued so that another API key waiting could have a slot."),
+            ("prefix_cache_queries", engine.prefix_cache_queries, "Prompt tokens looked up in slot caches."),
+            ("prefix_cache_hits", engine.prefix_cache_hits, "Prompt tokens found in slot caches."),
+            ("engine_steps", engine.steps, "Engine steps (one llama_decode each)."),
+            ("requests_aborted", engine.requests_aborted, "Requests aborted (client gone)."),
+            ("requests_failed", engine.requests_failed,
+             "Requests the server ended (decode error, queue timeout, shutdown)."),
         ):
-            yield CounterMetricFamily(P + name, doc, value=engine[key])
-        yield _gauge("engine_alive", "1 while the engine loop runs.", 1 if engine["alive"] else 0)
+            yield CounterMetricFamily(P + name, doc, value=value)
+        yield _gauge("engine_alive", "1 while the engine loop runs.", 1 if engine.alive else 0)
 
     def _system(self):
         mem = psutil.virtual_memory()

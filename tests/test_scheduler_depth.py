@@ -19,8 +19,8 @@ class PositionalRunner:
     def decode(self, plan):
         for slot_id in plan.dropped:
             self.cache[slot_id] = []
-        for slot_id, _, keep in plan.admitted:
-            del self.cache.setdefault(slot_id, [])[keep:]
+        for a in plan.admitted:
+            del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
         sampled = {}
         for c in plan.chunks:
             seq = self.cache.setdefault(c.slot_id, [])
@@ -117,7 +117,7 @@ def test_scripted_arrivals_one_user_cannot_starve_another():
         if not sched.has_work():
             break
         plan = sched.schedule()
-        order += [r.request_id for _, r, _ in plan.admitted]
+        order += [a.request.request_id for a in plan.admitted]
         sched.update(plan, runner.decode(plan))
     assert order.index("bob") <= 2
 
@@ -173,8 +173,8 @@ def test_static_policy_holds_new_requests_until_the_whole_batch_ends():
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for _, r, _ in plan.admitted:
-            admitted_at[r.request_id] = step
+        for a in plan.admitted:
+            admitted_at[a.request.request_id] = step
         sched.update(plan, runner.decode(plan))
     assert admitted_at["long"] == admitted_at["short"] == 0
     assert admitted_at["late"] >= 30  # only after "long" produced all 30 tokens

@@ -37,7 +37,7 @@ def test_a_user_who_took_every_slot_gives_one_back_when_a_colleague_arrives():
     sched.add(req("b0", "bob"))
     plan = step(sched)
     assert holders(sched) == ["alice"] * 3 + ["bob"]
-    assert [r.request_id for _, r, _ in plan.admitted] == ["b0"]
+    assert [a.request.request_id for a in plan.admitted] == ["b0"]
     assert sched.stats.share_preemptions == 1 and sched.stats.preemptions == 0
     preempted = next(r for r in sched.waiting if r.preemptions)
     assert preempted.request_id == "a3"  # the newest of alice's, first of her waiting ones

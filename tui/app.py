@@ -145,7 +145,7 @@ class Dashboard(App):
 
     def _sorted(self, view: View):
         if self.sort_key == "state":
-            order = {"decode": 0, "prefill": 1, "preempted": 2, "idle": 3}
+            order = {"decode": 0, "prefill": 1, "idle": 2}  # preempted requests wait in the queue
             return sorted(view.slots, key=lambda r: (order.get(r.state, 9), r.id))
         if self.sort_key == "age":
             return sorted(view.slots, key=lambda r: -(r.age_s or -1))

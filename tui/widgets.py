@@ -9,7 +9,7 @@ from textual.widgets import DataTable, Sparkline, Static
 
 from tui.model import SlotRow, View
 
-STATE_STYLE = {"idle": "dim", "prefill": "bold yellow", "decode": "bold green", "preempted": "bold red"}
+STATE_STYLE = {"idle": "dim", "prefill": "bold yellow", "decode": "bold green"}
 
 
 def context_bar(used: int, limit: int, width: int = 16, idle: bool = False) -> Text:

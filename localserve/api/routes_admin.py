@@ -35,7 +35,7 @@ async def slots(request: Request):
         "n_slots": len(pool.slots),
         "n_ctx_per_slot": pool.n_ctx_per_slot,
         "split": pool.describe(),
-        **snap,
+        **snap.to_json(),
     }
 
 

@@ -4,7 +4,7 @@ Where a request's tokens are made: EngineLoop.run() -> step():
     drain the inbox (adds, aborts) -> plan = scheduler.schedule() -> runner.decode(plan)
     -> scheduler.update(plan, sampled) -> hand events to their requests -> publish a snapshot.
 The HTTP side never waits for a step: it reads the last published snapshot (an immutable
-dict swapped in by reference) and receives tokens through per-request asyncio queues.
+EngineSnapshot swapped in by reference) and receives tokens through per-request asyncio queues.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import threading
 import time
 from collections import Counter
 
-from localserve.engine.request import Request, TokenEvent
-from localserve.engine.runner import CacheFull, DecodeError
+from localserve.engine.request import FinishReason, Request, TokenEvent
+from localserve.engine.errors import CacheFull, DecodeError
 from localserve.engine.scheduler import Scheduler, StepPlan
+from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 
 log = logging.getLogger("localserve.engine")
-
-SNAPSHOT_QUEUE_ROWS = 50  # waiting requests listed one by one in /slots
 
 
 class EngineUnavailable(RuntimeError):
@@ -58,7 +57,7 @@ class EngineLoop(threading.Thread):
         self.in_flight = 0  # submitted and not yet finished: what a drain waits for
         self._queued_by_user: Counter = Counter()  # what --max-queue-per-key bounds
         self._queued_lock = threading.Lock()
-        self.snapshot: dict = self._build_snapshot()
+        self.snapshot: EngineSnapshot = self._build_snapshot()
 
     # ---- called from any thread ---------------------------------------------------------
     def submit(self, request: Request) -> None:
@@ -111,8 +110,8 @@ class EngineLoop(threading.Thread):
         if self.queue_timeout_s is not None:
             self._deliver(self.scheduler.expire_waiting(self.queue_timeout_s, time.monotonic()))
         plan = self.scheduler.schedule()
-        for _, request, _ in plan.admitted:
-            self._release_queue_place(request)
+        for admission in plan.admitted:
+            self._release_queue_place(admission.request)
         if not plan:
             time.sleep(0.001)
             return
@@ -161,7 +160,7 @@ class EngineLoop(threading.Thread):
         try:
             self.scheduler.add(request)
         except ValueError as exc:
-            self._deliver([(request, TokenEvent("", finish_reason="error", error=str(exc)))])
+            self._deliver([(request, TokenEvent("", finish_reason=FinishReason.ERROR, error=str(exc)))])
 
     def _release_queue_place(self, request: Request) -> None:
         if request.holds_queue_place:
@@ -188,10 +187,8 @@ class EngineLoop(threading.Thread):
     def _fail_everything(self, message: str) -> None:
         pending = list(self.scheduler.waiting) + [s.request for s in self.scheduler.running]
         for request in pending:
-            found = self.scheduler.abort(request.request_id)
+            found = self.scheduler.abort(request.request_id, FinishReason.ERROR, message)
             if found:
-                event = found[1]
-                event.finish_reason, event.error = "error", message
                 self._deliver([found])
         while True:  # requests submitted but never drained
             try:
@@ -199,59 +196,10 @@ class EngineLoop(threading.Thread):
             except queue.Empty:
                 break
             if kind == "add":
-                self._deliver([(value, TokenEvent("", finish_reason="error", error=message))])
+                self._deliver([(value, TokenEvent("", finish_reason=FinishReason.ERROR, error=message))])
 
-    def _build_snapshot(self, plan: StepPlan | None = None) -> dict:
-        sched = self.scheduler
-        now = time.monotonic()
-        slots = []
-        for slot in sched.pool.slots:
-            req = slot.request
-            slots.append({
-                "id": slot.slot_id,
-                "state": slot.state.value,
-                "n_ctx": slot.n_ctx,
-                "n_cached": slot.n_cached,
-                "request_id": req.request_id if req else None,
-                "user": req.user if req else None,
-                "n_prompt_tokens": req.num_prompt_tokens if req else 0,
-                "n_decoded": req.num_output_tokens if req else 0,
-                "cached_tokens": req.cached_tokens if req else 0,
-                "age_s": round(now - req.arrival_time, 3) if req else None,
-            })
-        stats = sched.stats
-        oldest = sched.waiting.oldest_arrival()
-        waiting = [{"request_id": r.request_id, "user": r.user, "position": i,
-                    "wait_s": round(now - r.arrival_time, 3), "preempted": r.preemptions > 0}
-                   for i, r in zip(range(SNAPSHOT_QUEUE_ROWS), sched.waiting)]
-        return {
-            "slots": slots,
-            "queue": {"waiting": len(sched.waiting), "max_queue": self.max_queue,
-                      "oldest_wait_s": round(now - oldest, 3) if oldest else 0.0,
-                      "requests": waiting},
-            "cache": {"unified": sched.pool.unified, "pool_tokens": sched.pool.ctx_size,
-                      "used_tokens": sched.pool.used},
-            "engine": {
-                "alive": self.failure is None and not self.stopping,
-                "failure": self.failure,
-                "steps": stats.steps,
-                "tokens_batched": stats.tokens_batched,
-                "last_step_tokens": plan.num_tokens if plan else 0,
-                "last_step_decode_rows": plan.num_decode_rows if plan else 0,
-                "last_step_ms": round(self.last_step_s * 1000, 2),
-                "max_decode_rows_in_step": stats.max_decode_rows_in_step,
-                "requests_finished": stats.requests_finished,
-                "requests_aborted": stats.requests_aborted,
-                "preemptions": stats.preemptions,
-                "share_preemptions": stats.share_preemptions,
-                "prompt_tokens_computed": stats.prompt_tokens_computed,
-                "prefix_cache_queries": stats.prefix_cache_queries,
-                "prefix_cache_hits": stats.prefix_cache_hits,
-                "busy_s": round(self.busy_seconds, 3),
-                "llama_decode_s": round(getattr(self.runner, "decode_seconds", 0.0), 3),
-                "sampling_s": round(getattr(self.runner, "sample_seconds", 0.0), 3),
-            },
-        }
+    def _build_snapshot(self, plan: StepPlan | None = None) -> EngineSnapshot:
+        return build_snapshot(self, plan)
 
 
 class RequestStream:
@@ -294,7 +242,7 @@ class AsyncEngine:
         self.loop = loop
 
     @property
-    def snapshot(self) -> dict:
+    def snapshot(self) -> EngineSnapshot:
         return self.loop.snapshot
 
     @property

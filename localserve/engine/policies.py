@@ -3,7 +3,8 @@ exist only to be measured against it (`--scheduler static|serial`, see localserv
 
 from __future__ import annotations
 
-from localserve.engine.scheduler import Scheduler, StepPlan, Vocab
+from localserve.engine.interfaces import Vocab
+from localserve.engine.scheduler import Scheduler, StepPlan
 from localserve.engine.slots import SlotPool
 
 

@@ -24,6 +24,25 @@ class RequestStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class FinishReason(str, enum.Enum):
+    """Why a request ended. A str, so it compares and serialises as its OpenAI spelling."""
+
+    STOP = "stop"  # end-of-generation token or a stop string
+    LENGTH = "length"  # max_tokens or the slot's context
+    TOOL_CALLS = "tool_calls"  # the answer is a complete tool call
+    ABORT = "abort"  # the client went away (or cancelled): counted as aborted
+    TIMEOUT = "timeout"  # waited past --queue-timeout without a slot: counted as failed
+    ERROR = "error"  # the server could not go on (decode failure, shutdown): counted as failed
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def completed(self) -> bool:
+        """The answer ended normally (as opposed to aborted or failed)."""
+        return self in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """Per-request sampling settings, in OpenAI / llama-server spelling. temperature 0 = greedy."""
@@ -57,7 +76,7 @@ class TokenEvent:
 
     text: str
     token_ids: tuple[int, ...] = ()
-    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    finish_reason: FinishReason | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -80,7 +99,7 @@ class Request:
 
     status: RequestStatus = RequestStatus.WAITING
     output_tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None  # kept by the metrics observer for inter-token gaps
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import llama_cpp as C
 
+from localserve.engine.errors import CacheFull, DecodeError
 from localserve.engine.request import SamplingParams
 from localserve.engine.scheduler import StepPlan
 
@@ -30,15 +31,6 @@ def _llama_log(level, text, _user_data):
     """Keep llama.cpp's chatter out of the console; pass on its warnings and errors."""
     if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and text:
         log.warning(text.decode("utf-8", "replace").rstrip())
-
-
-class DecodeError(RuntimeError):
-    """llama_decode refused a batch; the requests in it cannot continue."""
-
-
-class CacheFull(DecodeError):
-    """llama_decode found no free cache cells for the batch (return code 1). Nothing was
-    written, so the batch can be planned again after evicting a sequence."""
 
 
 def supports_gpu_offload() -> bool:
@@ -236,9 +228,10 @@ class LlamaRunner:
         """Run one llama_decode over the whole plan; return {slot_id: sampled token}."""
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
-        for slot_id, request, keep in plan.admitted:
-            C.llama_memory_seq_rm(self.memory, slot_id, keep, -1)
-            self._new_sampler(slot_id, request.params, request.all_tokens)
+        for admission in plan.admitted:
+            C.llama_memory_seq_rm(self.memory, admission.slot_id, admission.kept_tokens, -1)
+            self._new_sampler(admission.slot_id, admission.request.params,
+                              admission.request.all_tokens)
         batch = self.batch
         rows: list[tuple[int, int]] = []
         i = 0

@@ -30,18 +30,13 @@ import logging
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
-from localserve.engine.request import Request, RequestStatus, TokenEvent
+from localserve.engine.interfaces import Vocab
+from localserve.engine.request import FinishReason, Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
-
-
-class Vocab(Protocol):
-    def piece(self, token: int) -> bytes: ...
-    def is_eog(self, token: int) -> bool: ...
 
 
 @dataclass
@@ -55,11 +50,20 @@ class SeqChunk:
     sample: bool  # logits for the last token are wanted: a token is sampled for this row
 
 
+@dataclass(frozen=True)
+class Admission:
+    """A slot newly given a request this step. The runner clears the slot's cache beyond
+    `kept_tokens` (the reused prefix) and builds the request's sampler."""
+
+    slot_id: int
+    request: Request
+    kept_tokens: int
+
+
 @dataclass
 class StepPlan:
     chunks: list[SeqChunk] = field(default_factory=list)
-    # slots newly given a request this step: (slot_id, request, tokens of old cache kept)
-    admitted: list[tuple[int, Request, int]] = field(default_factory=list)
+    admitted: list[Admission] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
 
     @property
@@ -81,7 +85,8 @@ class SchedulerStats:
     tokens_batched: int = 0
     max_decode_rows_in_step: int = 0  # proof of sharing: >1 means streams decoded together
     requests_finished: int = 0
-    requests_aborted: int = 0
+    requests_aborted: int = 0  # the client went away
+    requests_failed: int = 0  # the server ended them: decode error, queue timeout, shutdown
     preemptions: int = 0  # the shared cache pool ran short
     share_preemptions: int = 0  # a user gave a slot back to a colleague who was waiting
     prompt_tokens_computed: int = 0
@@ -133,7 +138,7 @@ class Scheduler:
         request.status = RequestStatus.WAITING
         self.waiting.append(request)
 
-    def abort(self, request_id: str, reason: str = "abort",
+    def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
               error: str | None = None) -> tuple[Request, TokenEvent] | None:
         """Drop a request wherever it is; its slot is free for the very next schedule()."""
         for req in self.waiting:
@@ -150,7 +155,7 @@ class Scheduler:
         expired = [r for r in self.waiting  # preempted ones (with output) already had a slot
                    if r.num_output_tokens == 0 and now - r.arrival_time > max_wait_s]
         message = f"no slot became free within {max_wait_s:g} s; retry later"
-        return [self.abort(r.request_id, "timeout", message) for r in expired]
+        return [self.abort(r.request_id, FinishReason.TIMEOUT, message) for r in expired]
 
     @property
     def running(self) -> list[Slot]:
@@ -161,6 +166,20 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
+        """Plan one step. Invariants (each pinned by tests/test_scheduler_invariants.py):
+        1. Every DECODE slot gets exactly one row in every step, before any prompt chunk, so
+           a running stream never waits for someone else's prefill.
+        2. A request preempted because the cache pool ran short is the next one admitted,
+           ahead of every waiting request of every user.
+        3. A cached prefix is reused only when at least MIN_PREFIX_REUSE tokens match (a
+           shorter match does not justify taking a recently used slot's cache), and only
+           within one cache scope (one API key, unless --shared-prefix-cache).
+        4. Only requests that never produced a token expire from the queue (--queue-timeout);
+           a preempted request holds a client mid-answer and waits however long it takes.
+        5. Prefix-cache queries and hits count first admissions only, never a resume.
+        6. With slot shares (API keys), a user holds at most `slot_share` slots while another
+           user waits (tests/test_sharing.py).
+        """
         plan = StepPlan(dropped=self._pending_drops)
         self._pending_drops = []
         if self.pool.unified:
@@ -246,7 +265,7 @@ class Scheduler:
         self._admissions += 1
         slot.assign(req, keep, self._admissions)
         req.status = RequestStatus.RUNNING
-        plan.admitted.append((slot.slot_id, req, keep))
+        plan.admitted.append(Admission(slot.slot_id, req, keep))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
@@ -340,7 +359,7 @@ class Scheduler:
             return self._accept_token(slot, token)
         except Exception as exc:
             log.exception("request %s failed while handling its token", slot.request.request_id)
-            return self._end(slot, "error", error=f"internal error in this request: {exc!r}")
+            return self._end(slot, FinishReason.ERROR, error=f"internal error in this request: {exc!r}")
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
         """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
@@ -349,42 +368,43 @@ class Scheduler:
             slot = self.pool.slots[chunk.slot_id]
             if slot.request is chunk.request:
                 slot.cached.clear()
-                events.append((chunk.request, self._end(slot, "error", error=message)))
+                events.append((chunk.request, self._end(slot, FinishReason.ERROR, error=message)))
         return events
 
     # ---- stop rules ----------------------------------------------------------------
     def _accept_token(self, slot: Slot, token: int) -> TokenEvent:
         req = slot.request
-        slot.state = SlotState.DECODE
         req.output_tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         if self.vocab.is_eog(token) and not req.params.ignore_eos:
-            return self._end(slot, "stop", token=token)
+            return self._end(slot, FinishReason.STOP, token=token)
         text = req.detokenizer.feed(self.vocab.piece(token))
         if req.detokenizer.stopped:
-            return self._end(slot, "stop", text, token)
+            return self._end(slot, FinishReason.STOP, text, token)
         if req.num_output_tokens >= req.params.max_tokens or slot.n_cached >= slot.n_ctx:
-            return self._end(slot, "length", text, token)
+            return self._end(slot, FinishReason.LENGTH, text, token)
         return TokenEvent(text, (token,))
 
-    def _end(self, slot: Slot, reason: str, text: str = "", token: int | None = None,
+    def _end(self, slot: Slot, reason: FinishReason, text: str = "", token: int | None = None,
              error: str | None = None) -> TokenEvent:
         req = slot.request
-        if reason in ("stop", "length") and req.detokenizer is not None:
+        if reason.completed and req.detokenizer is not None:
             text += req.detokenizer.flush()
         slot.release()
         event = self._close(req, reason, error)
         event.text, event.token_ids = text, (() if token is None else (token,))
         return event
 
-    def _close(self, req: Request, reason: str, error: str | None = None) -> TokenEvent:
+    def _close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
-        if reason == "abort":
+        if reason is FinishReason.ABORT:
             self.stats.requests_aborted += 1
-        else:
+        elif reason.completed:
             self.stats.requests_finished += 1
+        else:
+            self.stats.requests_failed += 1
         return TokenEvent("", finish_reason=reason, error=error,
                           prompt_tokens=req.num_prompt_tokens,
                           completion_tokens=req.num_output_tokens,

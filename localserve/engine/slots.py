@@ -4,7 +4,10 @@ One slot = one llama.cpp sequence id = one request at a time, as in llama-server
 `-c 8192 --parallel 4` gives four slots of 2048 tokens each: every position of a slot's
 cache counts against its own limit, never a neighbour's.
 
-State machine of a slot:  IDLE --admit--> PREFILL --last prompt chunk--> DECODE --finish/abort--> IDLE
+State machine of a slot:  IDLE --assign--> PREFILL --first token--> DECODE --release--> IDLE
+Only assign() and release() change it, and each refuses an illegal move; PREFILL vs DECODE is
+derived from how much of the request is in cache (as vLLM derives it from
+num_computed_tokens), so it can never disagree with the tokens.
 A slot keeps the tokens it holds in cache after its request ends, so the next request that
 shares a prefix with them (a chat's next turn, a common system prompt) prefills only the rest.
 """
@@ -33,7 +36,6 @@ class SlotState(enum.Enum):
 class Slot:
     slot_id: int
     n_ctx: int
-    state: SlotState = SlotState.IDLE
     request: Request | None = None
     cached: list[int] = field(default_factory=list)  # tokens in this slot's cache, positions 0..n-1
     cache_scope: str | None = None  # whose tokens `cached` holds: only they may reuse them
@@ -48,6 +50,17 @@ class Slot:
     def busy(self) -> bool:
         return self.request is not None
 
+    @property
+    def state(self) -> SlotState:
+        """DECODE once a token was sampled and only that token is missing from cache;
+        PREFILL while more is (a new prompt, or a preempted request's prompt and output)."""
+        req = self.request
+        if req is None:
+            return SlotState.IDLE
+        if req.output_tokens and self.n_cached >= req.num_prompt_tokens + req.num_output_tokens - 1:
+            return SlotState.DECODE
+        return SlotState.PREFILL
+
     def pending_tokens(self) -> list[int]:
         """Tokens of the request not yet in cache: the prompt rest, or the last sampled token."""
         req = self.request
@@ -57,20 +70,23 @@ class Slot:
         return req.output_tokens[self.n_cached - n_prompt:]
 
     def assign(self, request: Request, keep: int, admitted_seq: int) -> None:
-        """Take a request, keeping the first `keep` cached tokens (a shared prefix)."""
+        """IDLE -> PREFILL: take a request, keeping the first `keep` cached tokens (a shared
+        prefix)."""
+        if self.busy:
+            raise RuntimeError(f"slot {self.slot_id} is busy with {self.request.request_id}")
         del self.cached[keep:]
         self.cache_scope = request.cache_scope
         self.request = request
-        self.state = SlotState.PREFILL
         self.admitted_seq = admitted_seq
         if request.detokenizer is None:
             request.detokenizer = IncrementalDetokenizer(request.params.stop)
             request.cached_tokens = keep
 
     def release(self) -> None:
-        """Back to IDLE; the cache stays for prefix reuse."""
+        """-> IDLE; the cache stays for prefix reuse."""
+        if not self.busy:
+            raise RuntimeError(f"slot {self.slot_id} is already idle")
         self.request = None
-        self.state = SlotState.IDLE
         self.last_used = time.monotonic()
 
 

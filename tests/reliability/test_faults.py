@@ -9,7 +9,7 @@ from fastapi.testclient import TestClient
 from localserve.api.app import create_app
 from localserve.config import Settings
 from localserve.engine.request import Request, SamplingParams
-from localserve.engine.runner import DecodeError
+from localserve.engine.errors import DecodeError
 from localserve.service import Service
 
 

@@ -1,0 +1,11 @@
+"""What the runner raises when llama.cpp refuses a batch. Its own module, so the engine loop
+(and its tests, with a fake runner) can handle these without importing llama.cpp."""
+
+
+class DecodeError(RuntimeError):
+    """llama_decode refused a batch; the requests in it cannot continue."""
+
+
+class CacheFull(DecodeError):
+    """llama_decode found no free cache cells for the batch (return code 1). Nothing was
+    written, so the batch can be planned again after evicting a sequence."""

@@ -1,0 +1,133 @@
+"""EngineSnapshot: what the engine looked like after its last step, for everyone who watches.
+
+Built by the engine loop after each step and swapped in by reference (immutable: frozen
+dataclasses and tuples), so /slots, /metrics, /props and the dashboard read it at any time
+without waiting for a step or taking a lock. Read it by attribute; its JSON form (the /slots
+body) is produced in one place, to_json().
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+
+QUEUE_ROWS = 50  # waiting requests listed one by one
+
+
+@dataclass(frozen=True)
+class SlotView:
+    id: int
+    state: str  # "idle" | "prefill" | "decode"
+    n_ctx: int
+    n_cached: int
+    request_id: str | None
+    user: str | None
+    n_prompt_tokens: int
+    n_decoded: int
+    cached_tokens: int
+    age_s: float | None
+
+
+@dataclass(frozen=True)
+class WaitingView:
+    request_id: str
+    user: str | None
+    position: int
+    wait_s: float
+    preempted: bool
+
+
+@dataclass(frozen=True)
+class QueueView:
+    waiting: int
+    max_queue: int | None
+    oldest_wait_s: float
+    requests: tuple[WaitingView, ...]
+
+
+@dataclass(frozen=True)
+class CacheView:
+    unified: bool
+    pool_tokens: int
+    used_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineCounters:
+    alive: bool
+    failure: str | None
+    steps: int
+    tokens_batched: int
+    last_step_tokens: int
+    last_step_decode_rows: int
+    last_step_ms: float
+    max_decode_rows_in_step: int
+    requests_finished: int
+    requests_aborted: int  # the client went away
+    requests_failed: int  # the server ended them (error, queue timeout, shutdown)
+    preemptions: int  # the shared cache pool ran short
+    share_preemptions: int  # a key gave a slot back to a waiting colleague
+    prompt_tokens_computed: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    busy_s: float
+    llama_decode_s: float
+    sampling_s: float
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    slots: tuple[SlotView, ...]
+    queue: QueueView
+    cache: CacheView
+    engine: EngineCounters
+
+    @property
+    def running(self) -> int:
+        return sum(1 for s in self.slots if s.state != "idle")
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def build_snapshot(loop, plan=None) -> EngineSnapshot:
+    """Read the loop's scheduler, pool and counters (on the loop thread, between steps)."""
+    sched, now = loop.scheduler, time.monotonic()
+    slots = tuple(_slot_view(slot, now) for slot in sched.pool.slots)
+    oldest = sched.waiting.oldest_arrival()
+    waiting = tuple(WaitingView(r.request_id, r.user, i, round(now - r.arrival_time, 3),
+                                r.preemptions > 0)
+                    for i, r in zip(range(QUEUE_ROWS), sched.waiting))
+    stats = sched.stats
+    return EngineSnapshot(
+        slots=slots,
+        queue=QueueView(len(sched.waiting), loop.max_queue,
+                        round(now - oldest, 3) if oldest else 0.0, waiting),
+        cache=CacheView(sched.pool.unified, sched.pool.ctx_size, sched.pool.used),
+        engine=EngineCounters(
+            alive=loop.failure is None and not loop.stopping, failure=loop.failure,
+            steps=stats.steps, tokens_batched=stats.tokens_batched,
+            last_step_tokens=plan.num_tokens if plan else 0,
+            last_step_decode_rows=plan.num_decode_rows if plan else 0,
+            last_step_ms=round(loop.last_step_s * 1000, 2),
+            max_decode_rows_in_step=stats.max_decode_rows_in_step,
+            requests_finished=stats.requests_finished, requests_aborted=stats.requests_aborted,
+            requests_failed=stats.requests_failed, preemptions=stats.preemptions,
+            share_preemptions=stats.share_preemptions,
+            prompt_tokens_computed=stats.prompt_tokens_computed,
+            prefix_cache_queries=stats.prefix_cache_queries,
+            prefix_cache_hits=stats.prefix_cache_hits, busy_s=round(loop.busy_seconds, 3),
+            llama_decode_s=round(getattr(loop.runner, "decode_seconds", 0.0), 3),
+            sampling_s=round(getattr(loop.runner, "sample_seconds", 0.0), 3)))
+
+
+def _slot_view(slot, now: float) -> SlotView:
+    req = slot.request
+    return SlotView(
+        id=slot.slot_id, state=slot.state.value, n_ctx=slot.n_ctx, n_cached=slot.n_cached,
+        request_id=req.request_id if req else None, user=req.user if req else None,
+        n_prompt_tokens=req.num_prompt_tokens if req else 0,
+        n_decoded=req.num_output_tokens if req else 0,
+        cached_tokens=req.cached_tokens if req else 0,
+        age_s=round(now - req.arrival_time, 3) if req else None)

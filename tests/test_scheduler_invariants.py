@@ -1,0 +1,130 @@
+"""One test per invariant written at Scheduler.schedule(), each built to fail when that
+invariant is broken (see tests/mutation-equivalents.txt and scripts/mutation), plus the
+engine loop's CacheFull -> preempt -> replan path driven with a fake runner (no llama.cpp)."""
+
+from localserve.engine.errors import CacheFull
+from localserve.engine.loop import EngineLoop
+from localserve.engine.request import FinishReason, Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool, SlotState
+from test_scheduler import FakeVocab
+from test_scheduler_depth import PositionalRunner
+
+
+def request(rid, prompt, max_tokens=50, **kw):
+    return Request(list(prompt), SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                   request_id=rid, **kw)
+
+
+def step(sched, runner):
+    plan = sched.schedule()
+    events = sched.update(plan, runner.decode(plan))
+    return plan, events
+
+
+def test_invariant_1_every_decoding_slot_gets_a_row_in_every_step():
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), max_num_batched_tokens=4)
+    runner = PositionalRunner(10_000)
+    sched.add(request("streaming", range(1, 4), max_tokens=100))
+    while sched.pool.slots[0].state is not SlotState.DECODE:
+        step(sched, runner)
+    sched.add(request("long-prompt", range(10, 90)))  # 80 tokens: 20 steps of prefill at most
+    prefill_steps = 0
+    while sched.pool.slots[1].state is not SlotState.DECODE:
+        plan, _ = step(sched, runner)
+        rows = {c.request.request_id: c for c in plan.chunks}
+        assert "streaming" in rows and len(rows["streaming"].tokens) == 1 and rows["streaming"].sample
+        prefill_steps += "long-prompt" in rows
+    assert prefill_steps >= 20  # the prompt really was chunked around the stream's rows
+
+
+def test_invariant_2_a_preempted_request_is_the_next_admitted():
+    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
+    runner = PositionalRunner(80)
+    for rid, user in (("a", "ann"), ("b", "bob"), ("c", "cat"), ("d", "dan")):
+        sched.add(request(rid, range(1, 21), max_tokens=60, user=user))
+    while sched.stats.preemptions == 0:
+        step(sched, runner)
+    preempted = next(r for r in sched.waiting if r.preemptions)
+    admitted = []
+    while not admitted:
+        plan, _ = step(sched, runner)
+        admitted = [a.request for a in plan.admitted]
+    assert admitted[0] is preempted  # before c and d, who waited longer and are other users
+
+
+def test_invariant_3_a_short_shared_prefix_does_not_take_a_recently_used_slot():
+    pool = SlotPool(512, 2)
+    prompt = list(range(1, 60))
+    pool.slots[0].cached = prompt[:MIN_PREFIX_REUSE - 1] + [999]
+    pool.slots[0].last_used = 10.0  # used recently; slot 1 is the least recently used
+    pool.slots[1].cached = [500, 501]
+    slot, keep = pool.best_idle_slot(prompt)
+    assert slot is pool.slots[1] and keep == 0
+    pool.slots[0].cached = prompt[:MIN_PREFIX_REUSE] + [999]
+    slot, keep = pool.best_idle_slot(prompt)
+    assert slot is pool.slots[0] and keep == MIN_PREFIX_REUSE
+
+
+def test_invariant_4_only_requests_that_never_had_a_slot_expire():
+    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
+    runner = PositionalRunner(80)
+    for rid in "abc":
+        sched.add(request(rid, range(1, 21), max_tokens=60))
+    while sched.stats.preemptions == 0:
+        step(sched, runner)
+    preempted = next(r for r in sched.waiting if r.preemptions)
+    never_ran = next(r for r in sched.waiting if not r.preemptions)
+    expired = sched.expire_waiting(0.0, now=never_ran.arrival_time + 1000)
+    assert [(r.request_id, e.finish_reason) for r, e in expired] == [
+        (never_ran.request_id, FinishReason.TIMEOUT)]
+    assert list(sched.waiting) == [preempted]  # it holds a client mid-answer: never expired
+    assert sched.stats.requests_failed == 1 and sched.stats.requests_aborted == 0
+
+
+def test_invariant_5_prefix_hits_count_first_admissions_only():
+    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
+    runner = PositionalRunner(80)
+    for rid in "ab":
+        sched.add(request(rid, range(1, 21), max_tokens=60))
+    while sched.stats.preemptions == 0:
+        step(sched, runner)
+    queries, hits = sched.stats.prefix_cache_queries, sched.stats.prefix_cache_hits
+    while sched.has_work():
+        step(sched, runner)
+    assert (sched.stats.prefix_cache_queries, sched.stats.prefix_cache_hits) == (queries, hits)
+    assert queries == 40
+
+
+class CacheFullOnce(PositionalRunner):
+    """Refuses the first batch that carries two or more sequences, as llama_decode does when
+    a fragmented pool has no room for it."""
+
+    def __init__(self):
+        super().__init__(10_000)
+        self.refused = 0
+
+    def decode(self, plan):
+        if not self.refused and len({c.slot_id for c in plan.chunks}) >= 2:
+            self.refused += 1
+            raise CacheFull("no free cache cells")
+        return super().decode(plan)
+
+
+def test_loop_preempts_and_replans_when_the_runner_finds_the_cache_full():
+    runner = CacheFullOnce()
+    sched = Scheduler(SlotPool(512, 2, unified=True), FakeVocab(), 64)
+    loop = EngineLoop(sched, runner)
+    events = {}
+    requests = [request(rid, range(1, 11), max_tokens=5) for rid in "ab"]
+    for r in requests:
+        r.emit = lambda e, rid=r.request_id: events.setdefault(rid, []).append(e)
+        sched.add(r)
+    for _ in range(100):
+        if not sched.has_work():
+            break
+        loop.step()
+    assert runner.refused == 1 and sched.stats.preemptions == 1
+    assert {rid: (sum(len(e.token_ids) for e in evs), evs[-1].finish_reason)
+            for rid, evs in events.items()} == {"a": (5, "length"), "b": (5, "length")}
+    assert sched.stats.requests_failed == 0
