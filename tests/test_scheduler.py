@@ -187,9 +187,7 @@ def test_prefix_reuse_keeps_shared_prompt_in_cache():
     run(sched, runner)
     sched.add(req("b", 25))  # same first 20 tokens
     plan = sched.schedule()
-    slot_id, request, keep = (plan.admitted[0].slot_id, plan.admitted[0].request,
-                              plan.admitted[0].kept_tokens)
-    assert keep == 20 and plan.chunks[0].tokens == list(range(21, 26))
+    assert plan.admitted[0].kept_tokens == 20 and plan.chunks[0].tokens == list(range(21, 26))
     assert plan.chunks[0].start_pos == 20
 
 

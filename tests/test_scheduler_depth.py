@@ -144,7 +144,7 @@ def test_prefix_hits_are_counted_in_tokens():
 
 
 def test_frequent_preemption_warns_plainly_once_a_minute(caplog):
-    from localserve.engine.scheduler import PreemptionWatch
+    from localserve.engine.scheduler_stats import PreemptionWatch
 
     watch = PreemptionWatch(threshold=3, window_s=60)
     with caplog.at_level("WARNING", logger="localserve.scheduler"):

@@ -1,0 +1,44 @@
+"""The scheduler's counters (read into every snapshot) and its plain-words preemption warning."""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+log = logging.getLogger("localserve.scheduler")
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    tokens_batched: int = 0
+    max_decode_rows_in_step: int = 0  # proof of sharing: >1 means streams decoded together
+    requests_finished: int = 0
+    requests_aborted: int = 0  # the client went away
+    requests_failed: int = 0  # the server ended them: decode error, queue timeout, shutdown
+    preemptions: int = 0  # the shared cache pool ran short
+    share_preemptions: int = 0  # a user gave a slot back to a colleague who was waiting
+    prompt_tokens_computed: int = 0
+    prefix_cache_queries: int = 0  # prompt tokens looked up at admission
+    prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
+
+
+class PreemptionWatch:
+    """Says plainly, at most once a minute, when preemption is frequent."""
+
+    def __init__(self, threshold: int = 3, window_s: float = 60.0):
+        self.threshold, self.window_s = threshold, window_s
+        self.recent: deque[float] = deque()
+        self.last_warning = -window_s
+
+    def record(self, now: float) -> None:
+        self.recent.append(now)
+        while self.recent and now - self.recent[0] > self.window_s:
+            self.recent.popleft()
+        if len(self.recent) >= self.threshold and now - self.last_warning >= self.window_s:
+            self.last_warning = now
+            log.warning("the cache is too small for this traffic: %d preemptions in the last "
+                        "%.0f s, each one recomputes a prompt and stalls its stream. Fixes: a larger "
+                        "-c, fewer --parallel slots, a lower --max-num-seqs, or shorter max_tokens.",
+                        len(self.recent), self.window_s)
