@@ -278,7 +278,7 @@ class Scheduler:
         head when the cache ran short, at the head of its own user's turn when it made room
         for another user. Its prompt and output so far are recomputed on re-admission."""
         req = slot.request
-        dropped = slot.n_cached
+        self._log_preemption(slot, for_share)
         self._drop(plan, slot)
         slot.release()
         req.status = RequestStatus.WAITING
@@ -289,11 +289,13 @@ class Scheduler:
         else:
             self.waiting.push_front(req)
             self.stats.preemptions += 1
+
+    def _log_preemption(self, slot: Slot, for_share: bool) -> None:  # pragma: no mutate block
         why = ("to share slots with a waiting user" if for_share
                else f"cache pool {self.pool.ctx_size} tokens short")
         log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
-                 "%d running, %d waiting", req.request_id, slot.slot_id, dropped, why,
-                 len(self.running), len(self.waiting))
+                 "%d running, %d waiting", slot.request.request_id, slot.slot_id, slot.n_cached,
+                 why, len(self.running) - 1, len(self.waiting))
 
     def preempt_newest(self) -> bool:
         """The runner found no room for a planned batch (fragmentation): evict one sequence;
@@ -324,7 +326,8 @@ class Scheduler:
         try:
             return self._accept_token(slot, token)
         except Exception as exc:
-            log.exception("request %s failed while handling its token", slot.request.request_id)
+            log.exception("request %s failed while handling its token",  # pragma: no mutate block
+                          slot.request.request_id)
             return self._end(slot, FinishReason.ERROR, error=f"internal error in this request: {exc!r}")
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
