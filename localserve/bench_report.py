@@ -54,8 +54,9 @@ def plot(levels: list[LevelSummary], path: str, title: str = "localserve bench")
     if knee is not None:
         left.axvline(knee, color="gray", linestyle=":")
         left.annotate("knee", (knee, max(s.output_tok_s for s in levels)), color="gray")
-    fig.legend(loc="upper left", bbox_to_anchor=(0.12, 0.88), fontsize=8)
+    # Below the axes: inside them the legend covered the concurrency-1 point.
+    fig.legend(loc="lower center", ncol=3, fontsize=8, frameon=False)
     left.set_title(title)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path)
     plt.close(fig)

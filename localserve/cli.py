@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
+import re
 import sys
 
 from localserve.config import Settings, SettingsError
@@ -123,9 +125,29 @@ def run_models(_: argparse.Namespace) -> int:
     return 0
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that suggests the closest flag for a misspelt one."""
+
+    def error(self, message: str):
+        unknown = re.findall(r"(--?[\w-]+)", message.split(":", 1)[-1]) if "unrecognized" in message else []
+        known = [o for action in self._all_actions() for o in action.option_strings]
+        for flag in unknown:
+            close = difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6)
+            if close:
+                message += f" (did you mean {close[0]}?)"
+        super().error(message)
+
+    def _all_actions(self):
+        yield from self._actions
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from sub._actions
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="localserve", description="A local LLM server.")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="localserve", description="A local LLM server.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _up_parser(sub)
     sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default)")
     _top_parser(sub)
@@ -139,6 +161,7 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from localserve import bench, bench_report
 
+    args.url = args.url.rstrip("/").removesuffix("/v1")  # the bench adds /v1 itself
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     jobs = bench.make_workload(args.requests, args.seed)
     summaries = []

@@ -18,7 +18,10 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
     checked (GPU memory is not visible from here)."""
     from localserve.engine.runner import memory_needs
 
-    needs = memory_needs(model_path, settings.ctx_size)
+    try:
+        needs = memory_needs(model_path, settings.ctx_size)
+    except RuntimeError as exc:
+        raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
     host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
     free = psutil.virtual_memory().available

@@ -8,12 +8,14 @@ Ctrl-C exits at once.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 
 import uvicorn
 
 from localserve.api.app import create_app
+from localserve.api.cors import origin_warnings
 from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
@@ -39,11 +41,24 @@ class DrainingServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, service: Service):
         super().__init__(config)
         self.service = service
+        self.exit_code = 0
+
+    async def on_tick(self, counter: int) -> bool:
+        """A model that fails to load at start-up ends the process (exit 2), in one line."""
+        if self.service.load_error and not self.exit_code:
+            log.error("stopping: the model could not be loaded (%s)", self.service.load_error)
+            self.exit_code = 2
+            self.should_exit = True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig, frame) -> None:
         if self.service.draining:
-            log.warning("second signal: exiting now")
-            self.force_exit = True
+            # Not uvicorn's force_exit: that cancels the open streams mid-write and prints
+            # their CancelledError tracebacks. Ending the requests lets each stream close
+            # with an error event, and the process exits within a step.
+            log.warning("second signal: exiting now, ending %d unfinished requests with an error",
+                        self.service.in_flight())
+            self.service.stop_engine()
             self.should_exit = True
             return
         timeout = self.service.settings.drain_timeout
@@ -64,15 +79,39 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Fail before "listening on" is printed, in one line, when the port is taken."""
+    try:
+        with socket.create_server((host, port)):
+            pass
+    except OSError as exc:
+        raise SettingsError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
+                            f"another server is probably using it: choose another --port") from None
+
+
+def check_gguf(path) -> None:
+    """A GGUF file starts with the magic bytes 'GGUF'; say so plainly for anything else."""
+    with open(path, "rb") as fh:
+        magic = fh.read(4)
+    if magic != b"GGUF":
+        raise SettingsError(f"-m {path}: not a GGUF model file (it starts with {magic!r}, a GGUF "
+                            f"file with b'GGUF'); download a .gguf file, or convert the model "
+                            f"with llama.cpp's convert_hf_to_gguf.py")
+
+
 def serve(settings: Settings, log_level: str = "info") -> int:
     service = Service(settings)
     try:
         warning = exposure_warning(settings, len(service.keys))  # reads --api-key-file now
         if warning:
             log.warning(warning)
+        for problem in origin_warnings(settings.cors_origins):
+            log.warning(problem)
         model_path = resolve_model(settings.model)
+        check_gguf(model_path)
         if settings.memory_check:
             log.info(service.check_memory(str(model_path)))
+        check_port_free(settings.host, settings.port)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
@@ -83,5 +122,6 @@ def serve(settings: Settings, log_level: str = "info") -> int:
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol)
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
-    DrainingServer(config, service).run()
-    return 0
+    server = DrainingServer(config, service)
+    server.run()
+    return server.exit_code

@@ -136,6 +136,7 @@ class Service:
                          "requests/s (burst %d), prefix cache %s", s.queue_share(), s.slot_share(),
                          s.rate_limit or "unlimited", s.rate_burst,
                          "shared across keys" if s.shared_prefix_cache else "per key")
+            self._warn_if_slots_too_small(pool)
             if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
                 log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",
                             pool.n_ctx_per_slot, self.runner.n_ctx_train)
@@ -144,6 +145,17 @@ class Service:
             log.error("could not load the model: %s", exc)
         finally:
             self.loaded.set()
+
+    def _warn_if_slots_too_small(self, pool: SlotPool, answer_room: int = 64) -> None:
+        """A slot that cannot hold a one-line chat plus a short answer is useless: say so."""
+        one_line = self.template.render_parts([{"role": "user", "content": "Hello, how are you?"}])
+        need = len(self.tokenize_parts(one_line)) + answer_room
+        if pool.n_ctx_per_slot < need:
+            s = self.settings
+            log.warning("each slot holds %d tokens, but a one-line chat with this model's template "
+                        "takes %d tokens with a %d-token answer: raise -c to at least %d for "
+                        "--parallel %d, or lower --parallel", pool.n_ctx_per_slot, need, answer_room,
+                        need * (1 if s.kv_unified else s.parallel), s.parallel)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the

@@ -72,7 +72,9 @@ class LabeledSparkline(Vertical):
 
     def show(self, caption: str, values: list[float]) -> None:
         self.query_one(".caption", Static).update(caption)
-        self.query_one(Sparkline).data = values or [0.0]
+        # Textual draws a single value (or none) as full bars; anchor the scale at zero so an
+        # idle server shows empty bars, not full ones.
+        self.query_one(Sparkline).data = [0.0, *values] if len(values) < 2 else values
 
 
 class QueuePanel(Static):

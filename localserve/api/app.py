@@ -8,12 +8,12 @@ from contextlib import asynccontextmanager
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import routes_admin, routes_openai
 from localserve.api.auth import KeyChecker, require_key
+from localserve.api.cors import LoggedCORS
 from localserve.api.host_guard import LoopbackHostGuard, is_loopback
 from localserve.api.limits import BodySizeLimit
 from localserve.api.rate_limit import RateLimiter
@@ -37,7 +37,10 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
         service.stop()
 
     settings = service.settings
-    app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan)
+    # No Swagger page (it loads its assets from a CDN: blank on an offline office network);
+    # /openapi.json is served by routes_admin, behind the key like the other monitoring routes.
+    app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan, docs_url=None,
+                  redoc_url=None, openapi_url=None)
     app.state.service = service
     app.state.keys = KeyChecker(service.keys)
     app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
@@ -46,10 +49,13 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_admin.open_router)
     app.include_router(routes_admin.router, dependencies=guarded)
-    if settings.cors_origins:
-        app.add_middleware(CORSMiddleware, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+    # Middleware order, innermost first: the body limit, then CORS (so that its refusals,
+    # e.g. a 413, carry CORS headers and a browser shows the error instead of "Failed to
+    # fetch"), then the loopback Host guard, checked first.
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(LoggedCORS, allow_origins=list(settings.cors_origins),
+                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
     if is_loopback(settings.host) and not service.keys_enabled:  # outermost: checked first
         app.add_middleware(LoopbackHostGuard, allowed_hosts=settings.allowed_hosts,
                            cors_origins=settings.cors_origins)
@@ -67,20 +73,31 @@ def _install_error_handlers(app: FastAPI) -> None:
         return _error(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def invalid_body(_: Request, exc: RequestValidationError):
+    async def invalid_body(request: Request, exc: RequestValidationError):
+        content_type = request.headers.get("content-type", "")
+        if request.method == "POST" and "json" not in content_type:
+            return _error(OpenAIError(400, f"The body must be JSON sent with 'content-type: "
+                                      f"application/json' (this request said "
+                                      f"'{content_type or 'nothing'}')."))
         problems, param = [], None
         for err in exc.errors():
+            if err.get("type") == "json_invalid":  # loc holds a byte offset, not a field
+                offset = err.get("loc", (None, "?"))[-1]
+                problems.append(f"the body is not valid JSON (at byte {offset}: "
+                                f"{err.get('ctx', {}).get('error', 'parse error')})")
+                continue
             where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
             param = param or where or None
-            problems.append(f"{where}: {err.get('msg')}" if where else str(err.get("msg")))
+            msg = str(err.get("msg")).removeprefix("Value error, ")
+            problems.append(f"{where}: {msg}" if where else msg)
         return _error(OpenAIError(400, "Invalid request: " + "; ".join(problems), param=param))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{exc.detail}: {request.method} {request.url.path}"
-        if exc.status_code == 404:
-            message += " (the API lives under /v1; see /docs)"
+        if exc.status_code == 404 and not request.url.path.startswith("/v1/"):
+            message += " (the OpenAI API lives under /v1, e.g. POST /v1/chat/completions)"
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "another method")
             message += f" (this path accepts {allowed})"

@@ -39,6 +39,12 @@ async def slots(request: Request):
     }
 
 
+@router.get("/openapi.json", include_in_schema=False)
+async def openapi(request: Request):
+    """The API's OpenAPI document (behind the key when keys are set)."""
+    return request.app.openapi()
+
+
 @router.get("/metrics")
 async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step."""

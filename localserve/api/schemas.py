@@ -92,6 +92,19 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
 
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts_only(cls, value):
+        """Say plainly that images, audio and files are not read (instead of a union error)."""
+        if isinstance(value, list):
+            for part in value:
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text":
+                    raise ValueError(f"content parts of type {kind!r} are not supported: this "
+                                     f"server's model reads text only; send the text as a string "
+                                     f"or as {{'type': 'text', 'text': ...}} parts")
+        return value
+
     @field_validator("content")
     @classmethod
     def _utf8(cls, value):
