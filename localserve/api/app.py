@@ -47,6 +47,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
                               if service.keys_enabled and settings.rate_limit > 0 else None)
     guarded = [Depends(require_key)]
     app.include_router(routes_openai.router, dependencies=guarded)
+    app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_admin.open_router)
     app.include_router(routes_admin.router, dependencies=guarded)
     # Middleware order, innermost first: the body limit, then CORS (so that its refusals,
@@ -96,6 +97,9 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException):
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         message = f"{exc.detail}: {request.method} {request.url.path}"
+        if exc.status_code == 400 and str(exc.detail).startswith("There was an error parsing"):
+            message = ("The body could not be read as JSON: it is malformed, or nested more "
+                       "deeply than a JSON parser allows.")
         if exc.status_code == 404 and not request.url.path.startswith("/v1/"):
             message += " (the OpenAI API lives under /v1, e.g. POST /v1/chat/completions)"
         elif exc.status_code == 405:

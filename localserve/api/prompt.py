@@ -15,7 +15,7 @@ from __future__ import annotations
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.chat_template import ChatTemplateError
-from localserve.api.schemas import ChatMessage, OpenAIError
+from localserve.api.schemas import OpenAIError
 from localserve.service import Service
 
 
@@ -46,8 +46,8 @@ def _chat_tokens(service: Service, messages: list[dict]) -> list[int]:
     return service.tokenize_parts(parts)
 
 
-async def chat_prompt(service: Service, messages: list[ChatMessage]) -> list[int]:
-    rendered = [m.as_template_dict() for m in messages]
+async def chat_prompt(service: Service, rendered: list[dict]) -> list[int]:
+    """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt)."""
     check_size(service, len(rendered), sum(len(m["content"].encode()) for m in rendered),
                "messages")
     return await run_in_threadpool(_chat_tokens, service, rendered)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context: a number this large is a client bug
@@ -38,10 +39,75 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+# Fields of OpenAI's or llama-server's API that would change the answer and that this server
+# does not implement, with the values that are harmless: anything else is a 400 naming the
+# field, never silently ignored. (Fields nobody defines are ignored and listed back in the
+# response header X-Ignored-Fields.)
+UNSUPPORTED = {
+    "logprobs": (None, False), "top_logprobs": (None,), "logit_bias": (None, {}),
+    "functions": (None, []), "function_call": (None, "none"), "audio": (None,),
+    "modalities": (None, ["text"]), "prediction": (None,), "reasoning_effort": (None,),
+    "web_search_options": (None,), "n_probs": (None, 0), "mirostat": (None, 0),
+    "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0), "dry_multiplier": (None, 0, 0.0),
+    "xtc_probability": (None, 0, 0.0), "samplers": (None,), "lora": (None, []),
+}
+
+
+class JsonSchemaFormat(BaseModel):
+    name: str = Field("response", max_length=64)
+    description: str | None = None
+    schema_: dict = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ToolFunction(BaseModel):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    description: str | None = Field(None, max_length=4096)
+    parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    type: Literal["function"]
+    function: ToolFunction
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class _Sampling(BaseModel):
     """Fields shared by chat and text completions (OpenAI names plus llama-server's extras)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data):
+        if isinstance(data, dict):
+            for name, harmless in UNSUPPORTED.items():
+                if name in data and data[name] not in harmless:
+                    raise OpenAIError(400, f"'{name}' is not supported by this server; send the "
+                                      f"request without it (see the README's list)", param=name)
+        return data
+
+    @property
+    def ignored_fields(self) -> list[str]:
+        return sorted(self.model_extra or {})
+
+    response_format: ResponseFormat | None = None
+    json_schema: dict | None = None  # llama-server's spelling of a schema constraint
+    grammar: str | None = None  # llama-server's raw GBNF constraint
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
@@ -85,12 +151,25 @@ class TextPart(BaseModel):
         return _valid_text(value, "content")
 
 
+class ToolCallFunction(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's result answers this call
 
     @field_validator("content", mode="before")
     @classmethod
@@ -115,11 +194,25 @@ class ChatMessage(BaseModel):
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
+        if self.tool_calls:  # the generic tool format (structured.py): the calls as JSON
+            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
+                     for c in self.tool_calls]
+            content = (content or "") + json.dumps({"tool_calls": calls})
         return {"role": role, "content": content or ""}
+
+
+def _json_or_text(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)
 
     @property

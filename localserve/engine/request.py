@@ -59,6 +59,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    grammar: str | None = None  # GBNF the output must follow (response_format, tools, grammar)
 
     @property
     def greedy(self) -> bool:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import sys
 import time
 from dataclasses import dataclass
 
 import llama_cpp as C
+import numpy as np
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localserve.engine.errors import CacheFull, DecodeError
 from localserve.engine.request import SamplingParams
@@ -139,6 +142,12 @@ class LlamaRunner:
         self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
+        self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
+        self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
+        self._candidate_view = np.frombuffer(self._candidates, dtype=np.dtype(
+            [("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
+        self._candidate_view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._one = (C.llama_token_data * 1)()
         self._pieces: dict[int, bytes] = {}
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
@@ -232,6 +241,8 @@ class LlamaRunner:
             C.llama_memory_seq_rm(self.memory, admission.slot_id, admission.kept_tokens, -1)
             self._new_sampler(admission.slot_id, admission.request.params,
                               admission.request.all_tokens)
+            self._new_grammar(admission.slot_id, admission.request.params.grammar,
+                              admission.request.output_tokens)
         batch = self.batch
         rows: list[tuple[int, int]] = []
         i = 0
@@ -260,8 +271,7 @@ class LlamaRunner:
                 C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
             raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
                               f"from {len(plan.chunks)} sequences")
-        sampled = {slot_id: C.llama_sampler_sample(self.samplers[slot_id], self.ctx, row)
-                   for slot_id, row in rows}
+        sampled = {slot_id: self._sample(slot_id, row) for slot_id, row in rows}
         self.sample_seconds += time.perf_counter() - decoded
         return sampled
 
@@ -293,10 +303,86 @@ class LlamaRunner:
                 C.llama_sampler_accept(chain, token)
         self.samplers[slot_id] = chain
 
+    # ---- grammar-constrained sampling (never inside the chain) -------------------------
+    # llama.cpp aborts the whole process if a grammar accepts a token it forbids, or accepts
+    # end-of-generation before it is complete. So a token reaches llama_sampler_accept(grammar)
+    # only after _allows() said yes, and end-of-generation never reaches it at all.
+
+    def grammar_error(self, gbnf: str) -> str | None:
+        """None if llama.cpp can parse this GBNF (root rule 'root'), else why not."""
+        grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+        if not grammar:
+            return "llama.cpp could not parse the grammar"
+        C.llama_sampler_free(grammar)
+        return None
+
+    @staticmethod
+    def json_schema_grammar(schema_json: str) -> str:
+        """GBNF for a JSON schema (llama-cpp-python's converter; raises on what it rejects).
+        Strings may not hold raw control characters: JSON forbids them."""
+        gbnf = json_schema_to_gbnf(schema_json)
+        return gbnf.replace('char ::= [^"\\]', 'char ::= [^"\\\x00-\x1F\x7F]')
+
+    def _new_grammar(self, slot_id: int, gbnf: str | None, generated: list[int]) -> None:
+        """A fresh grammar state, advanced over the tokens generated so far (after a
+        preemption): never the prompt, which the grammar does not describe."""
+        old = self.grammars.pop(slot_id, None)
+        if old is not None:
+            C.llama_sampler_free(old)
+        if gbnf is None:
+            return
+        grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
+        if not grammar:
+            raise DecodeError("the request's grammar no longer parses")
+        self.grammars[slot_id] = grammar
+        for token in generated:
+            if not self.is_eog(token) and self._allows(grammar, token):
+                C.llama_sampler_accept(grammar, token)
+
+    def _allows(self, grammar, token: int) -> bool:
+        one = self._one
+        one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
+        arr = C.llama_token_data_array(one, 1, -1, False)
+        C.llama_sampler_apply(grammar, ctypes.byref(arr))
+        return math.isfinite(one[0].logit)
+
+    def _sample(self, slot_id: int, row: int) -> int:
+        """Sample this row's token. With a grammar, as llama.cpp's common_sampler_sample does:
+        sample freely, check only that token against the grammar, and only when it is
+        refused apply the grammar to the whole vocabulary and sample again."""
+        chain, grammar = self.samplers[slot_id], self.grammars.get(slot_id)
+        if grammar is None:
+            return C.llama_sampler_sample(chain, self.ctx, row)
+        token = self._apply_chain(chain, row, grammar=None)
+        if not self._allows(grammar, token):
+            token = self._apply_chain(chain, row, grammar=grammar)
+            if not self._allows(grammar, token):  # the grammar allows nothing: end the answer
+                log.warning("slot %d: the grammar allows no next token; ending the answer", slot_id)
+                return C.llama_vocab_eos(self.vocab)
+        C.llama_sampler_accept(chain, token)
+        if not self.is_eog(token):
+            C.llama_sampler_accept(grammar, token)
+        return token
+
+    def _apply_chain(self, chain, row: int, grammar) -> int:
+        logits = C.llama_get_logits_ith(self.ctx, row)
+        view = self._candidate_view
+        view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
+        view["p"] = 0.0
+        view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        arr = C.llama_token_data_array(self._candidates, self.n_vocab, -1, False)
+        if grammar is not None:
+            C.llama_sampler_apply(grammar, ctypes.byref(arr))
+        C.llama_sampler_apply(chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise DecodeError(f"the sampler chose no token for slot row {row}")
+        return arr.data[arr.selected].id
+
     def close(self) -> None:
-        for chain in self.samplers.values():
+        for chain in (*self.samplers.values(), *self.grammars.values()):
             C.llama_sampler_free(chain)
         self.samplers.clear()
+        self.grammars.clear()
         if self.ctx:
             C.llama_batch_free(self.batch)
             C.llama_free(self.ctx)

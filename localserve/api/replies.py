@@ -1,0 +1,159 @@
+"""Where a request's text leaves: engine events shaped into OpenAI's chat or text completion
+objects, whole or as SSE chunks.
+
+Stream rules (what OpenAI and llama-server send, and clients rely on):
+- the first chat chunk carries the role; text chunks carry only text;
+- the finish_reason comes in a chunk of its own with an empty delta, never with the last
+  text (a client that reads text while finish_reason is null would lose it);
+- events are separated by LF, as OpenAI and llama-server do (CRLF is valid SSE, but many
+  clients split on "\\n\\n");
+- with tools, the JSON answer is parsed after generation and sent as delta.tool_calls, one
+  chunk per call, each with its stable index and id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import Request
+from fastapi.responses import JSONResponse
+from sse_starlette.sse import EventSourceResponse
+
+from localserve import __version__
+from localserve.api.schemas import OpenAIError, _Sampling
+from localserve.api.structured import ToolPlan, parse_tool_answer
+from localserve.engine.loop import RequestStream
+from localserve.engine.request import FinishReason, TokenEvent
+
+
+def usage(event: TokenEvent) -> dict:
+    return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
+            "total_tokens": event.prompt_tokens + event.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+
+
+def error_payload(event: TokenEvent) -> dict:
+    return {"error": {"message": event.error or "generation failed", "type": "server_error",
+                      "param": None, "code": str(event.finish_reason)}}
+
+
+async def cancel_on_disconnect(request: Request, stream: RequestStream) -> None:
+    """A non-streaming client that hangs up should free its slot too (streams notice by
+    themselves: sse-starlette cancels their generator)."""
+    while not stream.finished:
+        await asyncio.sleep(0.25)
+        if await request.is_disconnected():
+            stream.cancel()
+            return
+
+
+class Reply:
+    def __init__(self, kind: str, model: str, body: _Sampling, fingerprint: str,
+                 tools: ToolPlan | None = None):
+        self.kind, self.model, self.body, self.tools = kind, model, body, tools
+        self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+        self.fingerprint = fingerprint
+        self.prefix = ""
+
+    @property
+    def chat(self) -> bool:
+        return self.kind == "chat.completion"
+
+    async def respond(self, stream: RequestStream, request: Request):
+        """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
+        headers = {"X-Ignored-Fields": ", ".join(self.body.ignored_fields)} \
+            if self.body.ignored_fields else None
+        if self.body.stream:
+            return EventSourceResponse(self.sse(stream), ping=15, sep="\n", headers=headers)
+        return JSONResponse(await self.collect(stream, request), headers=headers)
+
+    # ---- streaming ---------------------------------------------------------------------
+    def _delta(self, delta: dict, finish: str | None = None) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+                    "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    def _chunk(self, choices: list, **extra) -> dict:
+        obj = "chat.completion.chunk" if self.chat else "text_completion"
+        return {"data": json.dumps({"id": self.id, "object": obj, "created": self.created,
+                                    "model": self.model, "system_fingerprint": self.fingerprint,
+                                    "choices": choices, **extra})}
+
+    async def sse(self, stream: RequestStream):
+        held = []  # with tools, the JSON answer is parsed once complete
+        try:
+            if self.chat:
+                yield self._chunk([self._delta({"role": "assistant", "content": ""})])
+            if self.prefix:
+                yield self._chunk([self._delta({"content": self.prefix})])
+            async for event in stream:
+                if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
+                    yield {"data": json.dumps(error_payload(event))}
+                    break
+                if event.text and self.tools is not None:
+                    held.append(event.text)
+                elif event.text:
+                    yield self._chunk([self._delta({"content": event.text})])
+                if event.finished:
+                    finish = str(event.finish_reason)
+                    if self.tools is not None:
+                        for chunk, finish in self._tool_chunks("".join(held), finish):
+                            yield chunk
+                    yield self._chunk([self._delta({}, finish)])
+                    if self.body.include_usage:
+                        yield self._chunk([], usage=usage(event))
+            yield {"data": "[DONE]"}
+        finally:
+            stream.cancel()
+
+    def _tool_chunks(self, text: str, finish: str):
+        content, calls = parse_tool_answer(text, self.tools)
+        if content:
+            yield self._chunk([self._delta({"content": content})]), finish
+        for index, call in enumerate(calls):
+            yield self._chunk([self._delta({"tool_calls": [{"index": index, **call}]})]), "tool_calls"
+
+    # ---- one response ------------------------------------------------------------------
+    async def collect(self, stream: RequestStream, request: Request) -> dict:
+        parts = [self.prefix]
+        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
+        try:
+            async for event in stream:
+                parts.append(event.text)
+                if event.finish_reason is FinishReason.TIMEOUT:
+                    raise OpenAIError(503, event.error, "server_error", code="queue_timeout",
+                                      headers={"Retry-After": "2"})
+                if event.finish_reason is FinishReason.ERROR:
+                    raise OpenAIError(500, event.error or "generation failed", "server_error")
+                last = event
+        finally:
+            stream.cancel()
+            watcher.cancel()
+        if last.finish_reason is FinishReason.ABORT:
+            raise OpenAIError(499, "the client closed the request", code="client_closed")
+        return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
+                "system_fingerprint": self.fingerprint,
+                "choices": [self._choice("".join(parts), str(last.finish_reason))],
+                "usage": usage(last)}
+
+    def _choice(self, text: str, finish: str) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        message = {"role": "assistant", "content": text, "refusal": None}
+        if self.tools is not None:
+            content, calls = parse_tool_answer(text, self.tools)
+            message["content"] = content
+            if calls:
+                message["tool_calls"], finish = calls, "tool_calls"
+        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+
+
+def fingerprint(service) -> str:
+    """system_fingerprint: this build and the model file, so a client can tell when either changed."""
+    model = service.model_path.name if service.model_path else "?"
+    return f"localserve-{__version__}-{uuid.uuid5(uuid.NAMESPACE_URL, model).hex[:8]}"

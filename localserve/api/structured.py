@@ -1,0 +1,183 @@
+"""Structured output and tool calls: from request fields to one GBNF grammar per request, and
+from the constrained text back to OpenAI's shapes.
+
+- `response_format` {"type": "json_object"} or {"type": "json_schema", ...}, llama-server's
+  top-level `json_schema`, and its raw `grammar` each become the request's grammar.
+- `tools` use a generic prompt format (as llama-server's "generic" handler does; SmolLM2 and
+  most small models have no native tool template): the tool list goes into the system
+  message, and the answer is constrained to JSON, either {"tool_calls": [{"name", "arguments"}]}
+  or, with tool_choice "auto", {"response": "..."}. The JSON is parsed here into
+  message.tool_calls (or content) after generation.
+Everything is checked before a slot is spent: size and nesting limits, the schema converter's
+refusals, and llama.cpp's own grammar parser (a grammar it cannot parse is a 400, never a
+NULL sampler in the engine).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
+from localserve.service import Service
+
+MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
+MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; llama-server crashes on deep ones
+MAX_GRAMMAR_BYTES = 64 * 1024
+MAX_TOOLS = 64
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    """What a tools request needs after generation: parse the JSON answer into calls."""
+
+    allow_text_response: bool  # tool_choice "auto": {"response": "..."} is allowed too
+
+
+def depth(value) -> int:
+    """Nesting depth of a JSON-like value, without recursion (a hostile schema may be
+    thousands of levels deep)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, level = stack.pop()
+        deepest = max(deepest, level)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, level + 1) for child in children if isinstance(child, (dict, list)))
+    return deepest
+
+
+def _check_schema(schema, param: str) -> str:
+    if not isinstance(schema, dict):
+        raise OpenAIError(400, f"{param}: a JSON schema must be an object", param=param)
+    text = json.dumps(schema)
+    if len(text) > MAX_SCHEMA_BYTES:
+        raise OpenAIError(400, f"{param}: the JSON schema is {len(text)} bytes; the limit is "
+                          f"{MAX_SCHEMA_BYTES}", param=param)
+    if depth(schema) > MAX_SCHEMA_DEPTH:
+        raise OpenAIError(400, f"{param}: the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} "
+                          f"levels", param=param)
+    return text
+
+
+def schema_grammar(service: Service, schema, param: str) -> str:
+    text = _check_schema(schema, param)
+    try:
+        return service.runner.json_schema_grammar(text)
+    except Exception as exc:  # the converter asserts on schemas it does not understand
+        raise OpenAIError(400, f"unsupported or invalid JSON schema in {param}: {exc}",
+                          param=param) from None
+
+
+def checked_grammar(service: Service, gbnf: str, param: str) -> str:
+    if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
+        raise OpenAIError(400, f"the grammar is longer than {MAX_GRAMMAR_BYTES} bytes", param=param)
+    problem = service.runner.grammar_error(gbnf)
+    if problem:
+        raise OpenAIError(400, f"invalid grammar ({param}): {problem}", param=param)
+    return gbnf
+
+
+def request_grammar(service: Service, body: _Sampling) -> str | None:
+    """The grammar for response_format / json_schema / grammar (at most one of them)."""
+    fmt = body.response_format
+    sources = [name for name, present in (
+        ("response_format", fmt is not None and fmt.type != "text"),
+        ("json_schema", body.json_schema is not None), ("grammar", body.grammar is not None))
+        if present]
+    if len(sources) > 1:
+        raise OpenAIError(400, f"use one of {', '.join(sources)}, not several", param=sources[1])
+    if not sources:
+        return None
+    if body.ignore_eos:
+        raise OpenAIError(400, "ignore_eos cannot be combined with a grammar or schema: the "
+                          "answer must be able to end when it is complete", param="ignore_eos")
+    if body.grammar is not None:
+        return checked_grammar(service, body.grammar, "grammar")
+    if body.json_schema is not None:
+        return checked_grammar(service, schema_grammar(service, body.json_schema, "json_schema"),
+                               "json_schema")
+    if fmt.type == "json_object":
+        return checked_grammar(service, schema_grammar(service, {"type": "object"},
+                                                       "response_format"), "response_format")
+    if fmt.json_schema is None:
+        raise OpenAIError(400, "response_format json_schema needs a 'json_schema' object with "
+                          "a 'schema'", param="response_format.json_schema")
+    return checked_grammar(service, schema_grammar(
+        service, fmt.json_schema.schema_, "response_format.json_schema.schema"),
+        "response_format.json_schema")
+
+
+# ---- tools -------------------------------------------------------------------------------
+
+def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict], str, ToolPlan] | None:
+    """(messages with the tool prompt, grammar, plan) for a request that offers tools and may
+    call them; None when it does not (no tools, or tool_choice "none")."""
+    choice = body.tool_choice
+    if not body.tools or choice == "none":
+        if choice not in (None, "none", "auto"):
+            raise OpenAIError(400, "tool_choice names a tool, but no tools were sent",
+                              param="tool_choice")
+        return None
+    if body.response_format is not None and body.response_format.type != "text":
+        raise OpenAIError(400, "use tools or response_format, not both", param="response_format")
+    if len(body.tools) > MAX_TOOLS:
+        raise OpenAIError(400, f"at most {MAX_TOOLS} tools", param="tools")
+    tools = body.tools
+    if isinstance(choice, dict) or hasattr(choice, "function"):
+        wanted = choice.function.name
+        tools = [t for t in body.tools if t.function.name == wanted]
+        if not tools:
+            raise OpenAIError(400, f"tool_choice names '{wanted}', which is not among the tools "
+                              f"offered ({', '.join(t.function.name for t in body.tools)})",
+                              param="tool_choice")
+    calls = [{"type": "object", "properties": {
+        "name": {"const": t.function.name}, "arguments": t.function.parameters},
+        "required": ["name", "arguments"]} for t in tools]
+    for i, t in enumerate(tools):
+        _check_schema(t.function.parameters, f"tools[{i}].function.parameters")
+        schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
+    call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+                 "minItems": 1}
+    if body.parallel_tool_calls is False:
+        call_list["maxItems"] = 1
+    answer = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
+    auto = choice in (None, "auto")
+    if auto:
+        answer = {"anyOf": [answer, {"type": "object", "properties": {
+            "response": {"type": "string"}}, "required": ["response"]}]}
+    grammar = checked_grammar(service, schema_grammar(service, answer, "tools"), "tools")
+    messages = [m.as_template_dict() for m in body.messages]
+    prompt = tool_prompt(tools, auto)
+    if messages and messages[0]["role"] == "system":
+        messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + prompt}
+    else:
+        messages.insert(0, {"role": "system", "content": prompt})
+    return messages, grammar, ToolPlan(allow_text_response=auto)
+
+
+def tool_prompt(tools, auto: bool) -> str:
+    listing = json.dumps([{"name": t.function.name, "description": t.function.description or "",
+                           "parameters": t.function.parameters} for t in tools], indent=1)
+    forms = '{"tool_calls": [{"name": "<tool name>", "arguments": {...}}]}'
+    if auto:
+        forms += ' to call tools, or {"response": "<your answer>"} to answer directly'
+    return (f"You can call these tools:\n{listing}\n\nReply with JSON only: {forms}. "
+            f"A tool's result comes back in a message from the role 'tool'.")
+
+
+def parse_tool_answer(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
+    """(content, tool_calls) from the constrained JSON answer. Text that does not parse (the
+    answer was cut by max_tokens) is returned as content, unchanged."""
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        return text, []
+    if isinstance(answer, dict) and "tool_calls" in answer:
+        return None, [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                       "function": {"name": call["name"],
+                                    "arguments": json.dumps(call["arguments"])}}
+                      for call in answer["tool_calls"]]
+    if plan.allow_text_response and isinstance(answer, dict) and "response" in answer:
+        return answer["response"], []
+    return text, []
