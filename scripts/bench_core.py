@@ -30,7 +30,7 @@ def raw_ceiling(batch_sizes: list[int], threads: int, steps: int = 64) -> dict[i
     """Tokens/s of llama_decode alone with B sequences decoding one token each per step."""
     from localserve.engine.request import Request, SamplingParams
     from localserve.engine.runner import LlamaRunner, RunnerConfig
-    from localserve.engine.scheduler import SeqChunk, StepPlan
+    from localserve.engine.scheduler import Admission, SeqChunk, StepPlan
 
     top = max(batch_sizes)
     runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), 8192, top, 256, threads))
@@ -39,7 +39,7 @@ def raw_ceiling(batch_sizes: list[int], threads: int, steps: int = 64) -> dict[i
     for b in batch_sizes:
         reqs = [Request(prompt, SamplingParams(temperature=0)) for _ in range(b)]
         plan = StepPlan([SeqChunk(i, reqs[i], prompt, 0, True) for i in range(b)],
-                        [(i, reqs[i], 0) for i in range(b)])
+                        [Admission(i, reqs[i], 0) for i in range(b)])
         sampled = runner.decode(plan)
         pos = len(prompt)
         start = time.perf_counter()

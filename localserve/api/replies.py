@@ -65,11 +65,15 @@ class Reply:
 
     async def respond(self, stream: RequestStream, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
-        headers = {"X-Ignored-Fields": ", ".join(self.body.ignored_fields)} \
+        headers = {"X-Ignored-Fields": header_list(self.body.ignored_fields)} \
             if self.body.ignored_fields else None
-        if self.body.stream:
+        if not self.body.stream:
+            return JSONResponse(await self.collect(stream, request), headers=headers)
+        try:
             return EventSourceResponse(self.sse(stream), ping=15, sep="\n", headers=headers)
-        return JSONResponse(await self.collect(stream, request), headers=headers)
+        except BaseException:
+            stream.cancel()  # the generator never ran: its finally cannot free the slot
+            raise
 
     # ---- streaming ---------------------------------------------------------------------
     def _delta(self, delta: dict, finish: str | None = None) -> dict:
@@ -151,6 +155,12 @@ class Reply:
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
         return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+
+
+def header_list(names: list[str], most: int = 16) -> str:
+    """Client-chosen names made safe for a header: ASCII only (escaped like JSON), bounded."""
+    shown = [json.dumps(n[:64])[1:-1] for n in names[:most]]
+    return ", ".join(shown) + (f", and {len(names) - most} more" if len(names) > most else "")
 
 
 def fingerprint(service) -> str:

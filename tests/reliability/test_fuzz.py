@@ -38,5 +38,5 @@ def test_no_server_errors_for_generated_requests(fuzz_server, mode):
             assert response.status_code < 500, (key, case.body, response.text[:300])
 
         check()
-    assert len(seen) == (7 if mode is GenerationMode.POSITIVE else 2)
+    assert len(seen) == (8 if mode is GenerationMode.POSITIVE else 2)
     assert fuzz_server.slots()["engine"]["alive"]
