@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import logging
 import re
 import sys
 
+from localserve import __version__
 from localserve.config import Settings, SettingsError
 
 
@@ -48,6 +50,12 @@ def _up_parser(sub) -> None:
     sched.add_argument("--kv-unified", action="store_true",
                        help="one cache pool of -c tokens shared by all slots instead of a fixed "
                             "share each; when it runs short, the newest sequence is preempted")
+    sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=["f16", "q8_0", "q4_0"],
+                       help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
+    sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=["f16", "q8_0", "q4_0"],
+                       help="cache type for V (default f16); a quantized V needs --flash-attn on")
+    sched.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=["on", "off", "auto"],
+                       help="flash attention (default auto)")
     sched.add_argument("--max-queue", type=int,
                        help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
     sched.add_argument("--queue-timeout", type=float,
@@ -89,6 +97,10 @@ def _up_parser(sub) -> None:
                       help="on Ctrl-C/SIGTERM, seconds to let running requests finish (default 30); "
                            "a second Ctrl-C exits at once")
     life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    life.add_argument("--log-format", default="text", choices=["text", "json"],
+                      help="json: one JSON object per line (time, level, logger, message), "
+                           "for journald/Loki/ELK")
+    up.add_argument("--version", action="version", version=f"localserve {__version__}")
 
 
 def _bench_parser(sub) -> None:
@@ -145,8 +157,20 @@ class Parser(argparse.ArgumentParser):
                     yield from sub._actions
 
 
+class JsonLogFormatter(logging.Formatter):
+    """--log-format json: one object per line, uvicorn's access lines included."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"), "level": record.levelname,
+                 "logger": record.name, "message": record.getMessage()}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="localserve", description="A local LLM server.")
+    parser.add_argument("--version", action="version", version=f"localserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _up_parser(sub)
     sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default)")
@@ -191,7 +215,8 @@ def run_bench(args: argparse.Namespace) -> int:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     from localserve.settings_loader import load_settings
 
-    given = {k: v for k, v in vars(args).items() if k not in ("command", "config", "log_level")}
+    given = {k: v for k, v in vars(args).items()
+             if k not in ("command", "config", "log_level", "log_format")}
     return load_settings(given, config_path=getattr(args, "config", None))
 
 
@@ -199,8 +224,11 @@ def run_up(args: argparse.Namespace) -> int:
     from localserve.server import serve
 
     log_level = getattr(args, "log_level", "info")
-    logging.basicConfig(level=log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    json_logs = getattr(args, "log_format", "text") == "json"
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLogFormatter() if json_logs else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=log_level.upper(), handlers=[handler])
     try:
         settings = settings_from_args(args)
     except SettingsError as exc:
@@ -210,7 +238,7 @@ def run_up(args: argparse.Namespace) -> int:
         logging.getLogger("localserve").warning(
             "--api-key on the command line is visible to every user of this machine (ps); prefer "
             "--api-key-file (chmod 600) or the LOCALSERVE_API_KEYS environment variable")
-    return serve(settings, log_level)
+    return serve(settings, log_level, plain_uvicorn_logs=not json_logs)
 
 
 def main(argv: list[str] | None = None) -> int:

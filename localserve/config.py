@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spells them
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -24,6 +25,9 @@ class Settings:
     max_num_seqs: int | None = None  # default: one per slot
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
+    cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
+    cache_type_v: str = "f16"  # a quantized V cache needs flash attention
+    flash_attn: str = "auto"  # on, off, auto
     max_queue: int | None = 64  # waiting requests beyond this get 503 at once
     queue_timeout: float | None = None  # seconds a request may wait for a slot
     n_gpu_layers: int | None = None  # None: every layer when the build can offload, else 0
@@ -104,6 +108,16 @@ class Settings:
             (self.max_body_bytes >= 1024, "--max-body-bytes", self.max_body_bytes,
              "must be at least 1024"),
             (self.drain_timeout >= 0, "--drain-timeout", self.drain_timeout, "must be 0 or more"),
+            (self.cache_type_k in CACHE_TYPES, "--cache-type-k", self.cache_type_k,
+             "must be one of " + ", ".join(CACHE_TYPES)),
+            (self.cache_type_v in CACHE_TYPES, "--cache-type-v", self.cache_type_v,
+             "must be one of " + ", ".join(CACHE_TYPES)),
+            (self.flash_attn in ("on", "off", "auto"), "--flash-attn", self.flash_attn,
+             "must be on, off or auto"),
+            (self.cache_type_v == "f16" or self.flash_attn == "on",
+             "--cache-type-v", f"{self.cache_type_v} with --flash-attn {self.flash_attn}",
+             "llama.cpp keeps a quantized V cache only with flash attention: add --flash-attn on "
+             "(or use --cache-type-v f16)"),
             (self.max_queue_per_key is None or self.max_queue_per_key >= 1, "--max-queue-per-key",
              self.max_queue_per_key, "must be at least 1"),
             (self.max_slots_per_key is None or self.max_slots_per_key >= 1, "--max-slots-per-key",

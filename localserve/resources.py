@@ -19,7 +19,8 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
     from localserve.engine.runner import memory_needs
 
     try:
-        needs = memory_needs(model_path, settings.ctx_size)
+        needs = memory_needs(model_path, settings.ctx_size, settings.cache_type_k,
+                             settings.cache_type_v)
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
@@ -29,6 +30,10 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
                f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {settings.ctx_size}"
                f"{' (on the GPU; GPU memory not checked)' if on_gpu else ''}; "
                f"{free / GIB:.1f} GiB free")
+    if (settings.cache_type_k, settings.cache_type_v) != ("f16", "f16"):
+        gain = needs["f16_bytes_per_token"] / needs["kv_bytes_per_token"]
+        summary += (f"; cache K {settings.cache_type_k} / V {settings.cache_type_v}: "
+                    f"{gain:.2f}x the tokens an f16 cache fits in the same memory")
     if host_bytes <= free:
         return summary
     room = free - OVERHEAD_BYTES - needs["model_bytes"]

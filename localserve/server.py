@@ -99,7 +99,7 @@ def check_gguf(path) -> None:
                             f"with llama.cpp's convert_hf_to_gguf.py")
 
 
-def serve(settings: Settings, log_level: str = "info") -> int:
+def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
     service = Service(settings)
     try:
         warning = exposure_warning(settings, len(service.keys))  # reads --api-key-file now
@@ -120,7 +120,8 @@ def serve(settings: Settings, log_level: str = "info") -> int:
     protocol = guarded_protocol(settings.header_timeout,
                                 connection_cap(settings.max_connections, open_files))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                            timeout_graceful_shutdown=5, http=protocol)
+                            timeout_graceful_shutdown=5, http=protocol,
+                            **({} if plain_uvicorn_logs else {"log_config": None}))
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
     server = DrainingServer(config, service)
     server.run()

@@ -104,7 +104,8 @@ class Service:
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
                 n_batch=budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
-                main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified))
+                main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified,
+                cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))
             pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)

@@ -52,8 +52,9 @@ async def cancel_on_disconnect(request: Request, stream: RequestStream) -> None:
 
 class Reply:
     def __init__(self, kind: str, model: str, body: _Sampling, fingerprint: str,
-                 tools: ToolPlan | None = None):
+                 tools: ToolPlan | None = None, piece=None):
         self.kind, self.model, self.body, self.tools = kind, model, body, tools
+        self.piece = piece  # token id -> bytes, for logprobs entries
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.fingerprint = fingerprint
@@ -76,11 +77,29 @@ class Reply:
             raise
 
     # ---- streaming ---------------------------------------------------------------------
-    def _delta(self, delta: dict, finish: str | None = None) -> dict:
+    def _delta(self, delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
+        shaped = self._logprobs(logprobs, offset=0) if logprobs else None
         if not self.chat:
-            return {"index": 0, "text": delta.get("content", ""), "logprobs": None,
+            return {"index": 0, "text": delta.get("content", ""), "logprobs": shaped,
                     "finish_reason": finish}
-        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish}
+
+    # ---- logprobs, in OpenAI's chat and completions shapes ------------------------------
+    def _entry(self, token: int, logprob: float) -> dict:
+        raw = self.piece(token)
+        return {"token": raw.decode("utf-8", "replace"), "logprob": logprob, "bytes": list(raw)}
+
+    def _logprobs(self, found: list, offset: int) -> dict | None:
+        """found: the events' (token, logprob, top) triples, control tokens left out."""
+        found = [f for f in found if self.piece(f[0])]
+        if self.chat:
+            return {"content": [{**self._entry(t, lp), "top_logprobs": [
+                self._entry(tt, tlp) for tt, tlp in top]} for t, lp, top in found], "refusal": None}
+        texts = [self._entry(t, lp)["token"] for t, lp, _ in found]
+        offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
+        return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in found],
+                "top_logprobs": [{self._entry(tt, 0)["token"]: tlp for tt, tlp in top}
+                                 for _, _, top in found], "text_offset": offsets}
 
     def _chunk(self, choices: list, **extra) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
@@ -101,8 +120,9 @@ class Reply:
                     break
                 if event.text and self.tools is not None:
                     held.append(event.text)
-                elif event.text:
-                    yield self._chunk([self._delta({"content": event.text})])
+                elif event.text or event.logprobs:
+                    yield self._chunk([self._delta({"content": event.text},
+                                                   logprobs=[event.logprobs] if event.logprobs else None)])
                 if event.finished:
                     finish = str(event.finish_reason)
                     if self.tools is not None:
@@ -124,11 +144,13 @@ class Reply:
 
     # ---- one response ------------------------------------------------------------------
     async def collect(self, stream: RequestStream, request: Request) -> dict:
-        parts = [self.prefix]
+        parts, found = [self.prefix], []
         watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
         try:
             async for event in stream:
                 parts.append(event.text)
+                if event.logprobs:
+                    found.append(event.logprobs)
                 if event.finish_reason is FinishReason.TIMEOUT:
                     raise OpenAIError(503, event.error, "server_error", code="queue_timeout",
                                       headers={"Retry-After": "2"})
@@ -142,19 +164,21 @@ class Reply:
             raise OpenAIError(499, "the client closed the request", code="client_closed")
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,
-                "choices": [self._choice("".join(parts), str(last.finish_reason))],
+                "choices": [self._choice("".join(parts), str(last.finish_reason), found)],
                 "usage": usage(last)}
 
-    def _choice(self, text: str, finish: str) -> dict:
+    def _choice(self, text: str, finish: str, found: list) -> dict:
+        wanted = self.body.logprob_n is not None
+        shaped = self._logprobs(found, offset=len(self.prefix)) if wanted else None
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            return {"index": 0, "text": text, "logprobs": shaped, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
         if self.tools is not None:
             content, calls = parse_tool_answer(text, self.tools)
             message["content"] = content
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
-        return {"index": 0, "message": message, "logprobs": None, "finish_reason": finish}
+        return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish}
 
 
 def header_list(names: list[str], most: int = 16) -> str:

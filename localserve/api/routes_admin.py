@@ -64,6 +64,9 @@ async def props(request: Request):
         **service.facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
         "kv_unified": pool.unified, "split": pool.describe(),
+        "total_slots": len(pool.slots),  # llama-server's name for n_slots
+        "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
+        "chat_template": service.template.source if service.template else None,
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": service.loop.scheduler.budget,
                       "max_num_seqs": service.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},

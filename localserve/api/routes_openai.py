@@ -49,7 +49,7 @@ def check_model_name(service: Service, name: str | None) -> None:
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int,
                     grammar: str | None = None) -> SamplingParams:
     room = n_ctx - n_prompt
-    return SamplingParams(grammar=grammar,
+    return SamplingParams(grammar=grammar, logprobs=body.logprob_n,
         max_tokens=min(body.token_limit or room, room), temperature=body.temperature,
         top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
         repeat_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
@@ -138,7 +138,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         grammar = structured.request_grammar(service, body)
     tokens = await prompt.chat_prompt(service, messages)
     stream = submit(service, tokens, body, identity(request, body), grammar)
-    reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan)
+    reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
+                  piece=service.runner.piece)
     return await reply.respond(stream, request)
 
 
@@ -158,7 +159,8 @@ async def completions(body: CompletionRequest, request: Request):
                               param="prompt")
         tokens = list(body.prompt)
     stream = submit(service, tokens, body, identity(request, body), grammar)
-    reply = Reply("text_completion", service.model_id, body, fingerprint(service))
+    reply = Reply("text_completion", service.model_id, body, fingerprint(service),
+                  piece=service.runner.piece)
     if body.echo:
         reply.prefix = body.prompt if isinstance(body.prompt, str) else service.detokenize(tokens)
     return await reply.respond(stream, request)

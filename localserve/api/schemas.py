@@ -44,7 +44,7 @@ class StreamOptions(BaseModel):
 # field, never silently ignored. (Fields nobody defines are ignored and listed back in the
 # response header X-Ignored-Fields.)
 UNSUPPORTED = {
-    "logprobs": (None, False), "top_logprobs": (None,), "logit_bias": (None, {}),
+    "logit_bias": (None, {}),
     "functions": (None, []), "function_call": (None, "none"), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "n_probs": (None, 0), "mirostat": (None, 0),
@@ -208,8 +208,23 @@ def _json_or_text(arguments: str):
         return arguments
 
 
+MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        return self
+
+    @property
+    def logprob_n(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -222,6 +237,11 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[int] | list[str]
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def logprob_n(self) -> int | None:
+        return self.logprobs
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS_LIMIT)  # OpenAI's default for completions
     echo: bool = False
 

@@ -4,6 +4,7 @@ metrics). Anything with these methods plugs in; nothing here imports llama.cpp."
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -32,3 +33,21 @@ class EngineObserver(Protocol):
 
     def on_step(self, plan: StepPlan, seconds: float) -> None: ...
     def on_event(self, request: Request, event: TokenEvent) -> None: ...
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    """What LlamaRunner is built from (Service fills it from Settings)."""
+
+    model_path: str
+    ctx_size: int = 8192
+    n_slots: int = 4
+    n_batch: int = 512  # = --max-num-batched-tokens: the most tokens one step may carry
+    n_threads: int | None = None
+    n_gpu_layers: int | None = None  # None: all layers when the build can offload, else 0
+    main_gpu: int = 0
+    tensor_split: tuple[float, ...] = ()
+    kv_unified: bool = False
+    cache_type_k: str = "f16"
+    cache_type_v: str = "f16"
+    flash_attn: str = "auto"

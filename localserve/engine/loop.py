@@ -119,6 +119,7 @@ class EngineLoop(threading.Thread):
         try:
             sampled = self.runner.decode(plan)
             events = self.scheduler.update(plan, sampled)
+            self._attach_logprobs(plan, events)
         except DecodeError as exc:
             if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
@@ -133,6 +134,18 @@ class EngineLoop(threading.Thread):
             self.observer.on_step(plan, self.last_step_s)
         self._deliver(events)
         self.snapshot = self._build_snapshot(plan)
+
+    def _attach_logprobs(self, plan: StepPlan, events) -> None:
+        """The runner computed log-probabilities for the rows that asked; hand each to the
+        event that carries its token."""
+        computed = getattr(self.runner, "logprobs", None)
+        if not computed:
+            return
+        slot_of = {id(c.request): c.slot_id for c in plan.chunks}
+        for request, event in events:
+            found = computed.get(slot_of.get(id(request)))
+            if found is not None and event.token_ids and event.token_ids[0] == found[0]:
+                event.logprobs = found
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply every pending add/abort; wait for one if idle. False when asked to stop."""

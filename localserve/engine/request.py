@@ -60,6 +60,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF the output must follow (response_format, tools, grammar)
+    logprobs: int | None = None  # None: off; N: each token's log-probability and the top N
 
     @property
     def greedy(self) -> bool:
@@ -82,6 +83,8 @@ class TokenEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # With SamplingParams.logprobs: (token, its log-probability, ((token, logprob), ...) top N)
+    logprobs: tuple[int, float, tuple[tuple[int, float], ...]] | None = None
 
     @property
     def finished(self) -> bool:

@@ -14,13 +14,14 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
 
 import llama_cpp as C
 import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localserve.engine.errors import CacheFull, DecodeError
+from localserve.engine.interfaces import RunnerConfig
+from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs
 from localserve.engine.request import SamplingParams
 from localserve.engine.scheduler import StepPlan
 
@@ -41,9 +42,16 @@ def supports_gpu_offload() -> bool:
     return bool(C.llama_supports_gpu_offload())
 
 
-def memory_needs(model_path: str, ctx_size: int) -> dict:
-    """Bytes the model and an f16 cache of ctx_size tokens will take, read from the GGUF's
-    hyper-parameters without loading the weights (a vocab-only load)."""
+# Cache types as llama-server spells them: ggml type and bytes per element (blocks of 32).
+CACHE_TYPES = {"f16": (C.GGML_TYPE_F16, 2.0), "q8_0": (C.GGML_TYPE_Q8_0, 34 / 32),
+               "q4_0": (C.GGML_TYPE_Q4_0, 18 / 32)}
+FLASH_ATTN = {"on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+              "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO}
+
+
+def memory_needs(model_path: str, ctx_size: int, type_k: str = "f16", type_v: str = "f16") -> dict:
+    """Bytes the model and a cache of ctx_size tokens (of these K and V types) will take, read
+    from the GGUF's hyper-parameters without loading the weights (a vocab-only load)."""
     _quiet_llama()
     params = C.llama_model_default_params()
     params.vocab_only = True
@@ -66,11 +74,13 @@ def memory_needs(model_path: str, ctx_size: int) -> dict:
         n_head = max(meta_int(f"{a}.attention.head_count", 32), 1)
         n_head_kv = meta_int(f"{a}.attention.head_count_kv", n_head)
         head_dim = meta_int(f"{a}.attention.key_length", meta_int(f"{a}.embedding_length", 4096) // n_head)
-        kv_per_token = 2 * n_layer * n_head_kv * head_dim * 2  # K and V, f16
+        elements = n_layer * n_head_kv * head_dim  # per token, for K and again for V
+        kv_per_token = int(elements * (CACHE_TYPES[type_k][1] + CACHE_TYPES[type_v][1]))
+        f16_per_token = elements * 4
     finally:
         C.llama_model_free(model)
     return {"model_bytes": os.path.getsize(model_path), "kv_bytes": kv_per_token * ctx_size,
-            "kv_bytes_per_token": kv_per_token}
+            "kv_bytes_per_token": kv_per_token, "f16_bytes_per_token": f16_per_token}
 
 
 _PROGRESS = {"last": -1}
@@ -86,19 +96,6 @@ def _load_progress(progress, _user_data):
               file=sys.stderr, flush=True)
     _PROGRESS["last"] = pct
     return True
-
-
-@dataclass(frozen=True)
-class RunnerConfig:
-    model_path: str
-    ctx_size: int = 8192
-    n_slots: int = 4
-    n_batch: int = 512  # = --max-num-batched-tokens: the most tokens one step may carry
-    n_threads: int | None = None
-    n_gpu_layers: int | None = None  # None: all layers when the build can offload, else 0
-    main_gpu: int = 0
-    tensor_split: tuple[float, ...] = ()
-    kv_unified: bool = False
 
 
 def _quiet_llama() -> None:
@@ -133,6 +130,9 @@ class LlamaRunner:
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = config.kv_unified
+        cparams.type_k = CACHE_TYPES[config.cache_type_k][0]
+        cparams.type_v = CACHE_TYPES[config.cache_type_v][0]
+        cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         self.ctx = C.llama_init_from_model(self.model, cparams)
         if not self.ctx:
@@ -144,10 +144,10 @@ class LlamaRunner:
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
         self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
-        self._candidate_view = np.frombuffer(self._candidates, dtype=np.dtype(
-            [("id", np.int32), ("logit", np.float32), ("p", np.float32)]))
-        self._candidate_view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
         self._one = (C.llama_token_data * 1)()
+        self.logprob_n: dict[int, int | None] = {}  # per slot: top-N log-probabilities wanted
+        self.logprobs: dict[int, tuple] = {}  # the last step's, for the rows that asked
         self._pieces: dict[int, bytes] = {}
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
@@ -181,6 +181,13 @@ class LlamaRunner:
     @property
     def eos_text(self) -> str:
         return self.token_text(C.llama_vocab_eos(self.vocab))
+
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """(prefix, suffix, middle) fill-in-the-middle tokens, if the model has them."""
+        found = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab),
+                 C.llama_vocab_fim_mid(self.vocab))
+        return None if min(found) < 0 else found
 
     @property
     def n_ctx_train(self) -> int:
@@ -243,6 +250,7 @@ class LlamaRunner:
                               admission.request.all_tokens)
             self._new_grammar(admission.slot_id, admission.request.params.grammar,
                               admission.request.output_tokens)
+            self.logprob_n[admission.slot_id] = admission.request.params.logprobs
         batch = self.batch
         rows: list[tuple[int, int]] = []
         i = 0
@@ -272,6 +280,9 @@ class LlamaRunner:
             raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
                               f"from {len(plan.chunks)} sequences")
         sampled = {slot_id: self._sample(slot_id, row) for slot_id, row in rows}
+        self.logprobs = {slot_id: log_probs(self._row_logits(row), sampled[slot_id],
+                                            self.logprob_n[slot_id])
+                         for slot_id, row in rows if self.logprob_n.get(slot_id) is not None}
         self.sample_seconds += time.perf_counter() - decoded
         return sampled
 
@@ -365,11 +376,7 @@ class LlamaRunner:
         return token
 
     def _apply_chain(self, chain, row: int, grammar) -> int:
-        logits = C.llama_get_logits_ith(self.ctx, row)
-        view = self._candidate_view
-        view["logit"] = np.ctypeslib.as_array(logits, shape=(self.n_vocab,))
-        view["p"] = 0.0
-        view["id"] = np.arange(self.n_vocab, dtype=np.int32)
+        fill_candidates(self._candidate_view, self._row_logits(row))
         arr = C.llama_token_data_array(self._candidates, self.n_vocab, -1, False)
         if grammar is not None:
             C.llama_sampler_apply(grammar, ctypes.byref(arr))
@@ -377,6 +384,9 @@ class LlamaRunner:
         if not 0 <= arr.selected < arr.size:
             raise DecodeError(f"the sampler chose no token for slot row {row}")
         return arr.data[arr.selected].id
+
+    def _row_logits(self, row: int) -> np.ndarray:
+        return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     def close(self) -> None:
         for chain in (*self.samplers.values(), *self.grammars.values()):

@@ -27,6 +27,7 @@ class SlotView:
     n_decoded: int
     cached_tokens: int
     age_s: float | None
+    is_processing: bool  # llama-server's name for "busy"
 
 
 @dataclass(frozen=True)
@@ -130,4 +131,4 @@ def _slot_view(slot, now: float) -> SlotView:
         n_prompt_tokens=req.num_prompt_tokens if req else 0,
         n_decoded=req.num_output_tokens if req else 0,
         cached_tokens=req.cached_tokens if req else 0,
-        age_s=round(now - req.arrival_time, 3) if req else None)
+        age_s=round(now - req.arrival_time, 3) if req else None, is_processing=req is not None)

@@ -1,0 +1,190 @@
+"""llama-server's native API, for the clients and scripts written against it: POST /completion
+(string or token prompt, n_predict, streaming without [DONE], timings, stop_type), /tokenize
+and /detokenize (with_pieces), /apply-template, and /infill where the model has fill-in-the-
+middle tokens. Same engine, keys, shares and limits as the OpenAI routes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, Field
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api import prompt, structured
+from localserve.api.routes_openai import check_rate, identity, ready_service, submit
+from localserve.api.schemas import ChatMessage, OpenAIError, _Sampling
+from localserve.engine.request import FinishReason
+
+router = APIRouter()
+
+
+class NativeCompletion(_Sampling):
+    prompt: str | list[int] = ""
+    n_predict: int = Field(-1, ge=-1)  # -1: until the slot is full or the model stops
+    cache_prompt: bool = True  # always on here; accepted for compatibility
+    return_tokens: bool = False
+
+    @property
+    def token_limit(self) -> int | None:
+        return None if self.n_predict < 0 else max(self.n_predict, 1)
+
+    @property
+    def logprob_n(self) -> None:
+        return None
+
+
+class Infill(NativeCompletion):
+    input_prefix: str = ""
+    input_suffix: str = ""
+
+
+class TokenizeBody(BaseModel):
+    content: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False
+
+
+class DetokenizeBody(BaseModel):
+    tokens: list[int]
+
+
+class TemplateBody(BaseModel):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+
+
+def _checked_ids(service, ids: list[int]) -> list[int]:
+    bad = [t for t in ids if not 0 <= t < service.runner.n_vocab]
+    if bad:
+        raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
+                          param="tokens")
+    return ids
+
+
+async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
+    if isinstance(body.prompt, list):
+        return _checked_ids(service, list(body.prompt))
+    return await prompt.text_prompt(service, body.prompt)
+
+
+async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
+    service = request.app.state.service
+    grammar = structured.request_grammar(service, body)
+    stream = submit(service, tokens, body, identity(request, body), grammar)
+    started = time.monotonic()
+    if body.stream:
+        return EventSourceResponse(_sse(service, body, stream, started), sep="\n")
+    text, tokens_out, last = [], [], None
+    try:
+        async for event in stream:
+            if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
+                raise OpenAIError(503 if event.finish_reason is FinishReason.TIMEOUT else 500,
+                                  event.error or "generation failed", "server_error")
+            text.append(event.text)
+            tokens_out += event.token_ids
+            last = event
+    finally:
+        stream.cancel()
+    return _final(service, body, "".join(text), tokens_out, last, stream.request, started)
+
+
+async def _sse(service, body, stream, started):
+    tokens_out = []
+    try:
+        async for event in stream:
+            if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
+                yield {"data": json.dumps({"error": {"message": event.error, "code": 500}})}
+                return
+            tokens_out += event.token_ids
+            if event.text:
+                chunk = {"content": event.text, "stop": False, "id_slot": -1}
+                if body.return_tokens:
+                    chunk["tokens"] = list(event.token_ids)
+                yield {"data": json.dumps(chunk)}
+            if event.finished:
+                yield {"data": json.dumps(_final(service, body, "", tokens_out, event,
+                                                 stream.request, started))}
+    finally:
+        stream.cancel()
+
+
+def _final(service, body, text, tokens_out, last, engine_request, started) -> dict:
+    now = time.monotonic()
+    first = engine_request.first_token_time or now
+    predicted = last.completion_tokens if last else 0
+    if last.finish_reason is FinishReason.LENGTH:
+        stop_type = "limit"
+    elif tokens_out and service.runner.is_eog(tokens_out[-1]):
+        stop_type = "eos"
+    else:
+        stop_type = "word"
+    decode_s = max(now - first, 1e-9)
+    return {"content": text, "tokens": tokens_out if body.return_tokens else [],
+            "id_slot": -1, "stop": True, "model": service.model_id,
+            "tokens_predicted": predicted, "tokens_evaluated": last.prompt_tokens,
+            "tokens_cached": last.cached_tokens, "truncated": False, "stop_type": stop_type,
+            "stopping_word": "", "prompt": body.prompt if isinstance(body.prompt, str) else "",
+            "timings": {"prompt_n": last.prompt_tokens - last.cached_tokens,
+                        "prompt_ms": (first - started) * 1000, "predicted_n": predicted,
+                        "predicted_ms": decode_s * 1000,
+                        "predicted_per_second": predicted / decode_s if predicted else 0.0}}
+
+
+@router.post("/completion")
+async def completion(body: NativeCompletion, request: Request):
+    service = ready_service(request)
+    check_rate(request)
+    return await _run(request, body, await _prompt_tokens(service, body))
+
+
+@router.post("/infill")
+async def infill(body: Infill, request: Request):
+    service = ready_service(request)
+    fim = service.runner.fim_tokens
+    if fim is None:
+        raise OpenAIError(400, f"the model '{service.model_id}' has no fill-in-the-middle tokens, "
+                          f"so /infill cannot work with it; use a code model that has them "
+                          f"(e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
+    check_rate(request)
+    prefix = await prompt.text_prompt(service, body.input_prefix) if body.input_prefix else []
+    suffix = await prompt.text_prompt(service, body.input_suffix) if body.input_suffix else []
+    middle = await _prompt_tokens(service, body) if body.prompt else []
+    tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
+    return await _run(request, body, tokens)
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeBody, request: Request):
+    service = ready_service(request)
+    prompt.check_size(service, 1, len(body.content.encode()), "content")
+    runner = service.runner
+    ids = await run_in_threadpool(runner.tokenize, body.content, body.add_special,
+                                  body.parse_special)
+    if not body.with_pieces:
+        return {"tokens": ids}
+    pieces = []
+    for t in ids:
+        raw = runner.piece(t) or runner.token_text(t).encode()
+        try:
+            pieces.append({"id": t, "piece": raw.decode("utf-8")})
+        except UnicodeDecodeError:
+            pieces.append({"id": t, "piece": list(raw)})
+    return {"tokens": pieces}
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeBody, request: Request):
+    service = ready_service(request)
+    return {"content": service.detokenize(_checked_ids(service, body.tokens))}
+
+
+@router.post("/apply-template")
+async def apply_template(body: TemplateBody, request: Request):
+    service = ready_service(request)
+    try:
+        return {"prompt": service.template.render([m.as_template_dict() for m in body.messages])}
+    except ValueError as exc:
+        raise OpenAIError(400, str(exc), param="messages") from None

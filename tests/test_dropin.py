@@ -1,0 +1,181 @@
+"""A drop-in for llama-server and a stricter OpenAI twin: stream shapes, paths without /v1,
+logprobs, llama-server's native routes, cache types and flash attention, JSON logs."""
+
+import json
+import math
+import subprocess
+import sys
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from conftest import ROOT, running
+
+COUNT = [{"role": "user", "content": "Count from 1 to 10."}]
+
+
+def raw_stream(url, path, body):
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
+        raw = r.read().decode()
+    assert "\r" not in raw  # LF-separated events, as OpenAI and llama-server send
+    return [json.loads(e[6:]) for e in raw.split("\n\n") if e.startswith("data: {")]
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/chat/completions", {"messages": COUNT, "max_tokens": 6, "temperature": 0}),
+    ("/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 6, "temperature": 0}),
+])
+def test_the_finish_reason_comes_alone_after_the_last_text(server, path, body):
+    chunks = raw_stream(server.url, path, body)
+    texts = [c["choices"][0].get("delta", {}).get("content") or c["choices"][0].get("text")
+             for c in chunks]
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    assert not texts[-1]  # the finishing chunk carries no text
+    assert sum(1 for t in texts if t) >= 5  # ... and the text before it is all there
+    assert all(c["system_fingerprint"] for c in chunks)
+
+
+def test_openai_client_without_v1_and_any_model_name(server):
+    client = OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model="gpt-3.5-turbo", messages=COUNT, max_tokens=8,
+                                           temperature=0)
+    assert reply.model == server.slots()["model"] and reply.choices[0].message.refusal is None
+    streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model="gpt-3.5-turbo", messages=COUNT, max_tokens=8, temperature=0, stream=True)
+        if c.choices)
+    assert streamed == reply.choices[0].message.content
+    model = client.models.retrieve(reply.model)
+    assert model.id == reply.model and model.created > 0
+
+
+def test_two_assistant_messages_in_a_row_are_accepted(server):
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                {"role": "assistant", "content": "How can I help?"},
+                {"role": "user", "content": "Say yes."}]
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                   json={"messages": messages, "max_tokens": 4})
+    assert r.status_code == 200
+
+
+def check_entries(entries, greedy_tokens=None):
+    for entry in entries:
+        assert math.isfinite(entry["logprob"]) and entry["logprob"] <= 0
+        tops = [t["logprob"] for t in entry["top_logprobs"]]
+        assert tops == sorted(tops, reverse=True) and len(tops) == 3
+        assert entry["top_logprobs"][0]["token"] == entry["token"]  # greedy: the best one
+        assert entry["bytes"] == list(entry["token"].encode())
+
+
+def test_chat_logprobs_whole_and_streamed(server):
+    body = {"messages": COUNT, "max_tokens": 8, "temperature": 0, "logprobs": True,
+            "top_logprobs": 3}
+    whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=60).json()
+    entries = whole["choices"][0]["logprobs"]["content"]
+    assert "".join(e["token"] for e in entries) == whole["choices"][0]["message"]["content"]
+    check_entries(entries)
+    streamed = [e for c in raw_stream(server.url, "/v1/chat/completions", body)
+                for e in ((c["choices"][0]["logprobs"] or {}).get("content") or [])]
+    assert [e["token"] for e in streamed] == [e["token"] for e in entries]
+    too_many = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                          json={**body, "top_logprobs": 21})
+    assert too_many.status_code == 400 and "top_logprobs" in too_many.json()["error"]["message"]
+
+
+def test_completion_logprobs_in_the_legacy_shape(server):
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+        "prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0, "logprobs": 2}).json()
+    lp = r["choices"][0]["logprobs"]
+    assert "".join(lp["tokens"]) == r["choices"][0]["text"]
+    assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 5
+    assert all(x <= 0 for x in lp["token_logprobs"]) and all(len(t) == 2 for t in lp["top_logprobs"])
+    assert lp["text_offset"][0] == 0
+
+
+def test_tokenize_detokenize_apply_template_round_trip(server):
+    text = "Crème brûlée <|im_end|> 日本"
+    ids = httpx.post(server.url + "/tokenize", json={"content": text}).json()["tokens"]
+    assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()["content"] == \
+        text.replace("<|im_end|>", "")  # a control token has no text of its own
+    plain = httpx.post(server.url + "/tokenize", json={"content": text, "parse_special": False,
+                                                       "with_pieces": True}).json()["tokens"]
+    raw = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"])
+                   for p in plain)  # a piece that is part of a character comes as bytes
+    assert raw == text.encode()
+    back = httpx.post(server.url + "/detokenize", json={"tokens": [p["id"] for p in plain]})
+    assert back.json()["content"] == text
+    prompt = httpx.post(server.url + "/apply-template", json={"messages": COUNT}).json()["prompt"]
+    assert "<|im_start|>user\nCount from 1 to 10.<|im_end|>" in prompt
+
+
+def test_native_completion_whole_and_streamed(server):
+    body = {"prompt": "1, 2, 3,", "n_predict": 6, "temperature": 0, "return_tokens": True}
+    whole = httpx.post(server.url + "/completion", json=body, timeout=60).json()
+    assert whole["stop"] and whole["stop_type"] == "limit" and whole["tokens_predicted"] == 6
+    assert len(whole["tokens"]) == 6 and whole["timings"]["predicted_n"] == 6
+    tokens = httpx.post(server.url + "/tokenize", json={"content": "1, 2, 3,"}).json()["tokens"]
+    by_ids = httpx.post(server.url + "/completion", timeout=60,
+                        json={**body, "prompt": tokens, "return_tokens": False}).json()
+    assert by_ids["content"] == whole["content"]
+    with httpx.stream("POST", server.url + "/completion", json={**body, "stream": True},
+                      timeout=60) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert "".join(e["content"] for e in events) == whole["content"]
+    assert events[-1]["stop"] and not any(e["stop"] for e in events[:-1])
+
+
+def test_infill_is_refused_plainly_without_fim_tokens(server):
+    r = httpx.post(server.url + "/infill", json={"input_prefix": "def f(", "input_suffix": "):"})
+    assert r.status_code == 400 and "fill-in-the-middle" in r.json()["error"]["message"]
+
+
+def test_props_and_slots_carry_llama_server_fields(server):
+    props = httpx.get(server.url + "/props").json()
+    assert props["total_slots"] == 4 and "<|im_start|>" in props["chat_template"]
+    assert props["cache"] == {"type_k": "f16", "type_v": "f16", "flash_attn": "auto"}
+    slots = server.slots()["slots"]
+    assert all(s["is_processing"] is (s["state"] != "idle") for s in slots)
+
+
+PROMPTS = ["1, 2, 3, 4,", "10, 20, 30,", "The capital of France is"]
+
+
+def greedy(url):
+    return [httpx.post(url + "/v1/completions", timeout=120, json={
+        "prompt": p, "max_tokens": 24, "temperature": 0}).json()["choices"][0]["text"] for p in PROMPTS]
+
+
+def test_quantized_cache_with_flash_attention_serves(server, capsys):
+    f16 = greedy(server.url)
+    with running("-c", "2048", "-np", "2", "-t", "2", "--cache-type-k", "q8_0",
+                 "--cache-type-v", "q8_0", "--flash-attn", "on", log_name="q8-cache") as srv:
+        q8 = greedy(srv.url)
+        log = srv.log()
+    assert "cache K q8_0 / V q8_0: 1.88x the tokens an f16 cache fits" in log
+    assert all(q8)
+    with capsys.disabled():
+        print(f"\n  greedy, f16 vs q8_0 cache: {sum(a == b for a, b in zip(f16, q8))}/3 identical")
+        for a, b in zip(f16, q8):
+            if a != b:
+                print(f"    f16 {a!r}\n    q8  {b!r}")
+
+
+def test_a_quantized_v_cache_without_flash_attention_is_refused():
+    run = subprocess.run([sys.executable, "-m", "localserve", "up", "--cache-type-v", "q8_0",
+                          "--flash-attn", "auto", "--port", "1"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 2 and "--cache-type-v" in run.stderr and "--flash-attn on" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_json_logs_and_version():
+    with running("-c", "512", "-np", "1", "-t", "2", "--log-format", "json", log_name="json-logs") as srv:
+        httpx.get(srv.url + "/health")
+        lines = [line for line in srv.log().splitlines() if line.startswith("{")]
+    entries = [json.loads(line) for line in lines]
+    assert any(e["logger"] == "localserve" and "listening on" in e["message"] for e in entries)
+    assert any(e["logger"] == "uvicorn.access" for e in entries)
+    version = subprocess.run([sys.executable, "-m", "localserve", "up", "--version"], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+    assert version.stdout.startswith("localserve ")
