@@ -96,6 +96,10 @@ def _up_parser(sub) -> None:
     life.add_argument("--drain-timeout", type=float,
                       help="on Ctrl-C/SIGTERM, seconds to let running requests finish (default 30); "
                            "a second Ctrl-C exits at once")
+    life.add_argument("--state-dir", help="where the ledger (ledger.db) lives "
+                                          "(default ~/.local/share/localserve)")
+    life.add_argument("--no-ledger", dest="ledger", action="store_false",
+                      help="keep no per-request usage")
     life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     life.add_argument("--log-format", default="text", choices=["text", "json"],
                       help="json: one JSON object per line (time, level, logger, message), "
@@ -168,6 +172,59 @@ class JsonLogFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+def _usage_parser(sub) -> None:
+    usage = sub.add_parser("usage", help="token usage per key, day or model, from the ledger",
+                           description="Reads <state-dir>/ledger.db directly: no server needed.")
+    usage.add_argument("--since", default="7d", help="how far back: 7d, 24h, 30m, or a date "
+                                                      "(default 7d)")
+    usage.add_argument("--by", default="key", choices=["key", "day", "model"])
+    usage.add_argument("--state-dir", help="where ledger.db is (default ~/.local/share/localserve, "
+                                           "or LOCALSERVE_STATE_DIR)")
+    usage.add_argument("--audit", action="store_true",
+                       help="the audit log instead: 401s, quota refusals, key changes")
+
+
+def since_seconds(text: str) -> float:
+    """'7d', '24h', '30m' -> a unix time that long ago; an ISO date -> that date."""
+    import time
+    from datetime import datetime
+
+    units = {"d": 86400, "h": 3600, "m": 60}
+    if text[-1:] in units and text[:-1].replace(".", "", 1).isdigit():
+        return time.time() - float(text[:-1]) * units[text[-1]]
+    return datetime.fromisoformat(text).timestamp()
+
+
+def run_usage(args: argparse.Namespace) -> int:
+    import os
+    import time
+    from pathlib import Path
+
+    from localserve.ledger import audit_log, default_state_dir, usage
+
+    folder = args.state_dir or os.environ.get("LOCALSERVE_STATE_DIR")
+    path = (Path(folder) if folder else default_state_dir()) / "ledger.db"
+    try:
+        since = since_seconds(args.since)
+    except ValueError:
+        print(f"localserve usage: --since {args.since}: use 7d, 24h, 30m or a date", file=sys.stderr)
+        return 2
+    if not path.is_file():
+        print(f"no ledger at {path} (start the server once, or pass --state-dir)", file=sys.stderr)
+        return 1
+    if args.audit:
+        for row in audit_log(path, since):
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["ts"]))
+            print(f"{stamp}  {row['event']:<14} {row['key'] or '-':<12} {row['detail']}")
+        return 0
+    rows = usage(path, since, None, args.by)
+    print(f"{args.by:<20} {'requests':>9} {'prompt':>10} {'cached':>10} {'completion':>11}")
+    for r in rows:
+        print(f"{str(r[args.by]):<20} {r['requests']:>9} {r['prompt_tokens']:>10} "
+              f"{r['cached_tokens']:>10} {r['completion_tokens']:>11}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="localserve", description="A local LLM server.")
     parser.add_argument("--version", action="version", version=f"localserve {__version__}")
@@ -176,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default)")
     _top_parser(sub)
     _bench_parser(sub)
+    _usage_parser(sub)
     return parser
 
 
@@ -249,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "models":
         return run_models(args)
+    if args.command == "usage":
+        return run_usage(args)
     if args.command == "top":
         from tui.app import run as run_top
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -52,6 +52,9 @@ class Settings:
     header_timeout: float = 10.0  # seconds a client may take to send its request headers
     max_connections: int = 1000  # open connections; beyond, the slowest header-sender goes
     drain_timeout: float = 30.0
+    state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
+    ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db
+    quotas: dict = field(default_factory=dict, hash=False)  # [quotas.NAME] tables of the TOML
     memory_check: bool = True
 
     def step_token_budget(self, gpu_offload: bool = False) -> int:

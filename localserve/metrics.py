@@ -67,6 +67,28 @@ class EngineMetrics:
                 self.e2e.observe(now - request.arrival_time)
 
 
+class KeyUsageMetrics:
+    """Per-key token counters (only with API keys: the key file bounds the label's values).
+    In their own registry, so /metrics shows them to admin keys only."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.prompt = Counter(P + "key_prompt_tokens", "Prompt tokens by API key.", ["key"],
+                              registry=registry)
+        self.generated = Counter(P + "key_generation_tokens", "Generated tokens by API key.",
+                                 ["key"], registry=registry)
+        self.requests = Counter(P + "key_requests", "Finished requests by API key.", ["key"],
+                                registry=registry)
+
+    def on_step(self, plan, seconds: float) -> None:
+        pass
+
+    def on_event(self, request, event) -> None:
+        if event.finished and request.user:
+            self.prompt.labels(request.user).inc(event.prompt_tokens)
+            self.generated.labels(request.user).inc(event.completion_tokens)
+            self.requests.labels(request.user).inc()
+
+
 class SnapshotCollector:
     """Gauges read at scrape time from the engine's last published snapshot and psutil."""
 

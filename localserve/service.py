@@ -16,7 +16,9 @@ from localserve.api.auth import load_keys
 from localserve.engine.runner import LlamaRunner, RunnerConfig, supports_gpu_offload
 from localserve.engine.policies import make_scheduler
 from localserve.engine.slots import SlotPool
-from localserve.metrics import build_registry
+from localserve.ledger import Ledger, LedgerObserver, default_state_dir
+from localserve.metrics import KeyUsageMetrics, build_registry
+from prometheus_client import CollectorRegistry
 from localserve.resources import check_memory
 
 log = logging.getLogger("localserve")
@@ -35,12 +37,15 @@ class Service:
         self.loaded = threading.Event()
         self.metrics_registry, self.metrics = build_registry(
             lambda: self.engine.snapshot if self.engine is not None else None)
+        self.key_registry = CollectorRegistry()  # per-key counters: admins only
+        self.key_metrics = KeyUsageMetrics(self.key_registry)
+        self.ledger: Ledger | None = None
         self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
         self._keys: dict[str, str] | None = None
 
     @property
-    def keys(self) -> dict[str, str]:
-        """{key: name} from --api-key and --api-key-file (read once)."""
+    def keys(self) -> dict[str, tuple[str, str]]:
+        """{key: (name, role)} from --api-key and --api-key-file (read once)."""
         if self._keys is None:
             self._keys = load_keys(self.settings)
         return self._keys
@@ -119,8 +124,15 @@ class Service:
                                        slot_share=s.slot_share() if shares else None)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
+            observers = [self.metrics]
+            if self.keys_enabled:
+                observers.append(self.key_metrics)
+            if s.ledger:
+                self.ledger = Ledger(Path(s.state_dir) if s.state_dir else default_state_dir())
+                observers.append(LedgerObserver(self.ledger, lambda: self.model_id))
+                log.info("ledger: %s", self.ledger.path)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
-                                   observer=self.metrics,
+                                   observers=observers,
                                    max_queue_per_user=s.queue_share() if shares else None)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
@@ -186,5 +198,7 @@ class Service:
 
     def stop(self) -> None:
         self.stop_engine()
+        if self.ledger is not None:
+            self.ledger.close()
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
             self.runner.close()

@@ -95,8 +95,14 @@ def from_toml(path: str) -> dict:
         raise SettingsError(f"--config {path}: no such file")
     except tomllib.TOMLDecodeError as exc:
         raise SettingsError(f"--config {path}: not valid TOML ({exc})")
-    section = data.get("server", data)  # keys at top level or under [server]
+    section = dict(data.get("server", data))  # keys at top level or under [server]
     out = {}
+    tables = data.get("quotas", section.pop("quotas", {}))
+    section.pop("quotas", None)
+    if tables:
+        from localserve.quotas import parse_quotas
+
+        out["quotas"] = parse_quotas(tables, path)
     for key, value in section.items():
         name = field_name(key)
         if name is None:

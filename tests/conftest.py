@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,9 +34,12 @@ class RunningServer:
         self.log_path = log_dir / f"localserve-{log_name}-{self.port}.log"
         self._log = open(self.log_path, "w")
         program = program or [sys.executable, "-m", "localserve", "up"]
+        # Each server's ledger in its own fresh folder, never the user's data directory.
+        self.state_dir = tempfile.mkdtemp(prefix="localserve-state-")
+        env = {**os.environ, "LOCALSERVE_STATE_DIR": self.state_dir}
         self.proc = subprocess.Popen([*program, "--port", str(self.port), *args],
                                      cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
-                                     preexec_fn=preexec_fn)
+                                     preexec_fn=preexec_fn, env=env)
 
     def wait_ready(self, timeout: float = 120) -> "RunningServer":
         deadline = time.monotonic() + timeout

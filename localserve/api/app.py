@@ -17,6 +17,7 @@ from localserve.api.cors import LoggedCORS
 from localserve.api.host_guard import LoopbackHostGuard, is_loopback
 from localserve.api.limits import BodySizeLimit
 from localserve.api.rate_limit import RateLimiter
+from localserve.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings
 from localserve.connections import install_loop_error_throttle
@@ -45,6 +46,8 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.state.keys = KeyChecker(service.keys)
     app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
                               if service.keys_enabled and settings.rate_limit > 0 else None)
+    app.state.quotas = (QuotaKeeper(settings.quotas)
+                        if service.keys_enabled and settings.quotas else None)
     guarded = [Depends(require_key)]
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)

@@ -24,16 +24,21 @@ from localserve.config import Settings, SettingsError
 log = logging.getLogger("localserve")
 
 
-def load_keys(settings: Settings) -> dict[str, str]:
-    """{key: name}. --api-key values are named key-1, key-2...; a key file gives its own names."""
-    keys = {key: f"key-{i}" for i, key in enumerate(settings.api_keys, 1)}
+ROLES = ("admin", "user")
+
+
+def load_keys(settings: Settings) -> dict[str, tuple[str, str]]:
+    """{key: (name, role)}. --api-key values are the operator's: admins named key-1, key-2...;
+    a key file gives its own names, and roles (user unless it says admin)."""
+    keys = {key: (f"key-{i}", "admin") for i, key in enumerate(settings.api_keys, 1)}
     if settings.api_key_file:
         keys.update(read_key_file(Path(settings.api_key_file)))
     return keys
 
 
-def read_key_file(path: Path) -> dict[str, str]:
-    """'name:key' lines; '#' comments. Refuses a file that yields no key at all."""
+def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
+    """'name:key' or 'name:key:role' lines (role admin or user, default user); '#' comments.
+    Refuses a file that yields no key at all."""
     if not path.is_file():
         raise SettingsError(f"--api-key-file {path}: no such file")
     try:
@@ -50,10 +55,14 @@ def read_key_file(path: Path) -> dict[str, str]:
         if not line or line.startswith("#"):
             continue
         name, sep, key = (part.strip() for part in line.partition(":"))
+        role = "user"
+        head, colon, tail = key.rpartition(":")
+        if colon and tail.strip() in ROLES:
+            key, role = head.strip(), tail.strip()
         if not sep or not name or len(key) < 8:
-            raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' with a "
-                                f"key of at least 8 characters")
-        keys[key] = name
+            raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' or "
+                                f"'name:key:role' with a key of at least 8 characters")
+        keys[key] = (name, role)
     if not keys:
         raise SettingsError(f"--api-key-file {path}: no keys in it (only blank or '#' lines); "
                             f"refusing to start without the authentication it was meant to give. "
@@ -62,15 +71,15 @@ def read_key_file(path: Path) -> dict[str, str]:
 
 
 class KeyChecker:
-    def __init__(self, keys: dict[str, str]):
-        self._keys = [(k.encode("utf-8"), name) for k, name in keys.items()]
+    def __init__(self, keys: dict[str, tuple[str, str]]):
+        self._keys = [(k.encode("utf-8"), who) for k, who in keys.items()]
 
     @property
     def enabled(self) -> bool:
         return bool(self._keys)
 
-    def identify(self, request: Request) -> str | None:
-        """The caller's name, None when no keys are configured; 401 when a key is wrong or missing."""
+    def identify(self, request: Request) -> tuple[str, str] | None:
+        """(name, role), None when no keys are configured; 401 when a key is wrong or missing."""
         if not self._keys:
             return None
         offered = _offered_key(request)
@@ -97,5 +106,18 @@ def _offered_key(request: Request) -> bytes | None:
 
 
 async def require_key(request: Request) -> None:
-    """Router dependency: checks the key and records the caller's name in request.state.user."""
-    request.state.user = request.app.state.keys.identify(request)
+    """Router dependency: checks the key; records the caller's name and role in request.state
+    (no keys: no name, and the one desktop user may see everything)."""
+    try:
+        who = request.app.state.keys.identify(request)
+    except OpenAIError:
+        ledger = request.app.state.service.ledger
+        if ledger is not None:
+            client = request.client.host if request.client else "?"
+            ledger.audit("unauthorized", None, f"{client} {request.method} {request.url.path}")
+        raise
+    request.state.user, request.state.role = who if who else (None, "admin")
+
+
+def is_admin(request: Request) -> bool:
+    return getattr(request.state, "role", "admin") == "admin"

@@ -3,11 +3,19 @@ so they answer at once even while a long prefill is running."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from datetime import datetime
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from starlette.concurrency import run_in_threadpool
+
 from localserve import __version__
+from localserve.api.auth import is_admin
+from localserve.api.schemas import OpenAIError
+from localserve.ledger import GROUPS
+from localserve.ledger import usage as ledger_usage
 
 open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
 router = APIRouter()  # needs a key when keys are set
@@ -28,15 +36,14 @@ async def slots(request: Request):
     if service.engine is None:
         return JSONResponse({"status": "loading"}, status_code=503)
     pool = service.loop.scheduler.pool
-    snap = service.engine.snapshot
-    return {
-        "model": service.model_id,
-        "ctx_size": pool.ctx_size,
-        "n_slots": len(pool.slots),
-        "n_ctx_per_slot": pool.n_ctx_per_slot,
-        "split": pool.describe(),
-        **snap.to_json(),
-    }
+    snap = service.engine.snapshot.to_json()
+    if not is_admin(request):  # a user sees their own rows by name, others' anonymously
+        me = request.state.user
+        for row in (*snap["slots"], *snap["queue"]["requests"]):
+            if row["user"] != me:
+                row["user"] = row["request_id"] = None
+    return {"model": service.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
+            "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap}
 
 
 @router.get("/openapi.json", include_in_schema=False)
@@ -47,9 +54,44 @@ async def openapi(request: Request):
 
 @router.get("/metrics")
 async def metrics(request: Request):
-    """Prometheus exposition: from the last published snapshot, never waiting for a step."""
-    registry = request.app.state.service.metrics_registry
-    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+    """Prometheus exposition: from the last published snapshot, never waiting for a step;
+    per-key counters for admin keys only."""
+    service = request.app.state.service
+    text = generate_latest(service.metrics_registry)
+    if is_admin(request):
+        text += generate_latest(service.key_registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+def _when(value: str | None, param: str) -> float | None:
+    """A time bound: unix seconds, or an ISO date/time (local time)."""
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise OpenAIError(400, f"{param}={value!r}: use unix seconds or an ISO date such as "
+                          f"2026-11-29", param=param) from None
+
+
+@router.get("/v1/usage")
+async def usage(request: Request, group_by: str = "key",
+                since: str | None = Query(None, alias="from"),
+                until: str | None = Query(None, alias="to")):
+    """Token usage from the ledger, grouped by key, day or model. A user key sees only its own."""
+    service = request.app.state.service
+    if service.ledger is None:
+        raise OpenAIError(404, "the ledger is off (--no-ledger)", code="ledger_off")
+    if group_by not in GROUPS:
+        raise OpenAIError(400, f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
+    key = None if is_admin(request) else request.state.user
+    rows = await run_in_threadpool(ledger_usage, service.ledger.path, _when(since, "from"),
+                                   _when(until, "to"), group_by, key)
+    return {"object": "list", "group_by": group_by, "data": rows}
 
 
 @router.get("/props")

@@ -73,7 +73,7 @@ async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
 async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
     service = request.app.state.service
     grammar = structured.request_grammar(service, body)
-    stream = submit(service, tokens, body, identity(request, body), grammar)
+    stream = submit(service, tokens, body, identity(request, body), grammar, request.url.path)
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(service, body, stream, started), sep="\n")

@@ -19,6 +19,7 @@ from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, Ope
 from localserve.engine.loop import EngineUnavailable, QueueFull, RequestStream, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
+from localserve.quotas import QuotaError
 from localserve.service import Service
 
 router = APIRouter(prefix="/v1")
@@ -58,10 +59,14 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int,
 
 
 def check_rate(request: Request) -> None:
-    """A key over its request rate (--rate-limit) gets 429 before any work is done for it."""
+    """A key over its quota ([quotas]) or request rate (--rate-limit) gets 429 before any work
+    is done for it."""
     user = getattr(request.state, "user", None)
+    if user is None:
+        return
+    check_quota(request, user)
     limiter = request.app.state.rate_limiter
-    if user is None or limiter is None:
+    if limiter is None:
         return
     wait = limiter.try_acquire(user)
     if wait > 0:
@@ -71,8 +76,24 @@ def check_rate(request: Request) -> None:
                           headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
 
+def check_quota(request: Request, user: str) -> None:
+    """[quotas] from the TOML: over one -> 429 saying which limit and when it resets."""
+    keeper, service = request.app.state.quotas, request.app.state.service
+    if keeper is None:
+        return
+    today, month = service.ledger.tokens_used(user) if service.ledger else (0, 0)
+    in_flight = service.loop.in_flight_of(user) if service.loop else 0
+    try:
+        keeper.check(user, today, month, in_flight)
+    except QuotaError as exc:
+        if service.ledger is not None:
+            service.ledger.audit("quota", user, exc.limit)
+        raise OpenAIError(429, str(exc), code="quota_exceeded", param=exc.limit,
+                          headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from None
+
+
 def submit(service: Service, tokens: list[int], body: _Sampling, user: str | None,
-           grammar: str | None = None) -> RequestStream:
+           grammar: str | None = None, endpoint: str = "") -> RequestStream:
     n_ctx = service.n_ctx_per_slot
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
@@ -83,7 +104,7 @@ def submit(service: Service, tokens: list[int], body: _Sampling, user: str | Non
                           f", and the answer needs room too. Shorten the prompt, or raise -c or "
                           f"lower --parallel.", code="context_length_exceeded", param="messages")
     request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx, grammar), user=user,
-                            cache_scope=service.cache_scope(user))
+                            cache_scope=service.cache_scope(user), endpoint=endpoint)
     try:
         return service.engine.submit(request)
     except UserQueueFull as exc:
@@ -137,7 +158,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
         messages, grammar, plan = [m.as_template_dict() for m in body.messages], None, None
         grammar = structured.request_grammar(service, body)
     tokens = await prompt.chat_prompt(service, messages)
-    stream = submit(service, tokens, body, identity(request, body), grammar)
+    stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/chat/completions")
     reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
                   piece=service.runner.piece)
     return await reply.respond(stream, request)
@@ -158,7 +179,7 @@ async def completions(body: CompletionRequest, request: Request):
             raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
                               param="prompt")
         tokens = list(body.prompt)
-    stream = submit(service, tokens, body, identity(request, body), grammar)
+    stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/completions")
     reply = Reply("text_completion", service.model_id, body, fingerprint(service),
                   piece=service.runner.piece)
     if body.echo:

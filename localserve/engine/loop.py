@@ -39,7 +39,7 @@ class UserQueueFull(QueueFull):
 
 class EngineLoop(threading.Thread):
     def __init__(self, scheduler: Scheduler, runner, max_queue: int | None = None,
-                 queue_timeout_s: float | None = None, observer=None,
+                 queue_timeout_s: float | None = None, observers=(),
                  max_queue_per_user: int | None = None):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
@@ -47,7 +47,7 @@ class EngineLoop(threading.Thread):
         self.max_queue = max_queue
         self.max_queue_per_user = max_queue_per_user
         self.queue_timeout_s = queue_timeout_s
-        self.observer = observer  # metrics: on_step(plan, seconds), on_event(request, event)
+        self.observers = tuple(observers)  # EngineObserver: the metrics, the ledger
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.stopping = False
@@ -56,6 +56,7 @@ class EngineLoop(threading.Thread):
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
         self.in_flight = 0  # submitted and not yet finished: what a drain waits for
         self._queued_by_user: Counter = Counter()  # what --max-queue-per-key bounds
+        self._in_flight_by_user: Counter = Counter()  # what a max_concurrent quota bounds
         self._queued_lock = threading.Lock()
         self.snapshot: EngineSnapshot = self._build_snapshot()
 
@@ -72,10 +73,15 @@ class EngineLoop(threading.Thread):
                 raise UserQueueFull(f"you already have {mine} requests waiting, your share of the "
                                     f"queue (--max-queue-per-key {self.max_queue_per_user})")
             self._queued_by_user[request.user] += 1
+            self._in_flight_by_user[request.user] += 1
             self.queued += 1
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(("add", request))
+
+    def in_flight_of(self, user: str | None) -> int:
+        with self._queued_lock:
+            return self._in_flight_by_user[user]
 
     def abort(self, request_id: str) -> None:
         self.inbox.put(("abort", request_id))
@@ -130,8 +136,8 @@ class EngineLoop(threading.Thread):
             log.exception("step failed; ending the requests in that batch")
             events = self.scheduler.fail(plan, f"internal error: {exc!r}")
         self.last_step_s = time.perf_counter() - started
-        if self.observer is not None:
-            self.observer.on_step(plan, self.last_step_s)
+        for observer in self.observers:
+            observer.on_step(plan, self.last_step_s)
         self._deliver(events)
         self.snapshot = self._build_snapshot(plan)
 
@@ -190,9 +196,10 @@ class EngineLoop(threading.Thread):
                 self._release_queue_place(request)
                 with self._queued_lock:
                     self.in_flight -= 1
+                    self._in_flight_by_user[request.user] -= 1
             try:
-                if self.observer is not None:
-                    self.observer.on_event(request, event)
+                for observer in self.observers:
+                    observer.on_event(request, event)
                 request.emit(event)
             except Exception:  # a vanished client must not take the loop down
                 log.debug("could not deliver an event to %s", request.request_id, exc_info=True)

@@ -100,10 +100,12 @@ class Request:
     user: str | None = None  # identity: the API key's name (or the `user` field without keys)
     cache_scope: str | None = None  # whose cached prefixes this request may reuse (None: anyone's)
     arrival_time: float = field(default_factory=time.monotonic)
+    endpoint: str = ""  # the API route it came through, for the ledger
 
     status: RequestStatus = RequestStatus.WAITING
     output_tokens: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    admitted_time: float | None = None  # first admission into a slot (queue time ends)
     first_token_time: float | None = None
     last_token_time: float | None = None  # kept by the metrics observer for inter-token gaps
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission

@@ -231,6 +231,8 @@ class Scheduler:
         self._admissions += 1
         slot.assign(req, keep, self._admissions)
         req.status = RequestStatus.RUNNING
+        if req.admitted_time is None:
+            req.admitted_time = time.monotonic()
         plan.admitted.append(Admission(slot.slot_id, req, keep))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens

@@ -1,0 +1,193 @@
+"""The office's ledger: who used how much, kept in one SQLite file (WAL) under --state-dir.
+
+One row per finished request (key name, endpoint, model, token counts, finish reason, queue
+time, duration, status, time) and one per audit event (401s, quota refusals, key changes).
+Never a prompt or an answer. The engine loop only puts a dict on a queue; a writer thread
+inserts in batches twice a second, so a crash loses at most the last half second, and a
+full disk, a read-only or deleted file costs a logged warning, never a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import sqlite3
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+log = logging.getLogger("localserve.ledger")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS requests (
+    ts REAL NOT NULL, key TEXT, endpoint TEXT, model TEXT,
+    prompt_tokens INTEGER, cached_tokens INTEGER, completion_tokens INTEGER,
+    finish_reason TEXT, queue_s REAL, duration_s REAL, status INTEGER);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
+CREATE TABLE IF NOT EXISTS audit (ts REAL NOT NULL, event TEXT, key TEXT, detail TEXT);
+"""
+FLUSH_S = 0.5
+GROUPS = {"key": "key", "model": "model", "day": "date(ts, 'unixepoch', 'localtime')"}
+
+
+def default_state_dir() -> Path:
+    base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(base) / "localserve"
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, timeout=5, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(SCHEMA)
+    return db
+
+
+class Ledger:
+    def __init__(self, state_dir: Path):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / "ledger.db"
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._warned = False
+        self._db = connect(self.path)
+        self._day, self._month = time.strftime("%Y-%m-%d"), time.strftime("%Y-%m")
+        self.today = self._totals_since(self._day)  # key -> tokens today, for quotas
+        self.month = self._totals_since(self._month + "-01")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._writer = threading.Thread(target=self._write_loop, name="localserve-ledger",
+                                        daemon=True)
+        self._writer.start()
+
+    # ---- called from the engine loop and the HTTP side (cheap: a queue put) -----------
+    def record(self, row: dict) -> None:
+        with self._lock:
+            self._roll_day()
+            tokens = row["prompt_tokens"] + row["completion_tokens"]
+            self.today[row["key"]] += tokens
+            self.month[row["key"]] += tokens
+        self._queue.put(("requests", row))
+
+    def audit(self, event: str, key: str | None, detail: str = "") -> None:
+        self._queue.put(("audit", {"ts": time.time(), "event": event, "key": key,
+                                   "detail": detail}))
+
+    def tokens_used(self, key: str) -> tuple[int, int]:
+        """(today, this month): prompt + completion tokens of finished requests."""
+        with self._lock:
+            self._roll_day()
+            return self.today[key], self.month[key]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._writer.join(timeout=5)
+
+    # ---- the writer thread ----------------------------------------------------------
+    def _roll_day(self) -> None:
+        day, month = time.strftime("%Y-%m-%d"), time.strftime("%Y-%m")
+        if day != self._day:
+            self._day, self.today = day, defaultdict(int)
+        if month != self._month:
+            self._month, self.month = month, defaultdict(int)
+
+    def _totals_since(self, date: str) -> defaultdict:
+        start = time.mktime(time.strptime(date, "%Y-%m-%d"))
+        rows = self._db.execute("SELECT key, SUM(prompt_tokens + completion_tokens) FROM requests "
+                                "WHERE ts >= ? GROUP BY key", (start,)).fetchall()
+        return defaultdict(int, {k: int(n or 0) for k, n in rows})
+
+    def _write_loop(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self._flush()
+        self._flush()
+
+    def _flush(self) -> None:
+        batch = {"requests": [], "audit": []}
+        while True:
+            try:
+                table, row = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            batch[table].append(row)
+        if not batch["requests"] and not batch["audit"]:
+            return
+        try:
+            with self._db:
+                self._db.executemany(
+                    "INSERT INTO requests VALUES (:ts, :key, :endpoint, :model, :prompt_tokens, "
+                    ":cached_tokens, :completion_tokens, :finish_reason, :queue_s, :duration_s, "
+                    ":status)", batch["requests"])
+                self._db.executemany("INSERT INTO audit VALUES (:ts, :event, :key, :detail)",
+                                     batch["audit"])
+            self._warned = False
+        except sqlite3.Error as exc:  # full disk, read-only or deleted file: never fail a request
+            if not self._warned:
+                log.warning("could not write the ledger %s (%s); usage of %d requests is lost "
+                            "until it is writable again", self.path, exc, len(batch["requests"]))
+                self._warned = True
+
+
+def usage(path: Path, since: float | None = None, until: float | None = None,
+          group_by: str = "key", key: str | None = None) -> list[dict]:
+    """Rows {group: ..., prompt_tokens, cached_tokens, completion_tokens, requests} from the
+    ledger file (read-only; the server need not run). `key` limits it to one key's rows."""
+    if group_by not in GROUPS:
+        raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
+    if not path.is_file():
+        return []
+    where, args = ["1=1"], []
+    for clause, value in (("ts >= ?", since), ("ts < ?", until), ("key = ?", key)):
+        if value is not None:
+            where.append(clause)
+            args.append(value)
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute(
+            f"SELECT {GROUPS[group_by]} AS g, SUM(prompt_tokens), SUM(cached_tokens), "
+            f"SUM(completion_tokens), COUNT(*) FROM requests WHERE {' AND '.join(where)} "
+            f"GROUP BY g ORDER BY g", args).fetchall()
+    finally:
+        db.close()
+    return [{group_by: g, "prompt_tokens": p or 0, "cached_tokens": c or 0,
+             "completion_tokens": o or 0, "requests": n} for g, p, c, o, n in rows]
+
+
+def audit_log(path: Path, since: float | None = None) -> list[dict]:
+    if not path.is_file():
+        return []
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = db.execute("SELECT ts, event, key, detail FROM audit WHERE ts >= ? ORDER BY ts",
+                          (since or 0,)).fetchall()
+    finally:
+        db.close()
+    return [{"ts": ts, "event": e, "key": k, "detail": d} for ts, e, k, d in rows]
+
+
+STATUS = {"stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503,
+          "error": 500}
+
+
+class LedgerObserver:
+    """EngineObserver: one ledger row per finished request (on the loop thread: a queue put)."""
+
+    def __init__(self, ledger: Ledger, model_id):
+        self.ledger, self.model_id = ledger, model_id  # model_id: () -> str
+
+    def on_step(self, plan, seconds: float) -> None:
+        pass
+
+    def on_event(self, request, event) -> None:
+        if not event.finished:
+            return
+        now = time.monotonic()
+        reason = str(event.finish_reason)
+        self.ledger.record({
+            "ts": time.time(), "key": request.user or "anonymous", "endpoint": request.endpoint,
+            "model": self.model_id(), "prompt_tokens": event.prompt_tokens,
+            "cached_tokens": event.cached_tokens, "completion_tokens": event.completion_tokens,
+            "finish_reason": reason, "duration_s": round(now - request.arrival_time, 4),
+            "queue_s": round((request.admitted_time or now) - request.arrival_time, 4),
+            "status": STATUS.get(reason, 500)})
