@@ -192,7 +192,7 @@ NEGATIVE = [
         "tool_choice": "required"}, "parameters"),
     ("tool_choice not offered", {"tools": [WEATHER], "tool_choice": {
         "type": "function", "function": {"name": "launch"}}}, "launch"),
-    ("logprobs", {"logprobs": True}, "logprobs"),
+    ("logit_bias (not supported)", {"logit_bias": {"1": 5}}, "logit_bias"),
 ]
 
 

@@ -21,11 +21,12 @@ def fuzz_server():
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_no_server_errors_for_generated_requests(fuzz_server, mode):
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
-    seen = {}
+    seen, expected = {}, 0
     for result in schema.get_all_operations():
         operation = result.ok()
         if mode is GenerationMode.NEGATIVE and operation.method.upper() != "POST":
             continue  # nothing to break in a GET without parameters
+        expected += 1
         strategy = operation.as_strategy(generation_mode=mode)
 
         @settings(max_examples=EXAMPLES, deadline=None, database=None,
@@ -38,5 +39,5 @@ def test_no_server_errors_for_generated_requests(fuzz_server, mode):
             assert response.status_code < 500, (key, case.body, response.text[:300])
 
         check()
-    assert len(seen) == (8 if mode is GenerationMode.POSITIVE else 2)
+    assert len(seen) == expected >= (14 if mode is GenerationMode.POSITIVE else 7)
     assert fuzz_server.slots()["engine"]["alive"]
