@@ -100,6 +100,8 @@ def _up_parser(sub) -> None:
                                           "(default ~/.local/share/localserve)")
     life.add_argument("--no-ledger", dest="ledger", action="store_false",
                       help="keep no per-request usage")
+    life.add_argument("--no-web", dest="web", action="store_false",
+                      help="no chat page at / (the API and the dashboard are unchanged)")
     life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     life.add_argument("--log-format", default="text", choices=["text", "json"],
                       help="json: one JSON object per line (time, level, logger, message), "

@@ -54,6 +54,7 @@ class Settings:
     drain_timeout: float = 30.0
     state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
     ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db
+    web: bool = True  # the chat page at / and its conversations in <state-dir>
     quotas: dict = field(default_factory=dict, hash=False)  # [quotas.NAME] tables of the TOML
     memory_check: bool = True
 

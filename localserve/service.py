@@ -16,6 +16,7 @@ from localserve.api.auth import load_keys
 from localserve.engine.runner import LlamaRunner, RunnerConfig, supports_gpu_offload
 from localserve.engine.policies import make_scheduler
 from localserve.engine.slots import SlotPool
+from localserve.conversations import Conversations
 from localserve.ledger import Ledger, LedgerObserver, default_state_dir
 from localserve.metrics import KeyUsageMetrics, build_registry
 from prometheus_client import CollectorRegistry
@@ -40,6 +41,7 @@ class Service:
         self.key_registry = CollectorRegistry()  # per-key counters: admins only
         self.key_metrics = KeyUsageMetrics(self.key_registry)
         self.ledger: Ledger | None = None
+        self.conversations: Conversations | None = None  # the web page's, per key
         self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
         self._keys: dict[str, str] | None = None
 
@@ -127,8 +129,11 @@ class Service:
             observers = [self.metrics]
             if self.keys_enabled:
                 observers.append(self.key_metrics)
+            state_dir = Path(s.state_dir) if s.state_dir else default_state_dir()
+            if s.web:
+                self.conversations = Conversations(state_dir)
             if s.ledger:
-                self.ledger = Ledger(Path(s.state_dir) if s.state_dir else default_state_dir())
+                self.ledger = Ledger(state_dir)
                 observers.append(LedgerObserver(self.ledger, lambda: self.model_id))
                 log.info("ledger: %s", self.ledger.path)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,

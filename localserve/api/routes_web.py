@@ -1,0 +1,101 @@
+"""The built-in chat page for people who never open a terminal: GET / (and /chat) serves one
+page whose assets ship inside the package (no CDN, no network at run time) under a strict
+Content-Security-Policy; its conversations live server-side per key (conversations.py).
+The page itself holds no data and needs no key; every API call it makes does."""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+
+from fastapi import APIRouter, Request, Response
+from pydantic import BaseModel, Field
+
+from localserve.api.schemas import OpenAIError
+
+page_router = APIRouter()  # the page and its assets: open
+api_router = APIRouter(prefix="/web/api")  # conversations: behind the key
+
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+       "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SECURITY = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
+            "Referrer-Policy": "no-referrer", "Cache-Control": "no-cache"}
+
+
+def _asset(name: str) -> bytes:
+    return files("localserve.web").joinpath(name).read_bytes()
+
+
+@page_router.get("/", include_in_schema=False)
+@page_router.get("/chat", include_in_schema=False)
+async def page():
+    return Response(_asset("index.html"), media_type="text/html; charset=utf-8", headers=SECURITY)
+
+
+@page_router.get("/web/{name}", include_in_schema=False)
+async def asset(name: str):
+    if name not in ASSETS:
+        raise OpenAIError(404, f"no such asset: {name}", "not_found_error")
+    return Response(_asset(name), media_type=ASSETS[name], headers=SECURITY)
+
+
+class ConversationBody(BaseModel):
+    title: str = Field("New chat", max_length=200)
+    messages: list[dict] = Field(default_factory=list, max_length=2000)
+    settings: dict = Field(default_factory=dict)
+
+
+def _owner(request: Request) -> str:
+    return getattr(request.state, "user", None) or "local"
+
+
+def _store(request: Request):
+    store = request.app.state.service.conversations
+    if store is None:
+        raise OpenAIError(404, "conversations are not kept (--no-web)", "not_found_error")
+    return store
+
+
+@api_router.get("/whoami")
+async def whoami(request: Request):
+    """The page finds its own rows in /slots by this name."""
+    return {"user": getattr(request.state, "user", None),
+            "role": getattr(request.state, "role", "admin")}
+
+
+@api_router.get("/conversations")
+async def list_conversations(request: Request):
+    return {"data": _store(request).list(_owner(request))}
+
+
+@api_router.get("/conversations/export")
+async def export_conversations(request: Request):
+    return Response(json.dumps(_store(request).export(_owner(request)), indent=1),
+                    media_type="application/json",
+                    headers={"Content-Disposition": 'attachment; filename="conversations.json"'})
+
+
+@api_router.get("/conversations/{conversation_id}")
+async def get_conversation(conversation_id: str, request: Request):
+    found = _store(request).get(_owner(request), conversation_id)
+    if found is None:
+        raise OpenAIError(404, "no such conversation", "not_found_error")
+    return found
+
+
+@api_router.put("/conversations/{conversation_id}")
+async def save_conversation(conversation_id: str, body: ConversationBody, request: Request):
+    try:
+        saved = _store(request).save(_owner(request), conversation_id, body.title,
+                                     {"messages": body.messages, "settings": body.settings})
+    except PermissionError:
+        raise OpenAIError(404, "no such conversation", "not_found_error") from None
+    return {"id": saved}
+
+
+@api_router.delete("/conversations/{conversation_id}")
+async def delete_conversation(conversation_id: str, request: Request):
+    if not _store(request).delete(_owner(request), conversation_id):
+        raise OpenAIError(404, "no such conversation", "not_found_error")
+    return {"deleted": conversation_id}

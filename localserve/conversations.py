@@ -1,0 +1,75 @@
+"""Conversations of the web page, kept server-side per identity in <state-dir>/conversations.db
+(SQLite, WAL), so a member sees their history from any browser and never anyone else's.
+
+A conversation is stored whole (title, the messages as JSON, settings) and replaced on each
+save; the page saves after every exchange. Owner = the API key's name, or "local" on a
+no-key (loopback, one desktop user) server.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, title TEXT, body TEXT NOT NULL,
+    created REAL NOT NULL, updated REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS conversations_owner ON conversations (owner, updated);
+"""
+MAX_CONVERSATIONS = 1000  # per owner; the oldest go first
+
+
+class Conversations:
+    def __init__(self, state_dir: Path):
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.path = state_dir / "conversations.db"
+        self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=5)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.executescript(SCHEMA)
+        self._lock = threading.Lock()
+
+    def list(self, owner: str) -> list[dict]:
+        with self._lock:
+            rows = self._db.execute("SELECT id, title, updated FROM conversations WHERE owner = ? "
+                                    "ORDER BY updated DESC", (owner,)).fetchall()
+        return [{"id": i, "title": t, "updated": u} for i, t, u in rows]
+
+    def get(self, owner: str, conversation_id: str) -> dict | None:
+        with self._lock:
+            row = self._db.execute("SELECT id, title, body, created, updated FROM conversations "
+                                   "WHERE owner = ? AND id = ?", (owner, conversation_id)).fetchone()
+        if row is None:
+            return None
+        return {"id": row[0], "title": row[1], **json.loads(row[2]), "created": row[3],
+                "updated": row[4]}
+
+    def save(self, owner: str, conversation_id: str | None, title: str, body: dict) -> str:
+        conversation_id = conversation_id or uuid.uuid4().hex
+        now = time.time()
+        with self._lock, self._db:
+            found = self._db.execute("SELECT owner FROM conversations WHERE id = ?",
+                                     (conversation_id,)).fetchone()
+            if found is not None and found[0] != owner:
+                raise PermissionError(conversation_id)
+            self._db.execute(
+                "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
+                "SET title = excluded.title, body = excluded.body, updated = excluded.updated",
+                (conversation_id, owner, title[:200], json.dumps(body), now, now))
+            self._db.execute("DELETE FROM conversations WHERE owner = ? AND id NOT IN (SELECT id "
+                             "FROM conversations WHERE owner = ? ORDER BY updated DESC LIMIT ?)",
+                             (owner, owner, MAX_CONVERSATIONS))
+        return conversation_id
+
+    def delete(self, owner: str, conversation_id: str) -> bool:
+        with self._lock, self._db:
+            cur = self._db.execute("DELETE FROM conversations WHERE owner = ? AND id = ?",
+                                   (owner, conversation_id))
+        return cur.rowcount > 0
+
+    def export(self, owner: str) -> list[dict]:
+        return [self.get(owner, c["id"]) for c in self.list(owner)]

@@ -1,0 +1,157 @@
+"""The chat page in a real browser (Debian's chromium, driven by Playwright): it loads with no
+request leaving this server, streams an answer, stops one, keeps history server-side per key,
+shows the server's refusals, and never lets text become markup."""
+
+import shutil
+
+import httpx
+import pytest
+
+from conftest import running, wait_for
+
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: scripts/setup-browser "
+                                                         "installs it (needs root apt-get)")
+ALICE, BOB = "alice-web-key-1234", "bob-web-key-5678"
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory):
+    with running("-c", "4096", "-np", "4", "-t", "2", log_name="web") as srv:
+        yield srv
+
+
+def open_page(browser, url):
+    """A fresh page; it records every request that leaves this server, and every dialog."""
+    page = browser.new_page()
+    page.outside, page.dialogs = [], []
+    page.on("request", lambda r: None if r.url.startswith(url) else page.outside.append(r.url))
+    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
+    page.goto(url + "/")
+    return page
+
+
+def send(page, text, max_tokens=None):
+    if max_tokens is not None:
+        page.locator("#settings summary").click()
+        page.fill("#max-tokens", str(max_tokens))
+        page.fill("#temperature", "0")
+        page.locator("#settings summary").click()
+    page.fill("#input", text)
+    page.click("#send")
+
+
+def test_the_page_is_served_with_a_strict_policy_and_no_outside_assets(web):
+    r = httpx.get(web.url + "/")
+    assert r.status_code == 200 and "text/html" in r.headers["content-type"]
+    csp = r.headers["content-security-policy"]
+    assert "default-src 'none'" in csp and "script-src 'self'" in csp and "connect-src 'self'" in csp
+    assert "http" not in r.text.replace("http-equiv", "")  # no CDN: every asset is /web/...
+
+
+def test_chat_streams_an_answer_and_history_survives_a_reload(web, browser):
+    page = open_page(browser, web.url)
+    send(page, "Count from 1 to 5.", max_tokens=24)
+    page.wait_for_selector(".message.assistant", timeout=60_000)
+    page.wait_for_selector("#send:not([hidden])", timeout=120_000)  # the answer finished
+    answer = page.inner_text(".message.assistant")
+    assert answer.strip()
+    page.wait_for_selector("#conversations li", timeout=30_000)
+    page.reload()
+    page.wait_for_selector("#conversations li button.open", timeout=30_000)
+    page.click("#conversations li button.open")
+    page.wait_for_selector(".message.assistant", timeout=30_000)
+    assert page.inner_text(".message.assistant") == answer
+    assert page.inner_text(".message.user").endswith("Count from 1 to 5.")
+    assert page.outside == [] and page.dialogs == []
+    page.close()
+
+
+def test_stop_frees_the_slot_within_a_step(web, browser):
+    page = open_page(browser, web.url)
+    send(page, "Write a very long story about a lighthouse.", max_tokens=900)
+    # (no wait_for_function: the page's CSP forbids the eval it relies on, as it should)
+    wait_for(lambda: page.locator(".message.assistant").count() and
+             len(page.inner_text(".message.assistant")) > 20, timeout=120,
+             what="the answer to start streaming")
+    page.click("#stop")
+    wait_for(lambda: all(s["state"] == "idle" for s in web.slots()["slots"]), timeout=10,
+             what="the slot to be freed after Stop")
+    assert "Stopped." in page.inner_text("#status")
+    page.close()
+
+
+def test_text_never_becomes_markup(web, browser):
+    page = open_page(browser, web.url)
+    hostile = ('<img src=x onerror="alert(1)"> [click](javascript:alert(2)) '
+               '**bold** `code` <script>alert(3)</script>')
+    rendered = page.evaluate("(t) => renderMarkdown(t)", hostile)
+    assert "<img" not in rendered and "<script" not in rendered and "javascript:" not in rendered
+    assert "<strong>bold</strong>" in rendered and "<code>code</code>" in rendered
+    assert "&lt;img" in rendered
+    send(page, hostile, max_tokens=4)
+    page.wait_for_selector("#send:not([hidden])", timeout=120_000)
+    assert page.locator("#messages img").count() == 0
+    assert page.locator("#messages script").count() == 0
+    assert page.locator("#messages a").count() == 0
+    assert page.dialogs == []
+    page.close()
+
+
+def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_path):
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
+    keys.chmod(0o600)
+    with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
+                 log_name="web-keys") as srv:
+        page = open_page(browser, srv.url)
+        page.wait_for_selector("#login:not([hidden])", timeout=30_000)
+        page.fill("#key", "not-the-key-0000")
+        page.click("#login button")
+        wait_for(lambda: page.inner_text("#login-error"), what="the sign-in error")
+        assert "Incorrect API key" in page.inner_text("#login-error")
+        page.fill("#key", ALICE)
+        page.click("#login button")
+        page.wait_for_selector("#app:not([hidden])", timeout=30_000)
+        assert page.evaluate("sessionStorage.getItem('localserve-key')") == ALICE
+        assert ALICE not in page.url
+        send(page, "word " * 3000, max_tokens=8)  # beyond a 1024-token slot: the server refuses
+        wait_for(lambda: page.get_attribute("#status", "class") == "error", timeout=60,
+                 what="the refusal to be shown")
+        assert "each slot holds" in page.inner_text("#status")
+        assert page.input_value("#input").startswith("word word")  # given back to edit
+        assert page.locator(".message.user").count() == 0
+        send(page, "Say hi.", max_tokens=4)
+        page.wait_for_selector("#conversations li", timeout=60_000)
+        page.close()
+        mine = httpx.get(srv.url + "/web/api/conversations", headers={"X-Api-Key": ALICE}).json()
+        theirs = httpx.get(srv.url + "/web/api/conversations", headers={"X-Api-Key": BOB}).json()
+        assert len(mine["data"]) == 1 and theirs["data"] == []
+        conversation = mine["data"][0]["id"]
+        assert httpx.get(srv.url + "/web/api/conversations/" + conversation,
+                         headers={"X-Api-Key": BOB}).status_code == 404
+        assert httpx.delete(srv.url + "/web/api/conversations/" + conversation,
+                            headers={"X-Api-Key": BOB}).status_code == 404
+        exported = httpx.get(srv.url + "/web/api/conversations/export",
+                             headers={"X-Api-Key": ALICE}).json()
+        assert exported[0]["messages"][0]["content"] == "Say hi."
+        assert httpx.delete(srv.url + "/web/api/conversations/" + conversation,
+                            headers={"X-Api-Key": ALICE}).status_code == 200
+
+
+def test_no_web_turns_the_page_off():
+    with running("-c", "512", "-np", "1", "-t", "2", "--no-web", log_name="no-web") as srv:
+        assert httpx.get(srv.url + "/").status_code == 404
+        assert httpx.get(srv.url + "/health").status_code == 200
