@@ -66,13 +66,19 @@ def test_invariant_3_a_short_shared_prefix_does_not_take_a_recently_used_slot():
     assert slot is pool.slots[0] and keep == MIN_PREFIX_REUSE
 
 
-def test_invariant_4_only_requests_that_never_had_a_slot_expire():
+def until_first_preemption(request_ids: str):
+    """A shared pool of 80 cells, one 20-token request per id: run until one is preempted."""
     sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
     runner = PositionalRunner(80)
-    for rid in "abc":
+    for rid in request_ids:
         sched.add(request(rid, range(1, 21), max_tokens=60))
     while sched.stats.preemptions == 0:
         step(sched, runner)
+    return sched, runner
+
+
+def test_invariant_4_only_requests_that_never_had_a_slot_expire():
+    sched, _ = until_first_preemption("abc")
     preempted = next(r for r in sched.waiting if r.preemptions)
     never_ran = next(r for r in sched.waiting if not r.preemptions)
     expired = sched.expire_waiting(0.0, now=never_ran.arrival_time + 1000)
@@ -83,12 +89,7 @@ def test_invariant_4_only_requests_that_never_had_a_slot_expire():
 
 
 def test_invariant_5_prefix_hits_count_first_admissions_only():
-    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
-    runner = PositionalRunner(80)
-    for rid in "ab":
-        sched.add(request(rid, range(1, 21), max_tokens=60))
-    while sched.stats.preemptions == 0:
-        step(sched, runner)
+    sched, runner = until_first_preemption("ab")
     queries, hits = sched.stats.prefix_cache_queries, sched.stats.prefix_cache_hits
     while sched.has_work():
         step(sched, runner)
