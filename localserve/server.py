@@ -8,6 +8,7 @@ Ctrl-C exits at once.
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 import threading
 import time
@@ -15,6 +16,7 @@ import time
 import uvicorn
 
 from localserve.api.app import create_app
+from localserve.api.auth import KeyChecker, load_keys
 from localserve.api.cors import origin_warnings
 from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
@@ -79,6 +81,27 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def reload_keys(app, service: Service) -> None:
+    """SIGHUP: read the key file again and swap the key list in one assignment, so requests
+    in flight are untouched; added and removed keys go to the audit log. A file that cannot
+    be read, or yields no key, keeps the old keys (fail closed)."""
+    try:
+        new = load_keys(service.settings)
+    except SettingsError as exc:
+        log.error("SIGHUP: keeping the current keys: %s", exc)
+        return
+    old_names = {name for name, _ in service.keys.values()}
+    new_names = {name for name, _ in new.values()}
+    service._keys = new
+    app.state.keys = KeyChecker(new)
+    for event, names in (("key_added", new_names - old_names), ("key_removed", old_names - new_names)):
+        for name in sorted(names):
+            log.info("SIGHUP: %s %s", event.replace("_", " "), name)
+            if service.ledger is not None:
+                service.ledger.audit(event, name)
+    log.info("SIGHUP: %d keys loaded", len(new))
+
+
 def check_port_free(host: str, port: int) -> None:
     """Fail before "listening on" is printed, in one line, when the port is taken."""
     try:
@@ -123,6 +146,8 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
                             timeout_graceful_shutdown=5, http=protocol,
                             **({} if plain_uvicorn_logs else {"log_config": None}))
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
+    if service.keys_enabled and hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: reload_keys(app, service))
     server = DrainingServer(config, service)
     server.run()
     return server.exit_code

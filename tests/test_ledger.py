@@ -212,3 +212,34 @@ def test_a_deleted_ledger_file_mid_run_fails_no_request(tmp_path):
         assert "Traceback" not in srv.log()
     finally:
         srv.stop()
+
+
+def test_sighup_reloads_the_key_file_without_dropping_requests(tmp_path):
+    import signal
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"alice:{ALICE}\n")
+    keys.chmod(0o600)
+    with running("-c", "1024", "-np", "1", "-t", "2", "--api-key-file", str(keys),
+                 "--state-dir", str(tmp_path / "s"), log_name="sighup") as srv:
+        results = []
+        long = threading.Thread(target=lambda: results.append(
+            chat(srv, ALICE, "Tell a story.", max_tokens=150, ignore_eos=True)))
+        long.start()
+        wait_for(lambda: any(r["is_processing"] for r in srv.slots(auth(ALICE))["slots"]),
+                 what="alice's request running")
+        keys.write_text(f"bob:{BOB}\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: chat(srv, BOB).status_code == 200, what="bob's new key to work")
+        assert chat(srv, ALICE).status_code == 401
+        long.join(timeout=120)
+        assert results[0].status_code == 200  # the request in flight was not dropped
+        keys.write_text("# nobody\n")
+        srv.proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: "keeping the current keys" in srv.log(), what="the refused reload")
+        assert chat(srv, BOB).status_code == 200  # fail closed: the old keys stay
+    audit = subprocess.run([sys.executable, "-m", "localserve", "usage", "--audit",
+                            "--state-dir", str(tmp_path / "s")], cwd=ROOT, capture_output=True,
+                           text=True, timeout=60)
+    assert "key_added" in audit.stdout and "bob" in audit.stdout
+    assert "key_removed" in audit.stdout and "alice" in audit.stdout

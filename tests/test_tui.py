@@ -148,3 +148,18 @@ def test_server_strings_are_shown_as_plain_text_never_markup():
             assert "([/] [b]x)" in str(app.query_one("#status").render())
 
     asyncio.run(run())
+
+
+def test_admins_see_todays_tokens_per_key_from_the_ledger():
+    payload = slots(10)
+    payload["usage_today"] = [{"key": "alice", "prompt_tokens": 100, "completion_tokens": 20},
+                              {"key": "[bob]", "prompt_tokens": 5, "completion_tokens": 5}]
+    fetch, clock = scripted([(payload, METRICS.format(gen=100, b1=0, b2=0), PROPS)])
+
+    async def run():
+        app = Dashboard(fetch, url="http://office-server:8080", interval=3600, clock=clock)
+        async with app.run_test(size=(110, 30)) as pilot:
+            await poll_done(pilot)
+            assert "tokens today: alice 120, [bob] 10" in str(app.query_one("#system").render())
+
+    asyncio.run(run())

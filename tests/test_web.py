@@ -34,8 +34,9 @@ def web(tmp_path_factory):
 
 
 def open_page(browser, url):
-    """A fresh page; it records every request that leaves this server, and every dialog."""
-    page = browser.new_page()
+    """A fresh page in its own browser context (own session storage); it records every
+    request that leaves this server, and every dialog."""
+    page = browser.new_context().new_page()
     page.outside, page.dialogs = [], []
     page.on("request", lambda r: None if r.url.startswith(url) else page.outside.append(r.url))
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
@@ -61,20 +62,29 @@ def test_the_page_is_served_with_a_strict_policy_and_no_outside_assets(web):
     assert "http" not in r.text.replace("http-equiv", "")  # no CDN: every asset is /web/...
 
 
+COUNT_UPDATES = """() => {
+  window.updates = 0;
+  new MutationObserver(() => window.updates++).observe(
+    document.getElementById("messages"), {childList: true, subtree: true, characterData: true});
+}"""
+
+
 def test_chat_streams_an_answer_and_history_survives_a_reload(web, browser):
     page = open_page(browser, web.url)
-    send(page, "Count from 1 to 5.", max_tokens=24)
+    page.evaluate(COUNT_UPDATES)
+    send(page, "Count from 1 to 20.", max_tokens=40)
     page.wait_for_selector(".message.assistant", timeout=60_000)
     page.wait_for_selector("#send:not([hidden])", timeout=120_000)  # the answer finished
     answer = page.inner_text(".message.assistant")
     assert answer.strip()
+    assert page.evaluate("() => window.updates") >= 5  # it arrived token by token
     page.wait_for_selector("#conversations li", timeout=30_000)
     page.reload()
     page.wait_for_selector("#conversations li button.open", timeout=30_000)
     page.click("#conversations li button.open")
     page.wait_for_selector(".message.assistant", timeout=30_000)
     assert page.inner_text(".message.assistant") == answer
-    assert page.inner_text(".message.user").endswith("Count from 1 to 5.")
+    assert page.inner_text(".message.user").endswith("Count from 1 to 20.")
     assert page.outside == [] and page.dialogs == []
     page.close()
 
@@ -87,8 +97,8 @@ def test_stop_frees_the_slot_within_a_step(web, browser):
              len(page.inner_text(".message.assistant")) > 20, timeout=120,
              what="the answer to start streaming")
     page.click("#stop")
-    wait_for(lambda: all(s["state"] == "idle" for s in web.slots()["slots"]), timeout=10,
-             what="the slot to be freed after Stop")
+    wait_for(lambda: all(s["state"] == "idle" for s in web.slots()["slots"]), timeout=1.0,
+             interval=0.02, what="the slot to be freed within 1 s of Stop")
     assert "Stopped." in page.inner_text("#status")
     page.close()
 
@@ -136,6 +146,13 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
         send(page, "Say hi.", max_tokens=4)
         page.wait_for_selector("#conversations li", timeout=60_000)
         page.close()
+        other = open_page(browser, srv.url)  # a second browser context, bob's key
+        other.fill("#key", BOB)
+        with other.expect_response(lambda r: r.url.endswith("/web/api/conversations")) as listed:
+            other.click("#login button")
+        assert listed.value.json() == {"data": []}
+        assert other.locator("#conversations li").count() == 0
+        other.close()
         mine = httpx.get(srv.url + "/web/api/conversations", headers={"X-Api-Key": ALICE}).json()
         theirs = httpx.get(srv.url + "/web/api/conversations", headers={"X-Api-Key": BOB}).json()
         assert len(mine["data"]) == 1 and theirs["data"] == []

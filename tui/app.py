@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from datetime import date
 from typing import Awaitable, Callable
 
 import httpx
@@ -47,11 +48,16 @@ def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> 
                 if slots.status_code != 200:
                     raise FetchError(f"server answered {slots.status_code} ({slots.text[:80]})")
                 metrics = await client.get("/metrics")
+                usage = await client.get("/v1/usage", params={
+                    "group_by": "key", "from": date.today().isoformat()})
+                slots_json = slots.json()
+                if usage.status_code == 200:  # an admin key sees every key, a user key its own
+                    slots_json["usage_today"] = usage.json()["data"]
                 if not props_cache:
                     props = await client.get("/props")
                     if props.status_code == 200:
                         props_cache.update(props.json())
-                return slots.json(), metrics.text, props_cache or None
+                return slots_json, metrics.text, props_cache or None
         except httpx.HTTPError as exc:
             props_cache.clear()  # the server may come back as another model
             raise FetchError(f"unreachable, retrying ({type(exc).__name__})") from exc

@@ -79,6 +79,7 @@ class View:
     rss_bytes: float = 0.0
     mem_total: float = 0.0
     mem_available: float = 0.0
+    usage_today: list[dict] = field(default_factory=list)  # ledger rows by key (what the key may see)
 
 
 class Tracker:
@@ -101,6 +102,7 @@ class Tracker:
                     next_up=list(slots["queue"].get("requests", []))[:4],
                     preemptions=int(slots["engine"].get("preemptions", 0)))
         view.backend = _backend_text(props)
+        view.usage_today = list(slots.get("usage_today", []))
         prev = self._last
         dt = now - prev[0] if prev else 0.0
         if prev and dt > 0:

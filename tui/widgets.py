@@ -104,10 +104,15 @@ class QueuePanel(Static):
 class SystemPanel(Static):
     """The server machine (from its /metrics), not the machine running the dashboard."""
 
-    DEFAULT_CSS = "SystemPanel { height: 3; border: round $primary-darken-2; padding: 0 1; }"
+    DEFAULT_CSS = "SystemPanel { height: auto; border: round $primary-darken-2; padding: 0 1; }"
 
     def show(self, view: View) -> None:
         used = view.mem_total - view.mem_available
-        self.update(f"server CPU {view.cpu_percent:.0f}% of {view.cpu_count} cores   "
+        text = Text(f"server CPU {view.cpu_percent:.0f}% of {view.cpu_count} cores   "
                     f"RSS {human_bytes(view.rss_bytes)}   "
                     f"machine memory {human_bytes(used)} / {human_bytes(view.mem_total)}")
+        if view.usage_today:  # from the ledger: plain Text, key names are never markup
+            text.append("\ntokens today: " + ", ".join(
+                f"{r['key']} {r['prompt_tokens'] + r['completion_tokens']}"
+                for r in view.usage_today[:8]))
+        self.update(text)
