@@ -11,7 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localserve.api import routes_admin, routes_native, routes_openai, routes_web
+from localserve.api import (routes_admin, routes_embeddings, routes_native, routes_openai,
+                            routes_web)
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS
 from localserve.api.host_guard import LoopbackHostGuard, is_loopback
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None, service: Service | None = None)
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_native.router, dependencies=guarded)
+    app.include_router(routes_embeddings.router, dependencies=guarded)
+    app.include_router(routes_embeddings.bare_router, dependencies=guarded, include_in_schema=False)
     if settings.web:
         app.include_router(routes_web.page_router)
         app.include_router(routes_web.api_router, dependencies=guarded, include_in_schema=False)

@@ -1,8 +1,6 @@
-"""LlamaRunner: the ONLY module that calls llama.cpp (through llama_cpp's low-level ctypes API).
-
-It loads the model and one context whose cache holds `n_slots` sequences (slot id = sequence
-id), turns a scheduler StepPlan into ONE llama_batch, runs llama_decode, and samples a token
-for every row that asked for logits, each with that slot's own sampler chain.
+"""LlamaRunner: one context whose cache holds `n_slots` sequences (slot id = sequence id).
+It turns a scheduler StepPlan into ONE llama_batch, runs llama_decode, and samples a token for
+every row that asked for logits, each with that slot's own sampler chain (and grammar).
 ctypes releases the GIL inside llama_decode, so the HTTP side keeps serving during a step.
 """
 
@@ -12,7 +10,7 @@ import ctypes
 import logging
 import math
 import os
-import sys
+import threading
 import time
 
 import llama_cpp as C
@@ -23,84 +21,11 @@ from localserve.engine.errors import CacheFull, DecodeError
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs
 from localserve.engine.request import SamplingParams
+from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
+                                                 _quiet_llama, supports_gpu_offload)
 from localserve.engine.scheduler import StepPlan
 
 log = logging.getLogger("localserve.llama")
-
-_LOG_LEVEL_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
-
-
-@C.llama_log_callback
-def _llama_log(level, text, _user_data):
-    """Keep llama.cpp's chatter out of the console; pass on its warnings and errors."""
-    if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and text:
-        log.warning(text.decode("utf-8", "replace").rstrip())
-
-
-def supports_gpu_offload() -> bool:
-    """True when this llama.cpp build has a GPU backend (CUDA, Metal, ...)."""
-    return bool(C.llama_supports_gpu_offload())
-
-
-# Cache types as llama-server spells them: ggml type and bytes per element (blocks of 32).
-CACHE_TYPES = {"f16": (C.GGML_TYPE_F16, 2.0), "q8_0": (C.GGML_TYPE_Q8_0, 34 / 32),
-               "q4_0": (C.GGML_TYPE_Q4_0, 18 / 32)}
-FLASH_ATTN = {"on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-              "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO}
-
-
-def memory_needs(model_path: str, ctx_size: int, type_k: str = "f16", type_v: str = "f16") -> dict:
-    """Bytes the model and a cache of ctx_size tokens (of these K and V types) will take, read
-    from the GGUF's hyper-parameters without loading the weights (a vocab-only load)."""
-    _quiet_llama()
-    params = C.llama_model_default_params()
-    params.vocab_only = True
-    model = C.llama_model_load_from_file(model_path.encode(), params)
-    if not model:
-        raise RuntimeError(f"llama.cpp could not read {model_path}")
-    try:
-        def meta_int(key: str, default: int) -> int:
-            buf = ctypes.create_string_buffer(64)
-            n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-            try:
-                return int(buf.value) if n >= 0 else default
-            except ValueError:  # a per-layer array: take the largest entry's worth
-                return default
-
-        arch = ctypes.create_string_buffer(64)
-        C.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
-        a = arch.value.decode()
-        n_layer = meta_int(f"{a}.block_count", 32)
-        n_head = max(meta_int(f"{a}.attention.head_count", 32), 1)
-        n_head_kv = meta_int(f"{a}.attention.head_count_kv", n_head)
-        head_dim = meta_int(f"{a}.attention.key_length", meta_int(f"{a}.embedding_length", 4096) // n_head)
-        elements = n_layer * n_head_kv * head_dim  # per token, for K and again for V
-        kv_per_token = int(elements * (CACHE_TYPES[type_k][1] + CACHE_TYPES[type_v][1]))
-        f16_per_token = elements * 4
-    finally:
-        C.llama_model_free(model)
-    return {"model_bytes": os.path.getsize(model_path), "kv_bytes": kv_per_token * ctx_size,
-            "kv_bytes_per_token": kv_per_token, "f16_bytes_per_token": f16_per_token}
-
-
-_PROGRESS = {"last": -1}
-
-
-@ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_float, ctypes.c_void_p)
-def _load_progress(progress, _user_data):
-    """llama.cpp's load progress, drawn as a bar on a terminal (every 5%)."""
-    pct = int(progress * 100)
-    if pct // 5 != _PROGRESS["last"] // 5 and sys.stderr.isatty():
-        bar = "#" * (pct // 4)
-        print(f"\rloading model [{bar:<25}] {pct:3d}%", end="\n" if pct >= 100 else "",
-              file=sys.stderr, flush=True)
-    _PROGRESS["last"] = pct
-    return True
-
-
-def _quiet_llama() -> None:
-    C.llama_log_set(_llama_log, ctypes.c_void_p(0))
-    C.llama_backend_init()
 
 
 class LlamaRunner:
@@ -148,6 +73,8 @@ class LlamaRunner:
         self._one = (C.llama_token_data * 1)()
         self.logprob_n: dict[int, int | None] = {}  # per slot: top-N log-probabilities wanted
         self.logprobs: dict[int, tuple] = {}  # the last step's, for the rows that asked
+        self._embedder = None
+        self._embedder_lock = threading.Lock()
         self._pieces: dict[int, bytes] = {}
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
@@ -181,6 +108,10 @@ class LlamaRunner:
     @property
     def eos_text(self) -> str:
         return self.token_text(C.llama_vocab_eos(self.vocab))
+
+    @property
+    def n_embd(self) -> int:
+        return C.llama_model_n_embd(self.model)
 
     @property
     def fim_tokens(self) -> tuple[int, int, int] | None:
@@ -388,7 +319,20 @@ class LlamaRunner:
     def _row_logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
+    def embedder(self):
+        """The /v1/embeddings context on this model, made on first use (its cache costs
+        memory only once someone asks for embeddings)."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                from localserve.engine.runner.embeddings import Embedder
+
+                self._embedder = Embedder(self.model, self.n_ctx_per_slot,
+                                          self.config.n_threads or os.cpu_count() or 1)
+            return self._embedder
+
     def close(self) -> None:
+        if self._embedder is not None:
+            self._embedder.close()
         for chain in (*self.samplers.values(), *self.grammars.values()):
             C.llama_sampler_free(chain)
         self.samplers.clear()

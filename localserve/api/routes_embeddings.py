@@ -1,0 +1,84 @@
+"""POST /v1/embeddings (and /embeddings): what RAG frontends call. The served model embeds
+each input with last-token pooling (engine/runner/embeddings.py), on a worker thread."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api.prompt import check_size
+from localserve.api.routes_openai import check_rate, identity, ready_service
+from localserve.api.schemas import OpenAIError
+
+router = APIRouter(prefix="/v1")
+bare_router = APIRouter()
+MAX_INPUTS = 256
+
+
+class EmbeddingRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    input: str | list[str] | list[int] | list[list[int]]
+    model: str | None = None
+    encoding_format: str = Field("float", pattern="^(float|base64)$")
+    dimensions: int | None = None
+    user: str | None = None
+
+
+def _inputs(service, body: EmbeddingRequest) -> list[list[int]]:
+    raw = body.input
+    if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):
+        raw = [raw]
+    if not raw or len(raw) > MAX_INPUTS:
+        raise OpenAIError(400, f"send 1 to {MAX_INPUTS} inputs", param="input")
+    out = []
+    for i, item in enumerate(raw):
+        if isinstance(item, str):
+            check_size(service, 1, len(item.encode()), f"input[{i}]")
+            tokens = service.runner.tokenize(item, add_special=True, parse_special=False)
+        else:
+            tokens = list(item)
+            if any(not 0 <= t < service.runner.n_vocab for t in tokens):
+                raise OpenAIError(400, f"input[{i}]: token ids out of range", param="input")
+        if not 0 < len(tokens) <= service.n_ctx_per_slot:
+            raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
+                              f"{service.n_ctx_per_slot}", code="context_length_exceeded",
+                              param="input")
+        out.append(tokens)
+    return out
+
+
+def _encode(vector: list[float], form: str):
+    if form == "float":
+        return vector
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+@router.post("/embeddings")
+@bare_router.post("/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request):
+    service = ready_service(request)
+    if body.dimensions is not None:
+        raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
+                          f"{service.runner.n_embd} dimensions", param="dimensions")
+    check_rate(request)
+    started = time.monotonic()
+    inputs = await run_in_threadpool(_inputs, service, body)
+    embedder = await run_in_threadpool(service.runner.embedder)
+    vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
+    n_tokens = sum(len(t) for t in inputs)
+    if service.ledger is not None:
+        service.ledger.record({
+            "ts": time.time(), "key": identity(request, body) or "anonymous",
+            "endpoint": "/v1/embeddings", "model": service.model_id, "prompt_tokens": n_tokens,
+            "cached_tokens": 0, "completion_tokens": 0, "finish_reason": "stop", "queue_s": 0.0,
+            "duration_s": round(time.monotonic() - started, 4), "status": 200})
+    return {"object": "list", "model": service.model_id,
+            "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
+                     for i, v in enumerate(vectors)],
+            "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

@@ -1,0 +1,59 @@
+"""Embedder: /v1/embeddings from a second llama_context on the generating context's model.
+
+The context has embeddings on and LAST-token pooling: measured on these machines, LAST was
+stable batched vs solo, while MEAN pooling over several sequences gave wrong vectors (and
+aborted at context creation with n_seq_max=3). So it holds one sequence and embeds one input
+at a time, under a lock, on the HTTP side's worker threads: the generation loop never waits
+for it (the two contexts share the CPU, not a lock). Vectors are L2-normalised, as OpenAI's are.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import llama_cpp as C
+import numpy as np
+
+from localserve.engine.errors import DecodeError
+
+
+class Embedder:
+    def __init__(self, model, n_ctx: int, n_threads: int):
+        params = C.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_seq_max = 1
+        params.embeddings = True
+        params.pooling_type = C.LLAMA_POOLING_TYPE_LAST
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        self.ctx = C.llama_init_from_model(model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp could not create the embedding context")
+        self.n_ctx = n_ctx
+        self.n_embd = C.llama_model_n_embd(model)
+        self.batch = C.llama_batch_init(n_ctx, 0, 1)
+        self.lock = threading.Lock()
+
+    def embed(self, tokens: list[int]) -> list[float]:
+        """One input's vector. The caller has checked 1 <= len(tokens) <= n_ctx."""
+        if not 0 < len(tokens) <= self.n_ctx:
+            raise ValueError(f"an input must be 1 to {self.n_ctx} tokens")
+        with self.lock:
+            C.llama_memory_clear(C.llama_get_memory(self.ctx), True)
+            batch = self.batch
+            for i, token in enumerate(tokens):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, 1
+            batch.n_tokens = len(tokens)
+            if C.llama_decode(self.ctx, batch) != 0:
+                raise DecodeError(f"llama_decode refused an embedding batch of {len(tokens)} tokens")
+            vector = np.ctypeslib.as_array(C.llama_get_embeddings_seq(self.ctx, 0),
+                                           shape=(self.n_embd,)).astype(np.float64)
+        norm = float(np.linalg.norm(vector))
+        return (vector / norm if norm > 0 else vector).tolist()
+
+    def close(self) -> None:
+        if self.ctx:
+            C.llama_batch_free(self.batch)
+            C.llama_free(self.ctx)
+            self.ctx = None

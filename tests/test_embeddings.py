@@ -1,0 +1,57 @@
+"""/v1/embeddings on the real model: OpenAI's shapes through the official client, normalised
+and deterministic vectors, base64, refusals, and generation unaffected meanwhile."""
+
+import base64
+import math
+import struct
+import threading
+
+import httpx
+from openai import OpenAI
+
+
+def test_embeddings_through_the_openai_client(server):
+    client = OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    texts = ["The cat sat on the mat.", "Quarterly revenue grew by 4%.", "The cat sat on the mat."]
+    reply = client.embeddings.create(model="text-embedding-3-small", input=texts)
+    vectors = [d.embedding for d in reply.data]
+    assert [d.index for d in reply.data] == [0, 1, 2]
+    assert len({len(v) for v in vectors}) == 1 and len(vectors[0]) >= 64
+    assert all(abs(math.sqrt(sum(x * x for x in v)) - 1) < 1e-4 for v in vectors)
+    assert vectors[0] == vectors[2] and vectors[0] != vectors[1]  # deterministic, input-specific
+    assert reply.usage.prompt_tokens == reply.usage.total_tokens > 10
+    alone = client.embeddings.create(model="x", input=texts[1]).data[0].embedding
+    assert max(abs(a - b) for a, b in zip(alone, vectors[1])) < 1e-5  # alone == in a list
+
+
+def test_base64_token_ids_and_refusals(server):
+    url = server.url + "/v1/embeddings"
+    as_float = httpx.post(url, json={"input": "hello"}).json()["data"][0]["embedding"]
+    packed = httpx.post(url, json={"input": "hello", "encoding_format": "base64"}).json()
+    raw = base64.b64decode(packed["data"][0]["embedding"])
+    decoded = struct.unpack(f"<{len(raw) // 4}f", raw)
+    assert max(abs(a - b) for a, b in zip(decoded, as_float)) < 1e-6
+    ids = httpx.post(server.url + "/tokenize", json={"content": "hello", "add_special": True,
+                                                     "parse_special": False}).json()["tokens"]
+    by_ids = httpx.post(url, json={"input": ids}).json()["data"][0]["embedding"]
+    assert max(abs(a - b) for a, b in zip(by_ids, as_float)) < 1e-5
+    for body, fragment in (({"input": "x", "dimensions": 8}, "dimensions"),
+                           ({"input": "word " * 3000}, "input[0]"),
+                           ({"input": ["a"] * 300}, "1 to 256"),
+                           ({"input": []}, "1 to 256")):
+        r = httpx.post(url, json=body)
+        assert r.status_code == 400 and fragment in r.json()["error"]["message"], body
+    assert httpx.post(server.url + "/embeddings", json={"input": "hi"}).status_code == 200
+
+
+def test_generation_keeps_going_while_embedding(server):
+    results = []
+    stream = threading.Thread(target=lambda: results.append(httpx.post(
+        server.url + "/v1/completions", timeout=120,
+        json={"prompt": "1, 2, 3,", "max_tokens": 40, "ignore_eos": True})))
+    stream.start()
+    for _ in range(5):
+        assert httpx.post(server.url + "/v1/embeddings", timeout=60,
+                          json={"input": ["some text"] * 8}).status_code == 200
+    stream.join(timeout=120)
+    assert results[0].status_code == 200 and results[0].json()["usage"]["completion_tokens"] == 40
