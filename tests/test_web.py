@@ -71,6 +71,8 @@ COUNT_UPDATES = """() => {
 
 def test_chat_streams_an_answer_and_history_survives_a_reload(web, browser):
     page = open_page(browser, web.url)
+    page.wait_for_selector("#app", state="visible", timeout=30_000)
+    assert not page.locator("#login").is_visible()  # no keys: no sign-in panel, really hidden
     page.evaluate(COUNT_UPDATES)
     send(page, "Count from 1 to 20.", max_tokens=40)
     page.wait_for_selector(".message.assistant", timeout=60_000)
@@ -127,7 +129,8 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
     with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
                  log_name="web-keys") as srv:
         page = open_page(browser, srv.url)
-        page.wait_for_selector("#login:not([hidden])", timeout=30_000)
+        page.wait_for_selector("#login", state="visible", timeout=30_000)
+        assert not page.locator("#app").is_visible()
         page.fill("#key", "not-the-key-0000")
         page.click("#login button")
         wait_for(lambda: page.inner_text("#login-error"), what="the sign-in error")
