@@ -24,7 +24,7 @@ TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 # Flag names that differ from their field's name (flag-derived spelling -> field).
 ALIASES = {"api_key": "api_keys", "cors_origin": "cors_origins", "allowed_host": "allowed_hosts",
            "alias": "model_alias"}
-NOT_SETTINGS = {"CONFIG", "VENV"}  # LOCALSERVE_CONFIG names the TOML; LOCALSERVE_VENV scripts/setup's
+NOT_SETTINGS = {"CONFIG", "VENV", "SOAK_S"}  # the TOML; scripts/setup's venv; the soak test's length
 
 
 def field_name(key: str) -> str | None:
