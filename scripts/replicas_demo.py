@@ -113,7 +113,7 @@ def main() -> int:
         print(f"replica 1 drained (SIGTERM) with the first wave in flight, then a second wave: "
               f"{len(results) - len(failed)}/{len(results)} succeeded; 5xx seen by clients: "
               f"{sum(1 for s, _ in failed if s >= 500)}; replica 2 served "
-              f"{served(replicas[1]) - before[1]} (the second wave all went there: "
+              f"{served(replicas[1]) - before[1]} (every request of the second wave answered: "
               f"{all(s == 200 for s, _, _ in second)})")
         for status, error in failed[:3]:
             print(f"  failed: {status} {error}")
