@@ -43,6 +43,9 @@ def _up_parser(sub) -> None:
     sched.add_argument("--max-num-batched-tokens", type=int,
                        help="tokens per engine step: small = smooth streams while long prompts "
                             "arrive, large = faster prefill (default 256 on CPU, 512 with -ngl)")
+    sched.add_argument("--prefill-batch-tokens", type=int,
+                       help="tokens per step while no stream is decoding (default: 4x "
+                            "--max-num-batched-tokens)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
     sched.add_argument("--scheduler", choices=["continuous", "static", "serial"],
                        help="continuous (default, the product); static and serial exist to be "

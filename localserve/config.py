@@ -22,6 +22,7 @@ class Settings:
     ctx_size: int = 8192
     parallel: int = 4
     max_num_batched_tokens: int | None = None  # None: 256 on CPU, 512 with GPU offload
+    prefill_batch_tokens: int | None = None  # per step while nothing decodes; None: 4x the above
     max_num_seqs: int | None = None  # default: one per slot
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
@@ -80,6 +81,13 @@ class Settings:
             return self.max_slots_per_key
         usable = min(self.parallel, self.max_num_seqs or self.parallel)
         return usable - 1 if usable > 1 else None
+
+    def prefill_token_budget(self, gpu_offload: bool = False) -> int:
+        """Tokens per step while no stream is decoding: nothing to keep smooth, so prompt
+        processing runs in big steps (fewer steps, fuller matrix multiplications)."""
+        if self.prefill_batch_tokens is not None:
+            return max(self.prefill_batch_tokens, self.step_token_budget(gpu_offload))
+        return 4 * self.step_token_budget(gpu_offload)
 
     def validate(self) -> "Settings":
         checks = [

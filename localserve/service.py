@@ -108,9 +108,10 @@ class Service:
             self.model_path = resolve_model(s.model)
             log.info("loading %s", self.model_path)
             budget = s.step_token_budget(supports_gpu_offload())
+            prefill_budget = s.prefill_token_budget(supports_gpu_offload())
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
-                n_batch=budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
+                n_batch=prefill_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
                 main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified,
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
             facts = self.facts = self.runner.describe()
@@ -123,6 +124,7 @@ class Service:
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
             shares = self.keys_enabled  # without keys no identity can be trusted to share by
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
+                                       prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
@@ -147,8 +149,9 @@ class Service:
                      facts["model"]["n_ctx_train"])
             log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
             log.info("context split: %s", pool.describe())
-            log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d, --max-num-seqs %d, "
-                     "--max-queue %s", scheduler.budget, scheduler.max_num_seqs, s.max_queue)
+            log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
+                     "decodes), --max-num-seqs %d, --max-queue %s", scheduler.budget,
+                     scheduler.prefill_budget, scheduler.max_num_seqs, s.max_queue)
             if shares:
                 log.info("shares per key: %s queue places, %s slots while others wait, %s "
                          "requests/s (burst %d), prefix cache %s", s.queue_share(), s.slot_share(),

@@ -129,3 +129,17 @@ def test_loop_preempts_and_replans_when_the_runner_finds_the_cache_full():
     assert {rid: (sum(len(e.token_ids) for e in evs), evs[-1].finish_reason)
             for rid, evs in events.items()} == {"a": (5, "length"), "b": (5, "length")}
     assert sched.stats.requests_failed == 0
+
+
+def test_invariant_7_big_prefill_steps_only_while_nothing_decodes():
+    sched = Scheduler(SlotPool(2048, 2), FakeVocab(), max_num_batched_tokens=8, prefill_budget=64)
+    runner = PositionalRunner(10_000)
+    sched.add(request("first", range(1, 101), max_tokens=50))
+    plan, _ = step(sched, runner)
+    assert plan.num_tokens == 64  # nobody decodes: a full prefill step
+    while sched.pool.slots[0].state is not SlotState.DECODE:
+        step(sched, runner)
+    sched.add(request("second", range(200, 300)))
+    for _ in range(5):
+        plan, _ = step(sched, runner)
+        assert plan.num_tokens <= 8  # a stream decodes: the smoothness budget again

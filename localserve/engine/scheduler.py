@@ -82,12 +82,16 @@ class StepPlan:
 
 class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
-                 max_num_seqs: int | None = None, slot_share: int | None = None):
+                 max_num_seqs: int | None = None, slot_share: int | None = None,
+                 prefill_budget: int | None = None):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
         self.vocab = vocab
         self.budget = max_num_batched_tokens
+        # With no stream decoding there is nothing to keep smooth: a step may carry this many
+        # prompt tokens instead (llama-server's prefill speed), never fewer than the budget.
+        self.prefill_budget = max(prefill_budget or max_num_batched_tokens, max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs or len(pool.slots)
         self.slot_share = slot_share  # most slots one user holds while others wait; None: no cap
         self.waiting = FairQueue()
@@ -145,6 +149,8 @@ class Scheduler:
         5. Prefix-cache queries and hits count first admissions only, never a resume.
         6. With slot shares (API keys), a user holds at most `slot_share` slots while another
            user waits (tests/test_sharing.py).
+        7. A step carries at most `budget` tokens while any stream decodes (smoothness), and
+           up to `prefill_budget` when none does (nothing to stall: prefill at full speed).
         """
         plan = StepPlan(dropped=self._pending_drops)
         self._pending_drops = []
@@ -152,8 +158,9 @@ class Scheduler:
             self._make_room_for_decode(plan)
         self._enforce_slot_share(plan)
         self._admit_batch(plan)
-        budget = self.budget
         running = self.running
+        decoding = any(s.state is SlotState.DECODE for s in running)
+        budget = self.budget if decoding else self.prefill_budget
         for state in (SlotState.DECODE, SlotState.PREFILL):
             for slot in running:
                 if slot.state is state and budget > 0 and self._room(plan) > 0:
@@ -176,7 +183,7 @@ class Scheduler:
         """Cache cells still free for this step's batch (unbounded per slot in split mode:
         there a slot's own limit ends its request instead)."""
         if not self.pool.unified:
-            return self.budget
+            return self.prefill_budget
         return self.pool.free - plan.num_tokens
 
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
