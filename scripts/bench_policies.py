@@ -5,7 +5,13 @@ ceiling of the runner; then the chunked-prefill demonstration. Every figure prin
 comes from this run, measured one server at a time on the same machine.
 
     .venv/bin/python scripts/bench_policies.py [--concurrency 8] [--requests 24] \
-        [--llama-server PATH/TO/llama-server] [--skip-prefill-demo]
+        [--llama-server PATH/TO/llama-server] [--skip-prefill-demo] [--repeat 3] \
+        [--policies continuous,static,serial]
+
+With --repeat N every side runs N times in alternating order (reversed every other round, so
+no side always runs first or on a warmer machine); the table shows each side's median run,
+and each ratio is the median of the per-round ratios with its spread (min-max): one noisy
+run never makes a claim.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -85,29 +92,34 @@ def main() -> int:
     ap.add_argument("--llama-server", help="path to llama.cpp's llama-server binary, to compare")
     ap.add_argument("--skip-prefill-demo", action="store_true")
     ap.add_argument("--out", default="bench-out/policies.json")
+    ap.add_argument("--repeat", type=int, default=1, help="rounds per side, alternating order")
+    ap.add_argument("--policies", default="continuous,static,serial")
     args = ap.parse_args()
     t = str(args.threads)
     results: dict = {"command": " ".join(sys.argv), "workloads": {}}
     for name in filter(None, args.workloads.split(",")):
         words, outs = WORKLOADS[name]
         jobs = bench.make_workload(args.requests, args.seed, words, outs)
-        rows = {}
-        for policy in ("continuous", "static", "serial"):
-            rows[policy] = measure(RunningServer("-c", "8192", "-np", "8", "-t", t, "--scheduler",
-                                                 policy, log_name=policy), jobs, args.concurrency)
-        if args.llama_server:
-            rows["llama-server"] = measure(llama_server(args.llama_server, args.threads), jobs,
-                                           args.concurrency)
+        sides = args.policies.split(",") + (["llama-server"] if args.llama_server else [])
+        runs: dict[str, list] = {side: [] for side in sides}
+        for round_no in range(args.repeat):
+            for side in (sides if round_no % 2 == 0 else sides[::-1]):
+                server = (llama_server(args.llama_server, args.threads) if side == "llama-server"
+                          else RunningServer("-c", "8192", "-np", "8", "-t", t, "--scheduler", side,
+                                             log_name=side))
+                runs[side].append(measure(server, jobs, args.concurrency))
+        rows = {side: sorted(r, key=lambda x: x.output_tok_s)[len(r) // 2] for side, r in runs.items()}
         print(f"\nworkload '{name}': {args.requests} requests, prompts {words[0]}-{words[1]} words, "
               f"{outs[0]}-{outs[1]} tokens out, concurrency {args.concurrency}, seed {args.seed}")
         print(f"{'server':>14} " + bench.HEADER)
         for label, summary in rows.items():
             print(f"{label:>14} " + summary.row())
-        base = rows["continuous"].output_tok_s
-        for label, summary in rows.items():
-            if label != "continuous":
-                print(f"  continuous / {label}: {base / summary.output_tok_s:.2f}x output tok/s")
-        results["workloads"][name] = {k: v.__dict__ for k, v in rows.items()}
+        first = sides[0]
+        for label in sides[1:]:
+            ratios = [a.output_tok_s / b.output_tok_s for a, b in zip(runs[first], runs[label])]
+            print(f"  {first} / {label}: median {statistics.median(ratios):.2f}x output tok/s over "
+                  f"{len(ratios)} round(s) (spread {min(ratios):.2f}-{max(ratios):.2f})")
+        results["workloads"][name] = {k: [v.__dict__ for v in r] for k, r in runs.items()}
 
     if results["workloads"]:
         ceiling = raw_ceiling([1, args.concurrency], args.threads)
