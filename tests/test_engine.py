@@ -79,3 +79,22 @@ def test_in_flight_counts_a_request_from_submit_to_its_last_event(service):
     seen = asyncio.run(run())
     assert min(seen) == 1 and len(seen) == 6
     assert service.in_flight() == 0
+
+
+def test_json_strings_may_not_hold_raw_control_characters(service):
+    """JSON forbids raw control characters inside strings; the converter's own rule allows
+    them, so the runner tightens it (this once silently did nothing)."""
+    runner = service.runner
+    gbnf = runner.json_schema_grammar('{"type": "string"}')
+    assert r'[^"\\\x00-\x1F\x7F]' in gbnf and runner.grammar_error(gbnf) is None
+    quote = runner.tokenize('"', add_special=False, parse_special=False)
+    newline = runner.tokenize("\n", add_special=False, parse_special=False)
+    letter = runner.tokenize("a", add_special=False, parse_special=False)
+    assert len(quote) == len(newline) == len(letter) == 1
+    spare = 10_000  # a grammar slot no request uses
+    try:
+        runner._new_grammar(spare, gbnf, quote)  # inside an open string
+        assert runner._allows(runner.grammars[spare], letter[0])
+        assert not runner._allows(runner.grammars[spare], newline[0])
+    finally:
+        runner._new_grammar(spare, None, [])

@@ -263,7 +263,7 @@ class LlamaRunner:
         """GBNF for a JSON schema (llama-cpp-python's converter; raises on what it rejects).
         Strings may not hold raw control characters: JSON forbids them."""
         gbnf = json_schema_to_gbnf(schema_json)
-        return gbnf.replace('char ::= [^"\\]', 'char ::= [^"\\\x00-\x1F\x7F]')
+        return gbnf.replace(r'char ::= [^"\\]', r'char ::= [^"\\\x00-\x1F\x7F]')
 
     def _new_grammar(self, slot_id: int, gbnf: str | None, generated: list[int]) -> None:
         """A fresh grammar state, advanced over the tokens generated so far (after a
