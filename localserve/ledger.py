@@ -170,6 +170,17 @@ STATUS = {"stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout"
           "error": 500}
 
 
+def request_row(key: str | None, endpoint: str, model: str, prompt_tokens: int,
+                cached_tokens: int, completion_tokens: int, finish_reason: str, queue_s: float,
+                duration_s: float) -> dict:
+    """One `requests` row; the status follows from how the request finished."""
+    return {"ts": time.time(), "key": key or "anonymous", "endpoint": endpoint, "model": model,
+            "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
+            "completion_tokens": completion_tokens, "finish_reason": finish_reason,
+            "queue_s": round(queue_s, 4), "duration_s": round(duration_s, 4),
+            "status": STATUS.get(finish_reason, 500)}
+
+
 class LedgerObserver:
     """EngineObserver: one ledger row per finished request (on the loop thread: a queue put)."""
 
@@ -183,11 +194,8 @@ class LedgerObserver:
         if not event.finished:
             return
         now = time.monotonic()
-        reason = str(event.finish_reason)
-        self.ledger.record({
-            "ts": time.time(), "key": request.user or "anonymous", "endpoint": request.endpoint,
-            "model": self.model_id(), "prompt_tokens": event.prompt_tokens,
-            "cached_tokens": event.cached_tokens, "completion_tokens": event.completion_tokens,
-            "finish_reason": reason, "duration_s": round(now - request.arrival_time, 4),
-            "queue_s": round((request.admitted_time or now) - request.arrival_time, 4),
-            "status": STATUS.get(reason, 500)})
+        self.ledger.record(request_row(
+            request.user, request.endpoint, self.model_id(), event.prompt_tokens,
+            event.cached_tokens, event.completion_tokens, str(event.finish_reason),
+            queue_s=(request.admitted_time or now) - request.arrival_time,
+            duration_s=now - request.arrival_time))

@@ -16,7 +16,7 @@ import time
 import uvicorn
 
 from localserve.api.app import create_app
-from localserve.api.auth import KeyChecker, load_keys
+from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
 from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
@@ -82,24 +82,16 @@ class DrainingServer(uvicorn.Server):
 
 
 def reload_keys(app, service: Service) -> None:
-    """SIGHUP: read the key file again and swap the key list in one assignment, so requests
-    in flight are untouched; added and removed keys go to the audit log. A file that cannot
-    be read, or yields no key, keeps the old keys (fail closed)."""
+    """SIGHUP: read the key file again and swap the key checker in one assignment, so
+    requests in flight are untouched (Service.reload_keys audits the changes). A file that
+    cannot be read, or yields no key, keeps the old keys (fail closed)."""
     try:
-        new = load_keys(service.settings)
+        service.reload_keys()
     except SettingsError as exc:
         log.error("SIGHUP: keeping the current keys: %s", exc)
         return
-    old_names = {name for name, _ in service.keys.values()}
-    new_names = {name for name, _ in new.values()}
-    service._keys = new
-    app.state.keys = KeyChecker(new)
-    for event, names in (("key_added", new_names - old_names), ("key_removed", old_names - new_names)):
-        for name in sorted(names):
-            log.info("SIGHUP: %s %s", event.replace("_", " "), name)
-            if service.ledger is not None:
-                service.ledger.audit(event, name)
-    log.info("SIGHUP: %d keys loaded", len(new))
+    app.state.keys = KeyChecker(service.keys)
+    log.info("SIGHUP: %d keys loaded", len(service.keys))
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -52,6 +52,21 @@ class Service:
             self._keys = load_keys(self.settings)
         return self._keys
 
+    def reload_keys(self) -> tuple[set[str], set[str]]:
+        """Read the keys again (SIGHUP); returns the names (added, removed). Raises
+        SettingsError and keeps the current keys when the file cannot be used."""
+        new = load_keys(self.settings)
+        old_names = {name for name, _ in self.keys.values()}
+        new_names = {name for name, _ in new.values()}
+        self._keys = new
+        for event, names in (("key_added", new_names - old_names),
+                             ("key_removed", old_names - new_names)):
+            for name in sorted(names):
+                log.info("SIGHUP: %s %s", event.replace("_", " "), name)
+                if self.ledger is not None:
+                    self.ledger.audit(event, name)
+        return new_names - old_names, old_names - new_names
+
     @property
     def keys_enabled(self) -> bool:
         return bool(self.keys)

@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, running
+from conftest import ROOT, running, wait_for
 
 N_SLOW = 1100  # more sockets than a 1,024 open-files limit allows
 
@@ -66,16 +66,22 @@ def test_slow_header_senders_cannot_crowd_out_a_normal_client():
         slow = threading.Thread(target=trickle, args=(srv.port, stop, opened))
         slow.start()
         try:
-            deadline = time.monotonic() + 60
-            while not opened and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_for(lambda: opened, timeout=60, what="the slow sockets to open")
             assert opened == [N_SLOW]
-            for i in range(8):  # over ~2 header deadlines: evictions and time-outs both happen
+            served = []
+
+            def a_normal_client_is_answered_until_the_header_deadline_has_struck():
+                """One /health and one completion per call, while the slow sockets trickle;
+                done once 8 rounds passed and the server has closed slow header-senders."""
                 assert httpx.get(srv.url + "/health", timeout=10).status_code == 200
                 r = httpx.post(srv.url + "/v1/completions", timeout=60,
-                               json={"prompt": f"Count: {i}", "max_tokens": 2})
+                               json={"prompt": f"Count: {len(served)}", "max_tokens": 2})
                 assert r.status_code == 200, r.text
-                time.sleep(0.5)  # paced like a person: the slow sockets keep trickling meanwhile
+                served.append(r)
+                return len(served) >= 8 and "no complete headers within" in srv.log()
+
+            wait_for(a_normal_client_is_answered_until_the_header_deadline_has_struck,
+                     timeout=120, interval=0, what="the header deadline to close slow sockets")
         finally:
             stop.set()
             slow.join(timeout=30)

@@ -114,8 +114,6 @@ def test_users_see_their_own_slot_rows_by_name_and_others_without(office_files):
     folder, keys, _ = office_files
     with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
                  "--state-dir", str(folder / "state2"), log_name="roles") as srv:
-        done = threading.Event()
-
         def long(key):
             chat(srv, key, "Tell a story.", max_tokens=300, ignore_eos=True)
 
@@ -128,7 +126,6 @@ def test_users_see_their_own_slot_rows_by_name_and_others_without(office_files):
             assert sorted(str(r["user"]) for r in seen) == ["None", "alice"]
             assert sorted(r["user"] for r in srv.slots(auth(ROOT_KEY))["slots"]) == ["alice", "bob"]
         finally:
-            done.set()
             for w in workers:
                 w.join(timeout=120)
 

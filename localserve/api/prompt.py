@@ -38,6 +38,17 @@ def check_size(service: Service, n_messages: int, n_bytes: int, param: str) -> N
                         param)
 
 
+def check_token_ids(service: Service, ids: list[int], param: str) -> list[int]:
+    """Token ids a caller sent: each must exist in the vocabulary (llama.cpp aborts on one that
+    does not)."""
+    n_vocab = service.runner.n_vocab
+    bad = [t for t in ids if not 0 <= t < n_vocab]
+    if bad:
+        raise OpenAIError(400, f"{param}: token ids out of range 0..{n_vocab - 1}: {bad[:5]}",
+                          param=param)
+    return list(ids)
+
+
 def _chat_tokens(service: Service, messages: list[dict]) -> list[int]:
     try:
         parts = service.template.render_parts(messages)

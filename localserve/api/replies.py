@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from itertools import accumulate
 import time
 import uuid
 
@@ -95,11 +96,12 @@ class Reply:
         if self.chat:
             return {"content": [{**self._entry(t, lp), "top_logprobs": [
                 self._entry(tt, tlp) for tt, tlp in top]} for t, lp, top in found], "refusal": None}
-        texts = [self._entry(t, lp)["token"] for t, lp, _ in found]
-        offsets = [offset + sum(len(x) for x in texts[:i]) for i in range(len(texts))]
+        text = lambda t: self.piece(t).decode("utf-8", "replace")  # noqa: E731
+        texts = [text(t) for t, _, _ in found]
+        offsets = list(accumulate((len(x) for x in texts), initial=offset))[:len(texts)]
         return {"tokens": texts, "token_logprobs": [lp for _, lp, _ in found],
-                "top_logprobs": [{self._entry(tt, 0)["token"]: tlp for tt, tlp in top}
-                                 for _, _, top in found], "text_offset": offsets}
+                "top_logprobs": [{text(tt): tlp for tt, tlp in top} for _, _, top in found],
+                "text_offset": offsets}
 
     def _chunk(self, choices: list, **extra) -> dict:
         obj = "chat.completion.chunk" if self.chat else "text_completion"

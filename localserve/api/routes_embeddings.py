@@ -11,9 +11,10 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from localserve.api.prompt import check_size
+from localserve.api.prompt import check_size, check_token_ids
 from localserve.api.routes_openai import check_rate, identity, ready_service
 from localserve.api.schemas import OpenAIError
+from localserve.ledger import request_row
 
 router = APIRouter(prefix="/v1")
 bare_router = APIRouter()
@@ -42,9 +43,7 @@ def _inputs(service, body: EmbeddingRequest) -> list[list[int]]:
             check_size(service, 1, len(item.encode()), f"input[{i}]")
             tokens = service.runner.tokenize(item, add_special=True, parse_special=False)
         else:
-            tokens = list(item)
-            if any(not 0 <= t < service.runner.n_vocab for t in tokens):
-                raise OpenAIError(400, f"input[{i}]: token ids out of range", param="input")
+            tokens = check_token_ids(service, item, f"input[{i}]")
         if not 0 < len(tokens) <= service.n_ctx_per_slot:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
                               f"{service.n_ctx_per_slot}", code="context_length_exceeded",
@@ -73,11 +72,9 @@ async def embeddings(body: EmbeddingRequest, request: Request):
     vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     if service.ledger is not None:
-        service.ledger.record({
-            "ts": time.time(), "key": identity(request, body) or "anonymous",
-            "endpoint": "/v1/embeddings", "model": service.model_id, "prompt_tokens": n_tokens,
-            "cached_tokens": 0, "completion_tokens": 0, "finish_reason": "stop", "queue_s": 0.0,
-            "duration_s": round(time.monotonic() - started, 4), "status": 200})
+        service.ledger.record(request_row(
+            identity(request, body), "/v1/embeddings", service.model_id, n_tokens, 0, 0, "stop",
+            queue_s=0.0, duration_s=time.monotonic() - started))
     return {"object": "list", "model": service.model_id,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(vectors)],

@@ -56,17 +56,9 @@ class TemplateBody(BaseModel):
     messages: list[ChatMessage] = Field(..., min_length=1)
 
 
-def _checked_ids(service, ids: list[int]) -> list[int]:
-    bad = [t for t in ids if not 0 <= t < service.runner.n_vocab]
-    if bad:
-        raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
-                          param="tokens")
-    return ids
-
-
 async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
     if isinstance(body.prompt, list):
-        return _checked_ids(service, list(body.prompt))
+        return prompt.check_token_ids(service, body.prompt, "prompt")
     return await prompt.text_prompt(service, body.prompt)
 
 
@@ -178,7 +170,7 @@ async def tokenize(body: TokenizeBody, request: Request):
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request):
     service = ready_service(request)
-    return {"content": service.detokenize(_checked_ids(service, body.tokens))}
+    return {"content": service.detokenize(prompt.check_token_ids(service, body.tokens, "tokens"))}
 
 
 @router.post("/apply-template")

@@ -42,11 +42,6 @@ def ready_service(request: Request) -> Service:
     raise OpenAIError(503, f"{what}: {problem}", "server_error")
 
 
-def check_model_name(service: Service, name: str | None) -> None:
-    """One model served: any name is answered by it (many tools hard-code gpt-3.5-turbo, and
-    llama-server does the same); the response reports the served model's id."""
-
-
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int,
                     grammar: str | None = None) -> SamplingParams:
     room = n_ctx - n_prompt
@@ -148,14 +143,15 @@ async def get_model(model: str, request: Request):
 @router.post("/chat/completions")
 @bare_router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
+    # `model` is not checked: one model serves every name (many tools hard-code
+    # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
     service = ready_service(request)
-    check_model_name(service, body.model)
     check_rate(request)
     tools = structured.tool_setup(service, body)
     if tools is not None:
         messages, grammar, plan = tools
     else:
-        messages, grammar, plan = [m.as_template_dict() for m in body.messages], None, None
+        messages, plan = [m.as_template_dict() for m in body.messages], None
         grammar = structured.request_grammar(service, body)
     tokens = await prompt.chat_prompt(service, messages)
     stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/chat/completions")
@@ -167,18 +163,13 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/completions")
 @bare_router.post("/completions")
 async def completions(body: CompletionRequest, request: Request):
-    service = ready_service(request)
-    check_model_name(service, body.model)
+    service = ready_service(request)  # any `model` name: see chat_completions
     check_rate(request)
     grammar = structured.request_grammar(service, body)
     if isinstance(body.prompt, str):
         tokens = await prompt.text_prompt(service, body.prompt)
     else:
-        bad = [t for t in body.prompt if not 0 <= t < service.runner.n_vocab]
-        if bad:
-            raise OpenAIError(400, f"token ids out of range 0..{service.runner.n_vocab - 1}: {bad[:5]}",
-                              param="prompt")
-        tokens = list(body.prompt)
+        tokens = prompt.check_token_ids(service, body.prompt, "prompt")
     stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/completions")
     reply = Reply("text_completion", service.model_id, body, fingerprint(service),
                   piece=service.runner.piece)

@@ -19,7 +19,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
-from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
+from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
 from localserve.service import Service
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
@@ -69,6 +69,11 @@ def schema_grammar(service: Service, schema, param: str) -> str:
                           param=param) from None
 
 
+def schema_constraint(service: Service, schema, param: str) -> str:
+    """A schema's grammar, converted and checked by llama.cpp's own parser."""
+    return checked_grammar(service, schema_grammar(service, schema, param), param)
+
+
 def checked_grammar(service: Service, gbnf: str, param: str) -> str:
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise OpenAIError(400, f"the grammar is longer than {MAX_GRAMMAR_BYTES} bytes", param=param)
@@ -95,17 +100,13 @@ def request_grammar(service: Service, body: _Sampling) -> str | None:
     if body.grammar is not None:
         return checked_grammar(service, body.grammar, "grammar")
     if body.json_schema is not None:
-        return checked_grammar(service, schema_grammar(service, body.json_schema, "json_schema"),
-                               "json_schema")
+        return schema_constraint(service, body.json_schema, "json_schema")
     if fmt.type == "json_object":
-        return checked_grammar(service, schema_grammar(service, {"type": "object"},
-                                                       "response_format"), "response_format")
+        return schema_constraint(service, {"type": "object"}, "response_format")
     if fmt.json_schema is None:
         raise OpenAIError(400, "response_format json_schema needs a 'json_schema' object with "
                           "a 'schema'", param="response_format.json_schema")
-    return checked_grammar(service, schema_grammar(
-        service, fmt.json_schema.schema_, "response_format.json_schema.schema"),
-        "response_format.json_schema")
+    return schema_constraint(service, fmt.json_schema.schema_, "response_format.json_schema.schema")
 
 
 # ---- tools -------------------------------------------------------------------------------
@@ -124,7 +125,7 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     if len(body.tools) > MAX_TOOLS:
         raise OpenAIError(400, f"at most {MAX_TOOLS} tools", param="tools")
     tools = body.tools
-    if isinstance(choice, dict) or hasattr(choice, "function"):
+    if isinstance(choice, NamedToolChoice):
         wanted = choice.function.name
         tools = [t for t in body.tools if t.function.name == wanted]
         if not tools:
@@ -134,8 +135,7 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     calls = [{"type": "object", "properties": {
         "name": {"const": t.function.name}, "arguments": t.function.parameters},
         "required": ["name", "arguments"]} for t in tools]
-    for i, t in enumerate(tools):
-        _check_schema(t.function.parameters, f"tools[{i}].function.parameters")
+    for i, t in enumerate(tools):  # each alone first, so that an error names its tool
         schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
                  "minItems": 1}
@@ -146,7 +146,7 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     if auto:
         answer = {"anyOf": [answer, {"type": "object", "properties": {
             "response": {"type": "string"}}, "required": ["response"]}]}
-    grammar = checked_grammar(service, schema_grammar(service, answer, "tools"), "tools")
+    grammar = schema_constraint(service, answer, "tools")
     messages = [m.as_template_dict() for m in body.messages]
     prompt = tool_prompt(tools, auto)
     if messages and messages[0]["role"] == "system":
