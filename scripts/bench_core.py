@@ -30,7 +30,7 @@ def raw_ceiling(batch_sizes: list[int], threads: int, steps: int = 64) -> dict[i
     """Tokens/s of llama_decode alone with B sequences decoding one token each per step."""
     from localserve.engine.request import Request, SamplingParams
     from localserve.engine.runner import LlamaRunner, RunnerConfig
-    from localserve.engine.scheduler import Admission, SeqChunk, StepPlan
+    from localserve.engine.plan import Admission, SeqChunk, StepPlan
 
     top = max(batch_sizes)
     runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), 8192, top, 256, threads))

@@ -39,7 +39,7 @@ def runner_sampling_cost(tokens: int, threads: int) -> tuple[float, float]:
     """ms of sampling per token: (constrained, free), 4 of each decoding in the same steps."""
     from localserve.engine.request import Request, SamplingParams
     from localserve.engine.runner import LlamaRunner, RunnerConfig
-    from localserve.engine.scheduler import Admission, SeqChunk, StepPlan
+    from localserve.engine.plan import Admission, SeqChunk, StepPlan
 
     runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), 8192, 8, 512, threads))
     grammar = runner.json_schema_grammar(json.dumps(SCHEMA))

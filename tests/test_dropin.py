@@ -5,6 +5,7 @@ import json
 import math
 import subprocess
 import sys
+import uuid
 
 import httpx
 import pytest
@@ -179,3 +180,39 @@ def test_json_logs_and_version():
     version = subprocess.run([sys.executable, "-m", "localserve", "up", "--version"], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
     assert version.stdout.startswith("localserve ")
+
+
+def test_n_choices_prefill_the_prompt_once(server):
+    """n=3: one prompt prefill (the others copy it: each computes only the last prompt token),
+    the prompt counted once in usage, and greedy choices identical to a lone greedy run."""
+    body = {"prompt": f"Note {uuid.uuid4().hex}: the meeting moved to", "max_tokens": 8,
+            "temperature": 0, "ignore_eos": True}
+    before = server.slots()["engine"]["prompt_tokens_computed"]
+    reply = httpx.post(server.url + "/v1/completions", json={**body, "n": 3}, timeout=120).json()
+    computed = server.slots()["engine"]["prompt_tokens_computed"] - before
+    n_prompt = reply["usage"]["prompt_tokens"]
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
+    assert computed == n_prompt + 2
+    assert reply["usage"]["completion_tokens"] == 3 * 8
+    alone = httpx.post(server.url + "/v1/completions", json=body, timeout=120).json()
+    assert [c["text"] for c in reply["choices"]] == [alone["choices"][0]["text"]] * 3
+
+
+def test_n_choices_each_sample_with_their_own_seed_streamed_or_not(client):
+    ask = dict(model="any", messages=COUNT, max_tokens=10, temperature=1.0)
+    whole = client.chat.completions.create(n=2, seed=7, **ask)
+    texts = [c.message.content for c in sorted(whole.choices, key=lambda c: c.index)]
+    assert texts == [client.chat.completions.create(seed=seed, **ask).choices[0].message.content
+                     for seed in (7, 8)]  # choice i is sampled with seed + i
+    streamed, finishes = ["", ""], [None, None]
+    for chunk in client.chat.completions.create(n=2, seed=7, stream=True, **ask):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.delta.content or ""
+            finishes[choice.index] = finishes[choice.index] or choice.finish_reason
+    assert streamed == texts and None not in finishes
+
+
+def test_more_choices_than_slots_is_refused(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
+                   json={"messages": COUNT, "max_tokens": 4, "n": 5})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"

@@ -96,10 +96,12 @@ CHAT_BODIES = [
      "tools": [WEATHER], "tool_choice": "required"},
     {"messages": [{"role": "user", "content": "A person as JSON"}], "max_tokens": 60,
      "response_format": {"type": "json_object"}},
+    {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6, "n": 2,
+     "stream_options": {"include_usage": True}},
 ]
 
 
-@pytest.mark.parametrize("body", CHAT_BODIES, ids=["plain", "logprobs", "tools", "json"])
+@pytest.mark.parametrize("body", CHAT_BODIES, ids=["plain", "logprobs", "tools", "json", "n=2"])
 def test_chat_responses_and_chunks_have_the_reference_shape(server, body):
     whole = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=120).json()
     jsonschema.validate(whole, CHAT)

@@ -20,6 +20,8 @@ class PositionalRunner:
         for slot_id in plan.dropped:
             self.cache[slot_id] = []
         for a in plan.admitted:
+            if a.copy_from is not None:  # llama_memory_seq_cp: the source's state before this step
+                self.cache[a.slot_id] = list(self.cache[a.copy_from])
             del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
         sampled = {}
         for c in plan.chunks:

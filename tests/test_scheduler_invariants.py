@@ -8,7 +8,7 @@ from localserve.engine.request import FinishReason, Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool, SlotState
 from test_scheduler import FakeVocab
-from test_scheduler_depth import PositionalRunner
+from test_scheduler_depth import PositionalRunner, run_all
 
 
 def request(rid, prompt, max_tokens=50, **kw):
@@ -143,3 +143,29 @@ def test_invariant_7_big_prefill_steps_only_while_nothing_decodes():
     for _ in range(5):
         plan, _ = step(sched, runner)
         assert plan.num_tokens <= 8  # a stream decodes: the smoothness budget again
+
+
+
+def test_n_choices_prefill_the_prompt_once_and_each_matches_a_solo_run():
+    """n > 1: siblings wait for the first choice's prompt, copy it from its slot, compute only
+    the last prompt token themselves, and produce exactly what a lone request would."""
+    prompt = list(range(1, 41))
+    solo = request("alone", prompt, max_tokens=8)
+    run_all(Scheduler(SlotPool(512, 4), FakeVocab(), 16), PositionalRunner(10_000), [solo])
+    sched = Scheduler(SlotPool(512, 4), FakeVocab(), 16)
+    runner = PositionalRunner(10_000)
+    first = request("c0", prompt, max_tokens=8)
+    siblings = [request(f"c{i}", prompt, max_tokens=8, prefix_of=first) for i in (1, 2)]
+    for req in (first, *siblings):
+        sched.add(req)
+    copies = []
+    while sched.has_work():
+        plan, _ = step(sched, runner)
+        if not first.output_tokens:
+            assert [a.request for a in plan.admitted] in ([], [first])  # siblings wait
+        copies += [a.copy_from for a in plan.admitted if a.request is not first]
+    assert copies == [0, 0]  # both copied the first choice's slot
+    assert sched.stats.prompt_tokens_computed == len(prompt) + 2  # + the last token, per sibling
+    assert [r.cached_tokens for r in siblings] == [len(prompt) - 1] * 2
+    for req in (first, *siblings):
+        assert req.output_tokens == solo.output_tokens and len(req.output_tokens) == 8

@@ -138,7 +138,7 @@ def test_parallel_calls_stream_with_indexes_0_and_1():
     reply = Reply("chat.completion", "m", body, "fp", ToolPlan(allow_text_response=False))
     answer = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}},
                                         {"name": "get_time", "arguments": {"zone": "UTC"}}]})
-    chunks = [json.loads(c["data"]) for c, _ in reply._tool_chunks(answer, "stop")]
+    chunks = [json.loads(c["data"]) for c, _ in reply._tool_chunks(0, answer, "stop")]
     parts = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]
     assert [p["index"] for p in parts] == [0, 1]
     assert parts[0]["id"] != parts[1]["id"] and all(p["id"].startswith("call_") for p in parts)

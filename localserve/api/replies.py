@@ -26,14 +26,17 @@ from sse_starlette.sse import EventSourceResponse
 from localserve import __version__
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.api.structured import ToolPlan, parse_tool_answer
-from localserve.engine.loop import RequestStream
+from localserve.engine.loop import ChoiceStreams
 from localserve.engine.request import FinishReason, TokenEvent
 
 
-def usage(event: TokenEvent) -> dict:
-    return {"prompt_tokens": event.prompt_tokens, "completion_tokens": event.completion_tokens,
-            "total_tokens": event.prompt_tokens + event.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": event.cached_tokens}}
+def usage(last: dict[int, TokenEvent]) -> dict:
+    """Every choice's final event, by index: the prompt counted once, as OpenAI counts n > 1."""
+    first = last[0]
+    completion = sum(e.completion_tokens for e in last.values())
+    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
+            "total_tokens": first.prompt_tokens + completion,
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
 
 
 def error_payload(event: TokenEvent) -> dict:
@@ -41,7 +44,7 @@ def error_payload(event: TokenEvent) -> dict:
                       "param": None, "code": str(event.finish_reason)}}
 
 
-async def cancel_on_disconnect(request: Request, stream: RequestStream) -> None:
+async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
     """A non-streaming client that hangs up should free its slot too (streams notice by
     themselves: sse-starlette cancels their generator)."""
     while not stream.finished:
@@ -65,7 +68,7 @@ class Reply:
     def chat(self) -> bool:
         return self.kind == "chat.completion"
 
-    async def respond(self, stream: RequestStream, request: Request):
+    async def respond(self, stream: ChoiceStreams, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
         headers = {"X-Ignored-Fields": header_list(self.body.ignored_fields)} \
             if self.body.ignored_fields else None
@@ -78,12 +81,13 @@ class Reply:
             raise
 
     # ---- streaming ---------------------------------------------------------------------
-    def _delta(self, delta: dict, finish: str | None = None, logprobs: list | None = None) -> dict:
+    def _delta(self, index: int, delta: dict, finish: str | None = None,
+               logprobs: list | None = None) -> dict:
         shaped = self._logprobs(logprobs, offset=0) if logprobs else None
         if not self.chat:
-            return {"index": 0, "text": delta.get("content", ""), "logprobs": shaped,
+            return {"index": index, "text": delta.get("content", ""), "logprobs": shaped,
                     "finish_reason": finish}
-        return {"index": 0, "delta": delta, "logprobs": shaped, "finish_reason": finish}
+        return {"index": index, "delta": delta, "logprobs": shaped, "finish_reason": finish}
 
     # ---- logprobs, in OpenAI's chat and completions shapes ------------------------------
     def _entry(self, token: int, logprob: float) -> dict:
@@ -109,78 +113,88 @@ class Reply:
                                     "model": self.model, "system_fingerprint": self.fingerprint,
                                     "choices": choices, **extra})}
 
-    async def sse(self, stream: RequestStream):
-        held = []  # with tools, the JSON answer is parsed once complete
+    async def sse(self, stream: ChoiceStreams):
+        """Each choice's chunks carry its index; they interleave as the choices progress."""
+        n = len(stream.requests)
+        held = {i: [] for i in range(n)}  # with tools, each JSON answer is parsed once complete
+        last: dict[int, TokenEvent] = {}
         try:
-            if self.chat:
-                yield self._chunk([self._delta({"role": "assistant", "content": ""})])
-            if self.prefix:
-                yield self._chunk([self._delta({"content": self.prefix})])
-            async for event in stream:
+            for i in range(n):
+                if self.chat:
+                    yield self._chunk([self._delta(i, {"role": "assistant", "content": ""})])
+                if self.prefix:
+                    yield self._chunk([self._delta(i, {"content": self.prefix})])
+            async for i, event in stream:
                 if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                     yield {"data": json.dumps(error_payload(event))}
                     break
                 if event.text and self.tools is not None:
-                    held.append(event.text)
+                    held[i].append(event.text)
                 elif event.text or event.logprobs:
-                    yield self._chunk([self._delta({"content": event.text},
+                    yield self._chunk([self._delta(i, {"content": event.text},
                                                    logprobs=[event.logprobs] if event.logprobs else None)])
                 if event.finished:
                     finish = str(event.finish_reason)
                     if self.tools is not None:
-                        for chunk, finish in self._tool_chunks("".join(held), finish):
+                        for chunk, finish in self._tool_chunks(i, "".join(held[i]), finish):
                             yield chunk
-                    yield self._chunk([self._delta({}, finish)])
-                    if self.body.include_usage:
-                        yield self._chunk([], usage=usage(event))
+                    yield self._chunk([self._delta(i, {}, finish)])
+                    last[i] = event
+            if self.body.include_usage and len(last) == n:
+                yield self._chunk([], usage=usage(last))
             yield {"data": "[DONE]"}
         finally:
             stream.cancel()
 
-    def _tool_chunks(self, text: str, finish: str):
+    def _tool_chunks(self, i: int, text: str, finish: str):
         content, calls = parse_tool_answer(text, self.tools)
         if content:
-            yield self._chunk([self._delta({"content": content})]), finish
+            yield self._chunk([self._delta(i, {"content": content})]), finish
         for index, call in enumerate(calls):
-            yield self._chunk([self._delta({"tool_calls": [{"index": index, **call}]})]), "tool_calls"
+            yield self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})]), "tool_calls"
 
     # ---- one response ------------------------------------------------------------------
-    async def collect(self, stream: RequestStream, request: Request) -> dict:
-        parts, found = [self.prefix], []
+    async def collect(self, stream: ChoiceStreams, request: Request) -> dict:
+        n = len(stream.requests)
+        parts = {i: [self.prefix] for i in range(n)}
+        found: dict[int, list] = {i: [] for i in range(n)}
+        last: dict[int, TokenEvent] = {}
         watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
         try:
-            async for event in stream:
-                parts.append(event.text)
+            async for i, event in stream:
+                parts[i].append(event.text)
                 if event.logprobs:
-                    found.append(event.logprobs)
+                    found[i].append(event.logprobs)
                 if event.finish_reason is FinishReason.TIMEOUT:
                     raise OpenAIError(503, event.error, "server_error", code="queue_timeout",
                                       headers={"Retry-After": "2"})
                 if event.finish_reason is FinishReason.ERROR:
                     raise OpenAIError(500, event.error or "generation failed", "server_error")
-                last = event
+                if event.finished:
+                    last[i] = event
         finally:
             stream.cancel()
             watcher.cancel()
-        if last.finish_reason is FinishReason.ABORT:
+        if len(last) < n or any(e.finish_reason is FinishReason.ABORT for e in last.values()):
             raise OpenAIError(499, "the client closed the request", code="client_closed")
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,
-                "choices": [self._choice("".join(parts), str(last.finish_reason), found)],
+                "choices": [self._choice(i, "".join(parts[i]), str(last[i].finish_reason), found[i])
+                            for i in range(n)],
                 "usage": usage(last)}
 
-    def _choice(self, text: str, finish: str, found: list) -> dict:
+    def _choice(self, index: int, text: str, finish: str, found: list) -> dict:
         wanted = self.body.logprob_n is not None
         shaped = self._logprobs(found, offset=len(self.prefix)) if wanted else None
         if not self.chat:
-            return {"index": 0, "text": text, "logprobs": shaped, "finish_reason": finish}
+            return {"index": index, "text": text, "logprobs": shaped, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
         if self.tools is not None:
             content, calls = parse_tool_answer(text, self.tools)
             message["content"] = content
             if calls:
                 message["tool_calls"], finish = calls, "tool_calls"
-        return {"index": 0, "message": message, "logprobs": shaped, "finish_reason": finish}
+        return {"index": index, "message": message, "logprobs": shaped, "finish_reason": finish}
 
 
 def header_list(names: list[str], most: int = 16) -> str:

@@ -64,6 +64,9 @@ async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
 
 async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
     service = request.app.state.service
+    if body.n != 1:
+        raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
+                          "choices use /v1/completions", param="n")
     grammar = structured.request_grammar(service, body)
     stream = submit(service, tokens, body, identity(request, body), grammar, request.url.path)
     started = time.monotonic()
@@ -71,7 +74,7 @@ async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
         return EventSourceResponse(_sse(service, body, stream, started), sep="\n")
     text, tokens_out, last = [], [], None
     try:
-        async for event in stream:
+        async for _, event in stream:
             if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                 raise OpenAIError(503 if event.finish_reason is FinishReason.TIMEOUT else 500,
                                   event.error or "generation failed", "server_error")
@@ -80,13 +83,13 @@ async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
             last = event
     finally:
         stream.cancel()
-    return _final(service, body, "".join(text), tokens_out, last, stream.request, started)
+    return _final(service, body, "".join(text), tokens_out, last, stream.requests[0], started)
 
 
 async def _sse(service, body, stream, started):
     tokens_out = []
     try:
-        async for event in stream:
+        async for _, event in stream:
             if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                 yield {"data": json.dumps({"error": {"message": event.error, "code": 500}})}
                 return
@@ -98,7 +101,7 @@ async def _sse(service, body, stream, started):
                 yield {"data": json.dumps(chunk)}
             if event.finished:
                 yield {"data": json.dumps(_final(service, body, "", tokens_out, event,
-                                                 stream.request, started))}
+                                                 stream.requests[0], started))}
     finally:
         stream.cancel()
 

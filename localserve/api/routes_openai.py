@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 from fastapi import APIRouter, Request
 
 from localserve.api import prompt, structured
 from localserve.api.replies import Reply, fingerprint
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
-from localserve.engine.loop import EngineUnavailable, QueueFull, RequestStream, UserQueueFull
+from localserve.engine.loop import ChoiceStreams, EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.quotas import QuotaError
@@ -88,7 +89,9 @@ def check_quota(request: Request, user: str) -> None:
 
 
 def submit(service: Service, tokens: list[int], body: _Sampling, user: str | None,
-           grammar: str | None = None, endpoint: str = "") -> RequestStream:
+           grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
+    """Queue the request's `n` choices: the first computes the prompt, the others copy it from
+    its slot and sample with their own seeds (seed + i when a seed is given)."""
     n_ctx = service.n_ctx_per_slot
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
@@ -98,10 +101,19 @@ def submit(service: Service, tokens: list[int], body: _Sampling, user: str | Non
                           f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
                           f", and the answer needs room too. Shorten the prompt, or raise -c or "
                           f"lower --parallel.", code="context_length_exceeded", param="messages")
-    request = EngineRequest(tokens, sampling_params(body, len(tokens), n_ctx, grammar), user=user,
-                            cache_scope=service.cache_scope(user), endpoint=endpoint)
+    n_slots = service.settings.parallel
+    if body.n > n_slots:
+        raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
+                          f"{n_slots} (--parallel)", param="n")
+    params = sampling_params(body, len(tokens), n_ctx, grammar)
+    choices: list[EngineRequest] = []
+    for i in range(body.n):
+        seeded = params if params.seed is None else replace(params, seed=params.seed + i)
+        choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
+                                     cache_scope=service.cache_scope(user),
+                                     prefix_of=choices[0] if choices else None))
     try:
-        return service.engine.submit(request)
+        return service.engine.submit_choices(choices)
     except UserQueueFull as exc:
         raise OpenAIError(429, f"{exc}; wait for some to finish.", code="queue_share_exceeded",
                           headers={"Retry-After": "2"})

@@ -122,7 +122,7 @@ class _Sampling(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = Field(1, ge=1, le=1, description="only n=1 is supported")
+    n: int = Field(1, ge=1, le=128, description="choices; at most the server's slots")
     user: str | None = Field(None, max_length=256)
     ignore_eos: bool = False  # llama-server's extension: keep generating past end-of-text
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from localserve.engine.request import Request, TokenEvent
-    from localserve.engine.scheduler import StepPlan
+    from localserve.engine.plan import StepPlan
 
 
 class Vocab(Protocol):

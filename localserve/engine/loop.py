@@ -18,7 +18,8 @@ from collections import Counter
 
 from localserve.engine.request import FinishReason, Request, TokenEvent
 from localserve.engine.errors import CacheFull, DecodeError
-from localserve.engine.scheduler import Scheduler, StepPlan
+from localserve.engine.plan import StepPlan
+from localserve.engine.scheduler import Scheduler
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 
 log = logging.getLogger("localserve.engine")
@@ -205,7 +206,8 @@ class EngineLoop(threading.Thread):
                 log.debug("could not deliver an event to %s", request.request_id, exc_info=True)
 
     def _fail_everything(self, message: str) -> None:
-        pending = list(self.scheduler.waiting) + [s.request for s in self.scheduler.running]
+        sched = self.scheduler
+        pending = list(sched.waiting) + sched.held + [s.request for s in sched.running]
         for request in pending:
             found = self.scheduler.abort(request.request_id, FinishReason.ERROR, message)
             if found:
@@ -255,6 +257,45 @@ class RequestStream:
             self._loop.abort(self.request.request_id)
 
 
+class ChoiceStreams:
+    """The events of a request's n choices (n sibling requests), as (index, event) pairs in the
+    order they come. cancel() aborts every choice still running."""
+
+    def __init__(self, loop: EngineLoop, requests: list[Request]):
+        self.requests = requests
+        self._loop = loop
+        self._open = set(range(len(requests)))
+        self._events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+        aloop = asyncio.get_running_loop()
+        for index, request in enumerate(requests):
+            request.emit = lambda event, i=index: aloop.call_soon_threadsafe(
+                self._events.put_nowait, (i, event))
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    def __aiter__(self) -> "ChoiceStreams":
+        return self
+
+    async def __anext__(self) -> tuple[int, TokenEvent]:
+        if not self._open:
+            raise StopAsyncIteration
+        try:
+            index, event = await self._events.get()
+        except BaseException:
+            self.cancel()
+            raise
+        if event.finished:
+            self._open.discard(index)
+        return index, event
+
+    def cancel(self) -> None:
+        for index in self._open:
+            self._loop.abort(self.requests[index].request_id)
+        self._open.clear()
+
+
 class AsyncEngine:
     """What the HTTP handlers use: submit() a request, then iterate its RequestStream."""
 
@@ -274,3 +315,17 @@ class AsyncEngine:
         stream = RequestStream(self.loop, request)
         self.loop.submit(request)
         return stream
+
+    def submit_choices(self, requests: list[Request]) -> ChoiceStreams:
+        """Queue a request's choices together: if one cannot be queued, none stays queued."""
+        streams = ChoiceStreams(self.loop, requests)
+        submitted = []
+        try:
+            for request in requests:
+                self.loop.submit(request)
+                submitted.append(request)
+        except BaseException:
+            for request in submitted:
+                self.loop.abort(request.request_id)
+            raise
+        return streams

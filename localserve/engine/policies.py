@@ -4,7 +4,8 @@ exist only to be measured against it (`--scheduler static|serial`, see localserv
 from __future__ import annotations
 
 from localserve.engine.interfaces import Vocab
-from localserve.engine.scheduler import Scheduler, StepPlan
+from localserve.engine.plan import StepPlan
+from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
 

@@ -112,6 +112,9 @@ class Request:
     preemptions: int = 0  # times evicted from the cache and requeued
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
+    # n > 1: the first choice; this one waits until that one's prompt is in cache, then
+    # copies it (llama_memory_seq_cp) instead of computing it again.
+    prefix_of: Request | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

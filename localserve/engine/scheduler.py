@@ -29,55 +29,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 from localserve.engine.interfaces import Vocab
+from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats
 from localserve.engine.request import FinishReason, Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
-
-
-@dataclass
-class SeqChunk:
-    """Consecutive tokens of one slot's sequence, placed at positions start_pos, start_pos+1, ..."""
-
-    slot_id: int
-    request: Request
-    tokens: list[int]
-    start_pos: int
-    sample: bool  # logits for the last token are wanted: a token is sampled for this row
-
-
-@dataclass(frozen=True)
-class Admission:
-    """A slot newly given a request this step. The runner clears the slot's cache beyond
-    `kept_tokens` (the reused prefix) and builds the request's sampler."""
-
-    slot_id: int
-    request: Request
-    kept_tokens: int
-
-
-@dataclass
-class StepPlan:
-    chunks: list[SeqChunk] = field(default_factory=list)
-    admitted: list[Admission] = field(default_factory=list)
-    dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(c.tokens) for c in self.chunks)
-
-    @property
-    def num_decode_rows(self) -> int:
-        return sum(1 for c in self.chunks if len(c.tokens) == 1 and c.sample
-                   and c.start_pos >= c.request.num_prompt_tokens)
-
-    def __bool__(self) -> bool:
-        return bool(self.chunks)
 
 
 class Scheduler:
@@ -99,6 +59,7 @@ class Scheduler:
         self.preemption_watch = PreemptionWatch()
         self._admissions = 0
         self._pending_drops: list[int] = []
+        self.held: list[Request] = []  # n > 1 siblings waiting for their first choice's prompt
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -106,7 +67,11 @@ class Scheduler:
             raise ValueError(f"prompt of {request.num_prompt_tokens} tokens does not fit a slot "
                              f"of {self.pool.n_ctx_per_slot} tokens")
         request.status = RequestStatus.WAITING
-        self.waiting.append(request)
+        first = request.prefix_of
+        if first is not None and not first.output_tokens and first.finish_reason is None:
+            self.held.append(request)  # until the first choice's prompt is in cache
+        else:
+            self.waiting.append(request)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
               error: str | None = None) -> tuple[Request, TokenEvent] | None:
@@ -114,6 +79,10 @@ class Scheduler:
         for req in self.waiting:
             if req.request_id == request_id:
                 self.waiting.remove(req)
+                return req, self._close(req, reason, error)
+        for req in self.held:
+            if req.request_id == request_id:
+                self.held.remove(req)
                 return req, self._close(req, reason, error)
         for slot in self.pool.slots:
             if slot.request is not None and slot.request.request_id == request_id:
@@ -132,7 +101,7 @@ class Scheduler:
         return [s for s in self.pool.slots if s.busy]
 
     def has_work(self) -> bool:
-        return bool(self.waiting) or any(s.busy for s in self.pool.slots)
+        return bool(self.waiting or self.held) or any(s.busy for s in self.pool.slots)
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
@@ -204,10 +173,27 @@ class Scheduler:
         if choice is None:
             return 0
         slot, keep = choice
-        if self.pool.unified and not self._room_to_admit(plan, slot, keep, len(tokens) - keep + 1):
+        source = self._copy_source(req, keep)
+        if source is not None:
+            keep = req.num_prompt_tokens - 1
+        need = len(tokens) - keep + 1
+        if self.pool.unified and not self._room_to_admit(plan, slot, 0 if source else keep, need):
             return 0
-        self._assign(plan, self.waiting.take(req), slot, keep)
+        self._assign(plan, self.waiting.take(req), slot, keep, source)
         return self._add_chunk(plan, slot, min(budget, self._room(plan)))
+
+    def _copy_source(self, req: Request, keep: int) -> Slot | None:
+        """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
+        choice's, busy or not) rather than computing it again; only the last prompt token is
+        computed, for this choice's own first logits."""
+        if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
+            return None
+        return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
+
+    def _release_siblings(self, first: Request) -> None:
+        for sibling in [r for r in self.held if r.prefix_of is first]:
+            self.held.remove(sibling)
+            self.waiting.follow(sibling)
 
     def _slots_held(self) -> Counter:
         return Counter(s.request.user for s in self.running)
@@ -234,13 +220,15 @@ class Scheduler:
                              key=lambda s: s.admitted_seq)
                 self._preempt_slot(plan, newest, for_share=True)
 
-    def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int) -> None:
+    def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int,
+                source: Slot | None = None) -> None:
         self._admissions += 1
-        slot.assign(req, keep, self._admissions)
+        slot.assign(req, keep, self._admissions, source.cached[:keep] if source else None)
         req.status = RequestStatus.RUNNING
         if req.admitted_time is None:
             req.admitted_time = time.monotonic()
-        plan.admitted.append(Admission(slot.slot_id, req, keep))
+        plan.admitted.append(Admission(slot.slot_id, req, keep,
+                                       source.slot_id if source else None))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
@@ -355,6 +343,7 @@ class Scheduler:
         req.output_tokens.append(token)
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
+            self._release_siblings(req)
         if self.vocab.is_eog(token) and not req.params.ignore_eos:
             return self._end(slot, FinishReason.STOP, token=token)
         text = req.detokenizer.feed(self.vocab.piece(token))
@@ -375,6 +364,7 @@ class Scheduler:
         return event
 
     def _close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:
+        self._release_siblings(req)  # ended before its first token: they compute it themselves
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
         if reason is FinishReason.ABORT:
@@ -383,10 +373,11 @@ class Scheduler:
             self.stats.requests_finished += 1
         else:
             self.stats.requests_failed += 1
+        billed = req.prefix_of is None  # n > 1: the prompt is counted once, on the first choice
         return TokenEvent("", finish_reason=reason, error=error,
-                          prompt_tokens=req.num_prompt_tokens,
+                          prompt_tokens=req.num_prompt_tokens if billed else 0,
                           completion_tokens=req.num_output_tokens,
-                          cached_tokens=req.cached_tokens)
+                          cached_tokens=req.cached_tokens if billed else 0)
 
     def _count(self, plan: StepPlan) -> None:
         self.stats.steps += 1

@@ -69,11 +69,14 @@ class Slot:
             return req.prompt_tokens[self.n_cached:] + req.output_tokens
         return req.output_tokens[self.n_cached - n_prompt:]
 
-    def assign(self, request: Request, keep: int, admitted_seq: int) -> None:
+    def assign(self, request: Request, keep: int, admitted_seq: int,
+               copied: list[int] | None = None) -> None:
         """IDLE -> PREFILL: take a request, keeping the first `keep` cached tokens (a shared
-        prefix)."""
+        prefix), or holding `copied` instead (another slot's prefix, copied by the runner)."""
         if self.busy:
             raise RuntimeError(f"slot {self.slot_id} is busy with {self.request.request_id}")
+        if copied is not None:
+            self.cached = list(copied)
         del self.cached[keep:]
         self.cache_scope = request.cache_scope
         self.request = request
@@ -132,6 +135,12 @@ class SlotPool:
     def lru_idle_with_cache(self, exclude: Slot | None = None) -> Slot | None:
         idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]
         return min(idle, key=lambda s: s.last_used, default=None)
+
+    def holding(self, tokens: list[int], scope: str | None) -> Slot | None:
+        """A slot, busy or idle, whose cache starts with all of `tokens`, filled within `scope`."""
+        n = len(tokens)
+        return next((s for s in self.slots if s.cache_scope == scope and s.n_cached >= n
+                     and s.cached[:n] == tokens), None)
 
     def best_idle_slot(self, tokens: list[int], scope: str | None = None) -> tuple[Slot, int] | None:
         """The idle slot sharing the longest cached prefix with `tokens` (at least

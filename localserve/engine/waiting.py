@@ -32,6 +32,11 @@ class FairQueue:
         """A preempted request: back at the head, before every other waiting one."""
         self._resumed.appendleft(request)
 
+    def follow(self, request: Request) -> None:
+        """A sibling choice (n > 1) of a request just admitted: behind the preempted ones, ahead
+        of every user's queue, as part of the request it belongs to."""
+        self._resumed.append(request)
+
     def peek(self) -> Request:
         if self._resumed:
             return self._resumed[0]

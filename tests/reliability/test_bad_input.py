@@ -25,7 +25,7 @@ CHAT_CASES = [
     ("temperature negative", {"messages": OK_MESSAGES, "temperature": -1}, 400, "temperature"),
     ("top_p zero", {"messages": OK_MESSAGES, "top_p": 0}, 400, "top_p"),
     ("top_p above one", {"messages": OK_MESSAGES, "top_p": 1.5}, 400, "top_p"),
-    ("n above one", {"messages": OK_MESSAGES, "n": 4}, 400, "n"),
+    ("n above the slots", {"messages": OK_MESSAGES, "n": 99}, 400, "n"),
     ("functions (not supported)", {"messages": OK_MESSAGES, "functions": [{"name": "f"}]}, 400,
      "functions"),
     ("logit_bias (not supported)", {"messages": OK_MESSAGES, "logit_bias": {"1": 5}}, 400,

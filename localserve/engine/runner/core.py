@@ -23,7 +23,7 @@ from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs
 from localserve.engine.request import SamplingParams
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, supports_gpu_offload)
-from localserve.engine.scheduler import StepPlan
+from localserve.engine.plan import StepPlan
 
 log = logging.getLogger("localserve.llama")
 
@@ -176,6 +176,9 @@ class LlamaRunner:
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for admission in plan.admitted:
+            if admission.copy_from is not None:  # whole sequence: cross-stream copies need it
+                C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
+                C.llama_memory_seq_cp(self.memory, admission.copy_from, admission.slot_id, -1, -1)
             C.llama_memory_seq_rm(self.memory, admission.slot_id, admission.kept_tokens, -1)
             self._new_sampler(admission.slot_id, admission.request.params,
                               admission.request.all_tokens)

@@ -1,0 +1,49 @@
+"""What one engine step does: the scheduler's plan, handed to the runner as one llama.cpp batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from localserve.engine.request import Request
+
+
+@dataclass
+class SeqChunk:
+    """Consecutive tokens of one slot's sequence, placed at positions start_pos, start_pos+1, ..."""
+
+    slot_id: int
+    request: Request
+    tokens: list[int]
+    start_pos: int
+    sample: bool  # logits for the last token are wanted: a token is sampled for this row
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A slot newly given a request this step. The runner clears the slot's cache beyond
+    `kept_tokens` (the reused prefix) and builds the request's sampler. With `copy_from`, the
+    kept prefix is first copied from that slot's sequence (a sibling choice of n > 1)."""
+
+    slot_id: int
+    request: Request
+    kept_tokens: int
+    copy_from: int | None = None
+
+
+@dataclass
+class StepPlan:
+    chunks: list[SeqChunk] = field(default_factory=list)
+    admitted: list[Admission] = field(default_factory=list)
+    dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c.tokens) for c in self.chunks)
+
+    @property
+    def num_decode_rows(self) -> int:
+        return sum(1 for c in self.chunks if len(c.tokens) == 1 and c.sample
+                   and c.start_pos >= c.request.num_prompt_tokens)
+
+    def __bool__(self) -> bool:
+        return bool(self.chunks)
