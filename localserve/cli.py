@@ -9,7 +9,7 @@ import logging
 import re
 import sys
 
-from localserve import __version__
+from localserve import __version__, rpc_worker
 from localserve.config import Settings, SettingsError
 
 
@@ -23,7 +23,17 @@ def _up_parser(sub) -> None:
                                     "then the defaults shown.")
     up.add_argument("--config", help="TOML file of settings (keys as in the flags, e.g. ctx_size = 16384)")
     model = up.add_argument_group("model")
-    model.add_argument("-m", "--model", help="path to a .gguf file, or a file name inside models/")
+    model.add_argument("-m", "--model", action="append",
+                       help="path to a .gguf file, or a file name inside models/; repeat as "
+                            "--model NAME=PATH to serve several models, chosen by `model`")
+    model.add_argument("--models-dir", dest="models_dir",
+                       help="serve every .gguf in this folder too, named by file stem")
+    model.add_argument("--max-loaded-models", dest="max_loaded_models", type=int,
+                       help="models loaded at once; others load on demand (default: as memory allows)")
+    model.add_argument("--idle-unload", dest="idle_unload", type=float,
+                       help="unload a model idle this many seconds (default 0: never)")
+    model.add_argument("--memory-budget", dest="memory_budget",
+                       help="cap on the loaded models' memory, e.g. 6G (default: free memory)")
     model.add_argument("--alias", dest="model_alias", help="model id to report in /v1/models")
     model.add_argument("--no-memory-check", dest="memory_check", action="store_false",
                        help="load even if the model and cache look larger than free memory")
@@ -33,6 +43,9 @@ def _up_parser(sub) -> None:
     gpu.add_argument("--main-gpu", dest="main_gpu", type=int, help="GPU for the model (default 0)")
     gpu.add_argument("--tensor-split", dest="tensor_split",
                      help="share of the model per GPU, e.g. 3,1")
+    gpu.add_argument("--rpc", dest="rpc_servers",
+                     help="llama.cpp RPC workers (localserve rpc-worker) as devices, e.g. "
+                          "10.0.0.2:50052,10.0.0.3:50052; -ngl layers go to them (RPC builds only)")
     gpu.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
     sched = up.add_argument_group("slots and scheduling")
     sched.add_argument("-c", "--ctx-size", dest="ctx_size", type=int,
@@ -239,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     _top_parser(sub)
     _bench_parser(sub)
     _usage_parser(sub)
+    rpc_worker.add_parser(sub)
     return parser
 
 
@@ -278,8 +292,16 @@ def run_bench(args: argparse.Namespace) -> int:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     from localserve.settings_loader import load_settings
 
+    from localserve.model_specs import split_model_flags
+
     given = {k: v for k, v in vars(args).items()
              if k not in ("command", "config", "log_level", "log_format")}
+    if "model" in given:
+        default, named = split_model_flags(given.pop("model"))
+        if default is not None:
+            given["model"] = default
+        if named:
+            given["models"] = named
     return load_settings(given, config_path=getattr(args, "config", None))
 
 
@@ -314,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_models(args)
     if args.command == "usage":
         return run_usage(args)
+    if args.command == "rpc-worker":
+        return rpc_worker.run(args)
     if args.command == "top":
         from tui.app import run as run_top
 

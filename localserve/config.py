@@ -34,6 +34,7 @@ class Settings:
     n_gpu_layers: int | None = None  # None: every layer when the build can offload, else 0
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) used as devices
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8080
@@ -57,6 +58,12 @@ class Settings:
     ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db
     web: bool = True  # the chat page at / and its conversations in <state-dir>
     quotas: dict = field(default_factory=dict, hash=False)  # [quotas.NAME] tables of the TOML
+    # Several models (model_specs.py): named ones, loaded on demand within these limits.
+    models: dict = field(default_factory=dict, hash=False)  # --model NAME=PATH, [models.NAME]
+    models_dir: str | None = None  # every .gguf in it, named by file stem
+    max_loaded_models: int | None = None  # None: as many as memory allows
+    idle_unload: float = 0.0  # seconds idle before a model is unloaded; 0 = never
+    memory_budget: str | None = None  # cap on loaded models' estimated memory, e.g. 6G
     memory_check: bool = True
 
     def step_token_budget(self, gpu_offload: bool = False) -> int:
@@ -139,6 +146,9 @@ class Settings:
             (self.header_timeout > 0, "--header-timeout", self.header_timeout, "must be more than 0"),
             (self.max_connections >= 16, "--max-connections", self.max_connections,
              "must be at least 16"),
+            (self.max_loaded_models is None or self.max_loaded_models >= 1,
+             "--max-loaded-models", self.max_loaded_models, "must be at least 1"),
+            (self.idle_unload >= 0, "--idle-unload", self.idle_unload, "must be 0 (never) or more"),
         ]
         for ok, flag, value, why in checks:
             if not ok:

@@ -21,6 +21,7 @@ from localserve.api.cors import origin_warnings
 from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
+from localserve.registry import ModelRegistry
 from localserve.service import Service
 
 log = logging.getLogger("localserve")
@@ -115,22 +116,30 @@ def check_gguf(path) -> None:
 
 
 def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
-    service = Service(settings)
+    try:
+        models = ModelRegistry.from_settings(settings)
+    except SettingsError as exc:
+        log.error("%s", exc)
+        return 2
+    service = models.primary
     try:
         warning = exposure_warning(settings, len(service.keys))  # reads --api-key-file now
         if warning:
             log.warning(warning)
         for problem in origin_warnings(settings.cors_origins):
             log.warning(problem)
-        model_path = resolve_model(settings.model)
-        check_gguf(model_path)
+        for entry in models.entries.values():
+            check_gguf(resolve_model(entry.service.settings.model))
         if settings.memory_check:
-            log.info(service.check_memory(str(model_path)))
+            log.info(service.check_memory(str(resolve_model(service.settings.model))))
+        if models.several:
+            log.info("models: %s (the first is the default; the others load on demand)",
+                     ", ".join(models.entries))
         check_port_free(settings.host, settings.port)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
-    app = create_app(settings, service)
+    app = create_app(settings, models=models)
     open_files = raise_open_files_limit()
     protocol = guarded_protocol(settings.header_timeout,
                                 connection_cap(settings.max_connections, open_files))

@@ -5,6 +5,7 @@ The model loads on a background thread so that /health can answer 503 "loading" 
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from pathlib import Path
@@ -13,7 +14,8 @@ from localserve.api.chat_template import ChatTemplate, PromptPart
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.api.auth import load_keys
-from localserve.engine.runner import LlamaRunner, RunnerConfig, supports_gpu_offload
+from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
+                                      rpc_devices, supports_gpu_offload)
 from localserve.engine.policies import make_scheduler
 from localserve.engine.slots import SlotPool
 from localserve.conversations import Conversations
@@ -26,8 +28,17 @@ log = logging.getLogger("localserve")
 
 
 class Service:
-    def __init__(self, settings: Settings):
+    """One model's engine. With several models (registry.py) each has its own Service; the
+    first (the default model's) owns what the server shares: keys, ledger, conversations and
+    per-key counters, and the others use its (`shared`)."""
+
+    def __init__(self, settings: Settings, shared: "Service | None" = None, kind: str = "chat"):
         self.settings = settings.validate()
+        self.shared = shared
+        self.kind = kind  # "embedding": a model for /v1/embeddings only
+        self.unloaded = False  # unloaded by the registry (idle, or to make room): loadable again
+        self.peers: list[Service] = []  # the other models' Services, when this one owns them
+        self._forget_fatal = lambda: None  # undoes the engine loop's fatal-error handler
         self.model_path: Path | None = None
         self.runner: LlamaRunner | None = None
         self.loop: EngineLoop | None = None
@@ -48,6 +59,8 @@ class Service:
     @property
     def keys(self) -> dict[str, tuple[str, str]]:
         """{key: (name, role)} from --api-key and --api-key-file (read once)."""
+        if self.shared is not None:
+            return self.shared.keys
         if self._keys is None:
             self._keys = load_keys(self.settings)
         return self._keys
@@ -82,8 +95,9 @@ class Service:
         return check_memory(self.settings, model_path, supports_gpu_offload())
 
     def in_flight(self) -> int:
-        """Requests accepted and not yet finished (what a drain waits for)."""
-        return self.loop.in_flight if self.loop is not None else 0
+        """Requests accepted and not yet finished, the peers' too (what a drain waits for)."""
+        own = self.loop.in_flight if self.loop is not None else 0
+        return own + sum(peer.in_flight() for peer in self.peers)
 
     @property
     def model_id(self) -> str:
@@ -100,7 +114,7 @@ class Service:
         "error", what went wrong)."""
         if self.draining:
             return "draining", None
-        if self.ready:
+        if self.ready or self.unloaded:  # unloaded: loaded again by the next request for it
             return "ok", None
         if self.load_error:
             return "error", self.load_error
@@ -119,9 +133,12 @@ class Service:
 
     def load(self) -> None:
         s = self.settings
+        self.unloaded, self.load_error = False, None
         try:
             self.model_path = resolve_model(s.model)
             log.info("loading %s", self.model_path)
+            if s.rpc_servers:  # devices must exist before the model loads
+                add_servers(list(s.rpc_servers))
             budget = s.step_token_budget(supports_gpu_offload())
             prefill_budget = s.prefill_token_budget(supports_gpu_offload())
             self.runner = LlamaRunner(RunnerConfig(
@@ -131,6 +148,8 @@ class Service:
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))
+            if s.rpc_servers:  # asked once here: a worker that dies later must not be queried
+                facts["rpc_devices"] = rpc_devices()
             pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)
             if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
                 log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
@@ -143,19 +162,16 @@ class Service:
                                        slot_share=s.slot_share() if shares else None)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
+            self._open_state()
             observers = [self.metrics]
             if self.keys_enabled:
-                observers.append(self.key_metrics)
-            state_dir = Path(s.state_dir) if s.state_dir else default_state_dir()
-            if s.web:
-                self.conversations = Conversations(state_dir)
-            if s.ledger:
-                self.ledger = Ledger(state_dir)
+                observers.append((self.shared or self).key_metrics)
+            if self.ledger is not None:
                 observers.append(LedgerObserver(self.ledger, lambda: self.model_id))
-                log.info("ledger: %s", self.ledger.path)
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
                                    observers=observers,
                                    max_queue_per_user=s.queue_share() if shares else None)
+            self._forget_fatal = on_fatal_error(self.loop.fatal)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
             backend = facts["backend"]
@@ -181,6 +197,30 @@ class Service:
             log.error("could not load the model: %s", exc)
         finally:
             self.loaded.set()
+
+    def _open_state(self) -> None:
+        """The ledger and the web page's conversations: opened once, by the owning Service."""
+        if self.shared is not None:
+            self.ledger, self.conversations = self.shared.ledger, self.shared.conversations
+            return
+        s = self.settings
+        state_dir = Path(s.state_dir) if s.state_dir else default_state_dir()
+        if s.web and self.conversations is None:
+            self.conversations = Conversations(state_dir)
+        if s.ledger and self.ledger is None:
+            self.ledger = Ledger(state_dir)
+            log.info("ledger: %s", self.ledger.path)
+
+    def unload(self) -> None:
+        """Free the weights and the cache (stop the loop first: nothing may be running)."""
+        self.stop_engine()
+        self._forget_fatal()
+        if self.runner is not None:
+            self.runner.close()
+        self.runner = self.loop = self.engine = self.template = None
+        self.unloaded = True
+        self.loaded.clear()
+        gc.collect()
 
     def _warn_if_slots_too_small(self, pool: SlotPool, answer_room: int = 64) -> None:
         """A slot that cannot hold a one-line chat plus a short answer is useless: say so."""
@@ -214,14 +254,16 @@ class Service:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def stop_engine(self) -> None:
-        """Stop the engine loop; anything unfinished gets an error event."""
+        """Stop the engine loop (the peers' too); anything unfinished gets an error event."""
+        for peer in self.peers:
+            peer.stop_engine()
         if self.loop is not None and self.loop.is_alive():
             self.loop.stop()
             self.loop.join(timeout=10)
 
     def stop(self) -> None:
         self.stop_engine()
-        if self.ledger is not None:
+        if self.ledger is not None and self.shared is None:
             self.ledger.close()
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
             self.runner.close()

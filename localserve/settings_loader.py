@@ -24,7 +24,8 @@ TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 # Flag names that differ from their field's name (flag-derived spelling -> field).
 ALIASES = {"api_key": "api_keys", "cors_origin": "cors_origins", "allowed_host": "allowed_hosts",
            "alias": "model_alias"}
-NOT_SETTINGS = {"CONFIG", "VENV", "SOAK_S"}  # the TOML; scripts/setup's venv; the soak test's length
+# The TOML; scripts/setup's venv and its RPC build switch; the soak test's length.
+NOT_SETTINGS = {"CONFIG", "VENV", "RPC", "SOAK_S"}
 
 
 def field_name(key: str) -> str | None:
@@ -103,6 +104,12 @@ def from_toml(path: str) -> dict:
         from localserve.quotas import parse_quotas
 
         out["quotas"] = parse_quotas(tables, path)
+    models = data.get("models", section.pop("models", {}))
+    section.pop("models", None)
+    if models:
+        from localserve.model_specs import parse_model_tables
+
+        out["models"] = parse_model_tables(models, path)
     for key, value in section.items():
         name = field_name(key)
         if name is None:
@@ -134,6 +141,8 @@ def load_settings(cli: Mapping[str, Any], environ: Mapping[str, str] | None = No
         values.update(from_toml(config_path))
     values.update(from_env(environ))
     for name, value in cli.items():
-        if name in FIELDS:
+        if name == "models":  # --model NAME=PATH adds to (or replaces) the TOML's [models.*]
+            values["models"] = {**values.get("models", {}), **value}
+        elif name in FIELDS:
             values[name] = coerce(name, value, "--" + name.replace("_", "-"))
     return Settings(**values).validate()

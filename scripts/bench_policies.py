@@ -132,15 +132,19 @@ def main() -> int:
         print("\nchunked prefill: worst inter-token gap of 3 running streams while a "
               "~1,900-token prompt arrives (-c 8192 -np 4)")
         results["prefill_stall_s"] = {}
-        for budget in ("64", "256", "2048"):
-            server = RunningServer("-c", "8192", "-np", "4", "-t", t, "--max-num-batched-tokens",
-                                   budget, log_name=f"prefill{budget}").wait_ready()
+        stall_sides = [f"--max-num-batched-tokens {b}" for b in ("64", "256", "2048")]
+        for side in stall_sides + (["llama-server"] if args.llama_server else []):
+            server = (RunningServer("-m", str(resolve_model(None)), "-c", "8192", "-np", "4",
+                                    "-t", t, "--cont-batching", log_name="prefill-llama-server",
+                                    program=[args.llama_server]) if side == "llama-server" else
+                      RunningServer("-c", "8192", "-np", "4", "-t", t, *side.split(),
+                                    log_name="prefill" + side.split()[-1])).wait_ready()
             try:
                 worst = asyncio.run(prefill_stall(server.url, long_prompt))
             finally:
                 server.stop()
-            results["prefill_stall_s"][budget] = worst
-            print(f"  --max-num-batched-tokens {budget:>5}: worst gap {worst * 1000:.0f} ms")
+            results["prefill_stall_s"][side] = worst
+            print(f"  {side:>30}: worst gap {worst * 1000:.0f} ms")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2, default=str))
     return 0

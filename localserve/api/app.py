@@ -22,28 +22,36 @@ from localserve.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings
 from localserve.connections import install_loop_error_throttle
+from localserve.registry import ModelRegistry
 from localserve.service import Service
 
 log = logging.getLogger("localserve.api")
 
 
-def create_app(settings: Settings | None = None, service: Service | None = None) -> FastAPI:
-    service = service or Service(settings or Settings())
+def create_app(settings: Settings | None = None, service: Service | None = None,
+               models: ModelRegistry | None = None) -> FastAPI:
+    if models is None:
+        models = (ModelRegistry.single(service) if service is not None
+                  else ModelRegistry.from_settings(settings or Settings()))
+    service = models.primary
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         install_loop_error_throttle(asyncio.get_running_loop())
         if service.engine is None and not service.loaded.is_set():
             service.start_loading()
+        reaper = asyncio.create_task(models.unload_idle_forever())
         yield
-        service.stop()
+        reaper.cancel()
+        models.stop()
 
     settings = service.settings
     # No Swagger page (it loads its assets from a CDN: blank on an offline office network);
     # /openapi.json is served by routes_admin, behind the key like the other monitoring routes.
     app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
-    app.state.service = service
+    app.state.service = service  # the default model's: keys, ledger, metrics, drain
+    app.state.models = models  # every model, loaded on demand: routes lease one per request
     app.state.keys = KeyChecker(service.keys)
     app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
                               if service.keys_enabled and settings.rate_limit > 0 else None)

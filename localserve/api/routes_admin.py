@@ -30,11 +30,27 @@ async def health(request: Request):
     return JSONResponse(body, status_code=503)
 
 
+def shown_service(request: Request, model: str | None):
+    """The model a monitoring route describes: ?model=NAME, else the first loaded one (the
+    default model first), else the default model."""
+    models = request.app.state.models
+    if model is not None:
+        return models.entry(model).service
+    loaded = [e.service for e in models.entries.values() if e.loaded]
+    return loaded[0] if loaded else request.app.state.service
+
+
+def not_loaded(request: Request, service) -> JSONResponse:
+    state = "unloaded" if service.unloaded else "loading"
+    return JSONResponse({"status": state, "models": request.app.state.models.cards()},
+                        status_code=503)
+
+
 @router.get("/slots")
-async def slots(request: Request):
-    service = request.app.state.service
+async def slots(request: Request, model: str | None = None):
+    service = shown_service(request, model)
     if service.engine is None:
-        return JSONResponse({"status": "loading"}, status_code=503)
+        return not_loaded(request, service)
     pool = service.loop.scheduler.pool
     snap = service.engine.snapshot.to_json()
     if not is_admin(request):  # a user sees their own rows by name, others' anonymously
@@ -43,7 +59,8 @@ async def slots(request: Request):
             if row["user"] != me:
                 row["user"] = row["request_id"] = None
     return {"model": service.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
-            "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap}
+            "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap,
+            "models": request.app.state.models.cards()}
 
 
 @router.get("/openapi.json", include_in_schema=False)
@@ -95,11 +112,11 @@ async def usage(request: Request, group_by: str = "key",
 
 
 @router.get("/props")
-async def props(request: Request):
+async def props(request: Request, model: str | None = None):
     """Model, backend, the -c split and scheduler settings: what a dashboard's header shows."""
-    service = request.app.state.service
+    service = shown_service(request, model)
     if service.engine is None:
-        return JSONResponse({"status": "loading"}, status_code=503)
+        return not_loaded(request, service)
     s = service.settings
     pool = service.loop.scheduler.pool
     return {

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.prompt import check_size, check_token_ids
-from localserve.api.routes_openai import check_rate, identity, ready_service
+from localserve.api.routes_openai import check_rate, identity, lease
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import request_row
 
@@ -61,15 +61,15 @@ def _encode(vector: list[float], form: str):
 @router.post("/embeddings")
 @bare_router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
-    service = ready_service(request)
-    if body.dimensions is not None:
-        raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
-                          f"{service.runner.n_embd} dimensions", param="dimensions")
     check_rate(request)
-    started = time.monotonic()
-    inputs = await run_in_threadpool(_inputs, service, body)
-    embedder = await run_in_threadpool(service.runner.embedder)
-    vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
+    async with lease(request, body.model, kind="embedding") as service:
+        if body.dimensions is not None:
+            raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
+                              f"{service.runner.n_embd} dimensions", param="dimensions")
+        started = time.monotonic()
+        inputs = await run_in_threadpool(_inputs, service, body)
+        embedder = await run_in_threadpool(service.runner.embedder)
+        vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     if service.ledger is not None:
         service.ledger.record(request_row(

@@ -14,7 +14,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
-from localserve.api.routes_openai import check_rate, identity, ready_service, submit
+from localserve.api.routes_openai import check_rate, identity, lease, submit
 from localserve.api.schemas import ChatMessage, OpenAIError, _Sampling
 from localserve.engine.request import FinishReason
 
@@ -42,6 +42,7 @@ class Infill(NativeCompletion):
 
 
 class TokenizeBody(BaseModel):
+    model: str | None = None  # with several models: whose vocabulary (default: the default model)
     content: str
     add_special: bool = False
     parse_special: bool = True
@@ -49,10 +50,12 @@ class TokenizeBody(BaseModel):
 
 
 class DetokenizeBody(BaseModel):
+    model: str | None = None
     tokens: list[int]
 
 
 class TemplateBody(BaseModel):
+    model: str | None = None
     messages: list[ChatMessage] = Field(..., min_length=1)
 
 
@@ -62,8 +65,7 @@ async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
     return await prompt.text_prompt(service, body.prompt)
 
 
-async def _run(request: Request, body: NativeCompletion, tokens: list[int]):
-    service = request.app.state.service
+async def _run(request: Request, service, body: NativeCompletion, tokens: list[int]):
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")
@@ -130,56 +132,58 @@ def _final(service, body, text, tokens_out, last, engine_request, started) -> di
 
 @router.post("/completion")
 async def completion(body: NativeCompletion, request: Request):
-    service = ready_service(request)
     check_rate(request)
-    return await _run(request, body, await _prompt_tokens(service, body))
+    async with lease(request, body.model) as service:
+        return await _run(request, service, body, await _prompt_tokens(service, body))
 
 
 @router.post("/infill")
 async def infill(body: Infill, request: Request):
-    service = ready_service(request)
-    fim = service.runner.fim_tokens
-    if fim is None:
-        raise OpenAIError(400, f"the model '{service.model_id}' has no fill-in-the-middle tokens, "
-                          f"so /infill cannot work with it; use a code model that has them "
-                          f"(e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
-    check_rate(request)
-    prefix = await prompt.text_prompt(service, body.input_prefix) if body.input_prefix else []
-    suffix = await prompt.text_prompt(service, body.input_suffix) if body.input_suffix else []
-    middle = await _prompt_tokens(service, body) if body.prompt else []
-    tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
-    return await _run(request, body, tokens)
+    async with lease(request, body.model) as service:
+        fim = service.runner.fim_tokens
+        if fim is None:
+            raise OpenAIError(400, f"the model '{service.model_id}' has no fill-in-the-middle "
+                              f"tokens, so /infill cannot work with it; use a code model that has "
+                              f"them (e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
+        check_rate(request)
+        prefix = await prompt.text_prompt(service, body.input_prefix) if body.input_prefix else []
+        suffix = await prompt.text_prompt(service, body.input_suffix) if body.input_suffix else []
+        middle = await _prompt_tokens(service, body) if body.prompt else []
+        tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
+        return await _run(request, service, body, tokens)
 
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, request: Request):
-    service = ready_service(request)
-    prompt.check_size(service, 1, len(body.content.encode()), "content")
-    runner = service.runner
-    ids = await run_in_threadpool(runner.tokenize, body.content, body.add_special,
-                                  body.parse_special)
-    if not body.with_pieces:
-        return {"tokens": ids}
-    pieces = []
-    for t in ids:
-        raw = runner.piece(t) or runner.token_text(t).encode()
-        try:
-            pieces.append({"id": t, "piece": raw.decode("utf-8")})
-        except UnicodeDecodeError:
-            pieces.append({"id": t, "piece": list(raw)})
-    return {"tokens": pieces}
+    async with lease(request, body.model) as service:
+        prompt.check_size(service, 1, len(body.content.encode()), "content")
+        runner = service.runner
+        ids = await run_in_threadpool(runner.tokenize, body.content, body.add_special,
+                                      body.parse_special)
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [_piece(runner, t) for t in ids]}
+
+
+def _piece(runner, token: int) -> dict:
+    raw = runner.piece(token) or runner.token_text(token).encode()
+    try:
+        return {"id": token, "piece": raw.decode("utf-8")}
+    except UnicodeDecodeError:
+        return {"id": token, "piece": list(raw)}
 
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request):
-    service = ready_service(request)
-    return {"content": service.detokenize(prompt.check_token_ids(service, body.tokens, "tokens"))}
+    async with lease(request, body.model) as service:
+        tokens = prompt.check_token_ids(service, body.tokens, "tokens")
+        return {"content": service.detokenize(tokens)}
 
 
 @router.post("/apply-template")
 async def apply_template(body: TemplateBody, request: Request):
-    service = ready_service(request)
-    try:
-        return {"prompt": service.template.render([m.as_template_dict() for m in body.messages])}
-    except ValueError as exc:
-        raise OpenAIError(400, str(exc), param="messages") from None
+    async with lease(request, body.model) as service:
+        try:
+            return {"prompt": service.template.render([m.as_template_dict() for m in body.messages])}
+        except ValueError as exc:
+            raise OpenAIError(400, str(exc), param="messages") from None

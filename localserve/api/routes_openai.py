@@ -9,7 +9,6 @@ into SSE chunks or one response.
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 
 from fastapi import APIRouter, Request
@@ -28,19 +27,10 @@ router = APIRouter(prefix="/v1")
 bare_router = APIRouter()
 
 
-def ready_service(request: Request) -> Service:
-    service: Service = request.app.state.service
-    state, problem = service.status()
-    if state == "ok":
-        return service
-    if state == "draining":
-        raise OpenAIError(503, "the server is shutting down and takes no new requests",
-                          "server_error", code="shutting_down", headers={"Retry-After": "10"})
-    if state == "loading":
-        raise OpenAIError(503, "the model is still loading; retry shortly", "server_error",
-                          headers={"Retry-After": "2"})
-    what = "the model failed to load" if service.load_error else "the engine is not running"
-    raise OpenAIError(503, f"{what}: {problem}", "server_error")
+def lease(request: Request, model: str | None = None, kind: str = "chat"):
+    """The requested model's Service, loaded and ready, for an `async with` block (see
+    registry.py); 404 for an unknown name when several models are served, 503 while loading."""
+    return request.app.state.models.lease(model, kind)
 
 
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int,
@@ -78,7 +68,7 @@ def check_quota(request: Request, user: str) -> None:
     if keeper is None:
         return
     today, month = service.ledger.tokens_used(user) if service.ledger else (0, 0)
-    in_flight = service.loop.in_flight_of(user) if service.loop else 0
+    in_flight = request.app.state.models.in_flight_of(user)
     try:
         keeper.check(user, today, month, in_flight)
     except QuotaError as exc:
@@ -129,44 +119,42 @@ def identity(request: Request, body: _Sampling) -> str | None:
     return getattr(request.state, "user", None) or body.user
 
 
-def model_card(service: Service) -> dict:
-    path = service.model_path
-    created = int(os.path.getmtime(path)) if path and path.exists() else 0
-    return {"id": service.model_id, "object": "model", "created": created,
-            "owned_by": "localserve"}
-
-
 @router.get("/models")
 @bare_router.get("/models")
 async def list_models(request: Request):
-    return {"object": "list", "data": [model_card(request.app.state.service)]}
+    """Every model offered, with its state (loaded, loading, unloaded, error)."""
+    return {"object": "list", "data": request.app.state.models.cards()}
 
 
 @router.get("/models/{model:path}")
 @bare_router.get("/models/{model:path}")
 async def get_model(model: str, request: Request):
+    cards = {card["id"]: card for card in request.app.state.models.cards()}
     service = request.app.state.service
-    if model not in (service.model_id, service.model_path.name if service.model_path else None):
+    if len(cards) == 1 and service.model_path and model == service.model_path.name:
+        return next(iter(cards.values()))  # the file name, as llama-server accepts
+    if model not in cards:
         raise OpenAIError(404, f"The model '{model}' does not exist; this server serves "
-                          f"'{service.model_id}'", code="model_not_found", param="model")
-    return model_card(service)
+                          f"{', '.join(cards)}", code="model_not_found", param="model")
+    return cards[model]
 
 
 @router.post("/chat/completions")
 @bare_router.post("/chat/completions")
 async def chat_completions(body: ChatCompletionRequest, request: Request):
-    # `model` is not checked: one model serves every name (many tools hard-code
+    # With one model, every `model` name is answered by it (many tools hard-code
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
-    service = ready_service(request)
     check_rate(request)
-    tools = structured.tool_setup(service, body)
-    if tools is not None:
-        messages, grammar, plan = tools
-    else:
-        messages, plan = [m.as_template_dict() for m in body.messages], None
-        grammar = structured.request_grammar(service, body)
-    tokens = await prompt.chat_prompt(service, messages)
-    stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/chat/completions")
+    async with lease(request, body.model) as service:
+        tools = structured.tool_setup(service, body)
+        if tools is not None:
+            messages, grammar, plan = tools
+        else:
+            messages, plan = [m.as_template_dict() for m in body.messages], None
+            grammar = structured.request_grammar(service, body)
+        tokens = await prompt.chat_prompt(service, messages)
+        stream = submit(service, tokens, body, identity(request, body), grammar,
+                        "/v1/chat/completions")
     reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
                   piece=service.runner.piece)
     return await reply.respond(stream, request)
@@ -175,14 +163,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
 @router.post("/completions")
 @bare_router.post("/completions")
 async def completions(body: CompletionRequest, request: Request):
-    service = ready_service(request)  # any `model` name: see chat_completions
     check_rate(request)
-    grammar = structured.request_grammar(service, body)
-    if isinstance(body.prompt, str):
-        tokens = await prompt.text_prompt(service, body.prompt)
-    else:
-        tokens = prompt.check_token_ids(service, body.prompt, "prompt")
-    stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/completions")
+    async with lease(request, body.model) as service:  # `model`: see chat_completions
+        grammar = structured.request_grammar(service, body)
+        if isinstance(body.prompt, str):
+            tokens = await prompt.text_prompt(service, body.prompt)
+        else:
+            tokens = prompt.check_token_ids(service, body.prompt, "prompt")
+        stream = submit(service, tokens, body, identity(request, body), grammar, "/v1/completions")
     reply = Reply("text_completion", service.model_id, body, fingerprint(service),
                   piece=service.runner.piece)
     if body.echo:

@@ -106,6 +106,16 @@ class EngineLoop(threading.Thread):
         finally:
             self.snapshot = self._build_snapshot()
 
+    def fatal(self, message: str) -> None:
+        """llama.cpp hit a fatal error (runner/aborts.py). On this loop's own thread, inside a
+        step: every request fails with the message, and the thread then parks for good (the
+        context is unusable). On any other thread: the loop is marked failed, so /health says
+        so and new requests get 503."""
+        self.failure = f"llama.cpp stopped with a fatal error: {message}"
+        if threading.current_thread() is self:
+            self._fail_everything(self.failure)
+            self.snapshot = self._build_snapshot()
+
     def step(self) -> None:
         step_started = time.perf_counter()
         try:

@@ -4,10 +4,15 @@ this package imports llama_cpp.
     core.py        LlamaRunner: the generating context, one batch per step, sampling, grammars
     embeddings.py  Embedder: a second context on the same model for /v1/embeddings
     model_file.py  set-up, GGUF facts without loading, memory needs, cache types
+    rpc.py         llama.cpp's RPC backend: workers, and registering them as devices
+    aborts.py      ggml's fatal errors turned into a failed engine instead of a dead process
 """
 
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.runner.core import LlamaRunner
+from localserve.engine.runner.aborts import on_fatal_error
 from localserve.engine.runner.model_file import CACHE_TYPES, memory_needs, supports_gpu_offload
+from localserve.engine.runner.rpc import add_servers, rpc_devices
 
-__all__ = ["CACHE_TYPES", "LlamaRunner", "RunnerConfig", "memory_needs", "supports_gpu_offload"]
+__all__ = ["CACHE_TYPES", "LlamaRunner", "RunnerConfig", "add_servers", "memory_needs",
+           "on_fatal_error", "rpc_devices", "supports_gpu_offload"]

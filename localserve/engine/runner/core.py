@@ -162,6 +162,8 @@ class LlamaRunner:
         """The bytes a generated token adds to the text (control tokens add none). Cached."""
         cached = self._pieces.get(token)
         if cached is None:
+            if self.vocab is None:  # unloaded (several models): a late reply gets no text
+                return b""
             buf = ctypes.create_string_buffer(256)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
             cached = self._pieces[token] = buf.raw[:max(n, 0)]
@@ -344,4 +346,4 @@ class LlamaRunner:
             C.llama_batch_free(self.batch)
             C.llama_free(self.ctx)
             C.llama_model_free(self.model)
-            self.ctx = None
+            self.ctx = self.vocab = None

@@ -1,0 +1,51 @@
+"""ggml's fatal errors, caught before they end the process.
+
+llama.cpp stops the whole process (GGML_ABORT -> abort()) on errors it cannot return, e.g. an
+RPC worker that went away mid-decode. ggml calls an abort callback first; localserve's callback
+hands the message to a handler (the engine loop: fail every request, report the failure on
+/health) and then parks the calling thread for good instead of returning to abort(). The
+context that failed is never used again; the server keeps answering, and says what happened.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+from pathlib import Path
+from typing import Callable
+
+import llama_cpp
+
+log = logging.getLogger("localserve.engine")
+_LIB_DIR = Path(llama_cpp.__file__).resolve().parent / "lib"
+_CALLBACK_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+_handlers: list[Callable[[str], None]] = []
+_installed = None  # keeps the ctypes callback alive
+
+
+def _on_abort(message: bytes) -> None:
+    text = message.decode("utf-8", "replace").strip()
+    log.error("llama.cpp stopped with a fatal error: %s", text)
+    for handler in list(_handlers):
+        try:
+            handler(text)
+        except Exception:  # the thread parks whatever a handler does
+            log.exception("while handling llama.cpp's fatal error")
+    threading.Event().wait()  # never return: returning means abort()
+
+
+def on_fatal_error(handler: Callable[[str], None]) -> Callable[[], None]:
+    """Call handler(message) on a ggml fatal error in any thread; returns an undo function."""
+    global _installed
+    if _installed is None:
+        for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
+            if (_LIB_DIR / name).exists():
+                base = ctypes.CDLL(str(_LIB_DIR / name), mode=ctypes.RTLD_GLOBAL)
+                base.ggml_set_abort_callback.argtypes = [_CALLBACK_TYPE]
+                base.ggml_set_abort_callback.restype = ctypes.c_void_p
+                _installed = _CALLBACK_TYPE(_on_abort)
+                base.ggml_set_abort_callback(_installed)
+                break
+    _handlers.append(handler)
+    return lambda: _handlers.remove(handler) if handler in _handlers else None

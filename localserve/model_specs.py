@@ -1,0 +1,108 @@
+"""Which models a server offers: `-m` (the default), `--model NAME=PATH`, `--models-dir DIR` and
+`[models.NAME]` tables of the TOML, each with its own slots and cache if it says so."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from localserve.config import Settings, SettingsError, resolve_model
+
+KINDS = ("chat", "embedding")
+TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "kind", "pin"}
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model the server can load: a name clients send as `model`, and what differs from
+    the server-wide settings (None: the server's own -c, -np, -ngl)."""
+
+    name: str
+    path: str | None  # None: the embedded default model
+    ctx_size: int | None = None
+    parallel: int | None = None
+    n_gpu_layers: int | None = None
+    kind: str = "chat"  # "embedding": /v1/embeddings only, chat and completions refused
+    pin: bool = False  # never unloaded, by idle time or to make room
+
+    def settings(self, server: Settings) -> Settings:
+        """The server's settings with this model's file and its own overrides."""
+        changes = {"model": self.path, "model_alias": self.name}
+        for name in ("ctx_size", "parallel", "n_gpu_layers"):
+            if getattr(self, name) is not None:
+                changes[name] = getattr(self, name)
+        return server.__class__(**{**server.__dict__, **changes}).validate()
+
+
+def parse_model_tables(tables: dict, source: str) -> dict[str, dict]:
+    """[models.NAME] tables -> {name: {setting: value}}; unknown keys and kinds are refused."""
+    out = {}
+    for name, table in tables.items():
+        if not isinstance(table, dict) or "path" not in table:
+            raise SettingsError(f"{source}: [models.{name}] must be a table with at least path = ...")
+        unknown = set(table) - TABLE_KEYS
+        if unknown:
+            raise SettingsError(f"{source}: [models.{name}] {sorted(unknown)[0]}: unknown key "
+                                f"(known: {', '.join(sorted(TABLE_KEYS))})")
+        if table.get("kind", "chat") not in KINDS:
+            raise SettingsError(f"{source}: [models.{name}] kind = {table['kind']!r}: expected "
+                                f"\"chat\" or \"embedding\"")
+        for key in ("ctx_size", "parallel", "n_gpu_layers"):
+            value = table.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise SettingsError(f"{source}: [models.{name}] {key} = {value!r}: expected a whole number")
+        out[name] = dict(table)
+    return out
+
+
+def split_model_flags(values: list[str]) -> tuple[str | None, dict[str, dict]]:
+    """-m/--model given several times: PATH is the default model (once), NAME=PATH a named one."""
+    default, named = None, {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            if default is not None:
+                raise SettingsError(f"-m/--model {value}: the default model is already {default}; "
+                                    f"name the others as --model NAME=PATH")
+            default = value
+        elif not name or not path:
+            raise SettingsError(f"--model {value}: expected NAME=PATH")
+        else:
+            named[name] = {"path": path}
+    return default, named
+
+
+def parse_size(text: str) -> int:
+    """'6G', '512M', '1.5GiB' or a number of bytes."""
+    match = SIZE.match(str(text))
+    if not match:
+        raise SettingsError(f"--memory-budget {text}: expected a size such as 6G or 512M")
+    number, unit = float(match.group(1)), match.group(2).lower()
+    return int(number * 1024 ** " kmgt".index(unit or " "))
+
+
+def model_specs(settings: Settings) -> list[ModelSpec]:
+    """Every model offered, the default first: -m (or the embedded model) unless only named
+    models are given, in which case the first of them is the default."""
+    named = dict(settings.models)
+    if settings.models_dir:
+        folder = Path(settings.models_dir).expanduser()
+        if not folder.is_dir():
+            raise SettingsError(f"--models-dir {settings.models_dir}: no such folder")
+        for path in sorted(folder.glob("*.gguf")):
+            named.setdefault(path.stem, {"path": str(path)})
+    specs = []
+    if settings.model is not None or not named:
+        path = resolve_model(settings.model)
+        specs.append(ModelSpec(settings.model_alias or path.stem, settings.model))
+    for name, table in named.items():
+        resolve_model(table["path"])  # refuse a missing file at start-up, naming it
+        specs.append(ModelSpec(name, **table))
+    names = [s.name for s in specs]
+    duplicate = next((n for n in names if names.count(n) > 1), None)
+    if duplicate:
+        raise SettingsError(f"--model {duplicate}: two models have this name; use --alias or "
+                            f"another NAME")
+    return specs

@@ -1,0 +1,259 @@
+"""Several models behind one address: each its own Service (slots, scheduler, engine loop),
+loaded on demand and unloaded when idle, within --max-loaded-models and --memory-budget.
+
+Where a request finds its model: `async with registry.lease(name) as service:` in each route.
+A lease lasts from choosing the model until the request is queued in its engine; from then on
+the engine's in-flight count holds the model. A model is unloaded only when it has neither
+(never under a running request: loading another model waits for it to go idle, the requests
+for it queue meanwhile rather than being cut off).
+
+CPU threads: each loaded model's llama.cpp context has -t threads; two models busy at the same
+moment share the cores (the OS interleaves them), so on a small CPU one busy model at a time
+(--max-loaded-models 1, or traffic that rarely overlaps) keeps each stream at full speed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import psutil
+
+from localserve.api.schemas import OpenAIError
+from localserve.config import Settings, SettingsError, resolve_model
+from localserve.model_specs import ModelSpec, model_specs, parse_size
+from localserve.resources import GIB, OVERHEAD_BYTES
+from localserve.service import Service
+
+log = logging.getLogger("localserve.models")
+SWITCH_WAIT_S = 600.0  # longest a request waits for another model's requests to finish
+
+
+@dataclass(eq=False)
+class Entry:
+    spec: ModelSpec
+    service: Service
+    leases: int = 0  # requests that chose this model and are not yet in its engine
+    last_busy: float = field(default_factory=time.monotonic)
+    closing: bool = False  # chosen to make room: new requests wait for the switch
+    need_bytes: int | None = None  # estimated memory: weights + cache
+
+    @property
+    def loaded(self) -> bool:
+        return self.service.engine is not None
+
+    @property
+    def busy(self) -> bool:
+        loop = self.service.loop
+        return self.leases > 0 or (loop is not None and loop.in_flight > 0)
+
+    @property
+    def state(self) -> str:
+        """loaded, loading, unloaded (loads on the next request for it) or error."""
+        if self.loaded:
+            return "loaded"
+        if self.service.unloaded:
+            return "unloaded"
+        return "error" if self.service.load_error else "loading"
+
+
+class ModelRegistry:
+    def __init__(self, primary: Service, specs: list[ModelSpec]):
+        self.primary = primary
+        s = primary.settings
+        self.entries = {specs[0].name: Entry(specs[0], primary)}
+        for spec in specs[1:]:
+            service = Service(spec.settings(s), shared=primary, kind=spec.kind)
+            service.unloaded = True  # loaded by the first request for it
+            self.entries[spec.name] = Entry(spec, service)
+            primary.peers.append(service)
+        self.max_loaded = s.max_loaded_models
+        self.budget = parse_size(s.memory_budget) if s.memory_budget else None
+        self.idle_unload = s.idle_unload
+        self._switch_lock: asyncio.Lock | None = None  # one load or unload at a time
+
+    @property
+    def _switch(self) -> asyncio.Lock:
+        if self._switch_lock is None:  # made in the event loop that uses it
+            self._switch_lock = asyncio.Lock()
+        return self._switch_lock
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> "ModelRegistry":
+        specs = model_specs(settings)
+        primary_settings = specs[0].settings(settings) if len(specs) > 1 else settings
+        return cls(Service(primary_settings, kind=specs[0].kind), specs)
+
+    @classmethod
+    def single(cls, service: Service) -> "ModelRegistry":
+        """A registry of one ready-made Service (tests, and embedders of the app)."""
+        name = service.settings.model_alias or resolve_model(service.settings.model).stem
+        return cls(service, [ModelSpec(name, service.settings.model)])
+
+    @property
+    def several(self) -> bool:
+        return len(self.entries) > 1
+
+    # ---- choosing a model ------------------------------------------------------------
+    def entry(self, name: str | None) -> Entry:
+        """With one model, any name (many tools hard-code gpt-3.5-turbo); with several, the
+        named one, the default when none is named, else 404 listing what exists."""
+        if not self.several or name is None:
+            return next(iter(self.entries.values()))
+        if name in self.entries:
+            return self.entries[name]
+        raise OpenAIError(404, f"The model '{name}' does not exist; this server serves "
+                          f"{', '.join(self.entries)}", code="model_not_found", param="model")
+
+    @asynccontextmanager
+    async def lease(self, name: str | None, kind: str = "chat"):
+        """The model's Service, loaded, for the duration of the block (see the module doc)."""
+        entry = self.entry(name)
+        if self.primary.draining:
+            ready(self.primary)  # the 503 that says so
+        if entry.spec.kind == "embedding" and kind != "embedding":
+            raise OpenAIError(400, f"'{entry.spec.name}' is an embedding model: use it with "
+                              f"/v1/embeddings", param="model")
+        if self.several:
+            await self._ensure_loaded(entry)
+        entry.leases += 1
+        try:
+            yield ready(entry.service)
+        finally:
+            entry.leases -= 1
+            entry.last_busy = time.monotonic()
+
+    async def _ensure_loaded(self, entry: Entry) -> None:
+        deadline = time.monotonic() + SWITCH_WAIT_S
+        while not (entry.loaded and not entry.closing):
+            async with self._switch:
+                if not entry.loaded:
+                    await self._switch_to(entry, deadline)
+
+    async def _switch_to(self, entry: Entry, deadline: float) -> None:
+        """Make room (unloading idle models, least recently busy first, after waiting for
+        their running requests), then load `entry`. Refused with the numbers if it can never
+        fit; the loaded models are untouched then."""
+        need = await self._need(entry)
+        victims = self._victims(entry, need)
+        free_after = psutil.virtual_memory().available + sum(v.need_bytes or 0 for v in victims)
+        if self.primary.settings.memory_check and need + OVERHEAD_BYTES > free_after:
+            raise OpenAIError(507, f"The model '{entry.spec.name}' needs about {need / GIB:.2f} "
+                              f"GiB with its cache, but only {free_after / GIB:.2f} GiB would be "
+                              f"free; the loaded models keep running.", "server_error",
+                              code="insufficient_memory", param="model")
+        for victim in victims:
+            victim.closing = True
+        try:
+            while any(v.busy for v in victims):
+                if time.monotonic() > deadline:
+                    raise OpenAIError(503, f"'{entry.spec.name}' waits for other models' "
+                                      f"requests to finish; retry shortly", "server_error",
+                                      code="model_switch_timeout", headers={"Retry-After": "10"})
+                await asyncio.sleep(0.05)
+            for victim in victims:
+                log.info("unloading %s to make room for %s", victim.spec.name, entry.spec.name)
+                await asyncio.to_thread(victim.service.unload)
+        finally:
+            for victim in victims:
+                victim.closing = False
+        log.info("loading %s on demand", entry.spec.name)
+        await asyncio.to_thread(entry.service.load)
+        if entry.service.load_error:
+            raise OpenAIError(503, f"the model '{entry.spec.name}' failed to load: "
+                              f"{entry.service.load_error}", "server_error")
+        entry.last_busy = time.monotonic()
+
+    async def _need(self, entry: Entry) -> int:
+        if entry.need_bytes is None:
+            from localserve.engine.runner import memory_needs
+
+            s = entry.service.settings
+            needs = await asyncio.to_thread(memory_needs, str(resolve_model(s.model)), s.ctx_size,
+                                            s.cache_type_k, s.cache_type_v)
+            entry.need_bytes = needs["model_bytes"] + needs["kv_bytes"]
+        return entry.need_bytes
+
+    def _victims(self, entry: Entry, need: int) -> list[Entry]:
+        loaded = [e for e in self.entries.values() if e.loaded and e is not entry]
+        candidates = sorted((e for e in loaded if not e.spec.pin), key=lambda e: e.last_busy)
+        victims: list[Entry] = []
+
+        def over() -> bool:
+            kept = [e for e in loaded if e not in victims]
+            too_many = self.max_loaded is not None and len(kept) + 1 > self.max_loaded
+            too_big = self.budget is not None and sum(e.need_bytes or 0 for e in kept) + need > self.budget
+            return too_many or too_big
+
+        while over():
+            if not candidates:
+                raise OpenAIError(507, self._cannot_fit(entry, need, loaded), "server_error",
+                                  code="insufficient_memory", param="model")
+            victims.append(candidates.pop(0))
+        return victims
+
+    def _cannot_fit(self, entry: Entry, need: int, loaded: list[Entry]) -> str:
+        pinned = [e.spec.name for e in loaded if e.spec.pin]
+        budget = f" --memory-budget {self.budget / GIB:.2f} GiB" if self.budget else ""
+        return (f"The model '{entry.spec.name}' (about {need / GIB:.2f} GiB with its cache) cannot "
+                f"be loaded within --max-loaded-models {self.max_loaded}{budget}"
+                + (f" beside the pinned {', '.join(pinned)}" if pinned else "") + ".")
+
+    # ---- unloading idle models ---------------------------------------------------------
+    async def unload_idle_forever(self) -> None:
+        """--idle-unload: every half second, unload models idle that long (never pinned ones)."""
+        if not self.several or self.idle_unload <= 0:
+            return
+        while True:
+            await asyncio.sleep(0.5)
+            now = time.monotonic()
+            for entry in self.entries.values():
+                if entry.busy:
+                    entry.last_busy = now
+                elif entry.loaded and not entry.spec.pin and now - entry.last_busy >= self.idle_unload:
+                    async with self._switch:
+                        if entry.loaded and not entry.busy:
+                            log.info("unloading %s: idle for %.0f s", entry.spec.name,
+                                     now - entry.last_busy)
+                            await asyncio.to_thread(entry.service.unload)
+
+    # ---- what clients and the dashboard see --------------------------------------------
+    def cards(self) -> list[dict]:
+        return [model_card(e) for e in self.entries.values()]
+
+    def in_flight_of(self, user: str | None) -> int:
+        return sum(e.service.loop.in_flight_of(user) for e in self.entries.values()
+                   if e.service.loop is not None)
+
+    def stop(self) -> None:
+        """The others first: the default model's Service owns the ledger they write to."""
+        for entry in reversed(self.entries.values()):
+            entry.service.stop()
+
+
+def model_card(entry: Entry) -> dict:
+    """OpenAI's model object, with llama-server's router `status` ({"value": "loaded"})."""
+    try:
+        created = int(resolve_model(entry.service.settings.model).stat().st_mtime)
+    except (SettingsError, OSError):
+        created = 0
+    return {"id": entry.spec.name, "object": "model", "created": created,
+            "owned_by": "localserve", "status": {"value": entry.state}, "kind": entry.spec.kind}
+
+
+def ready(service: Service) -> Service:
+    """The service if it can take requests now, else the 503 that says why."""
+    state, problem = service.status()
+    if state == "ok" and service.engine is not None:
+        return service
+    if state == "draining":
+        raise OpenAIError(503, "the server is shutting down and takes no new requests",
+                          "server_error", code="shutting_down", headers={"Retry-After": "10"})
+    if state == "loading" or (state == "ok" and service.engine is None):
+        raise OpenAIError(503, "the model is still loading; retry shortly", "server_error",
+                          headers={"Retry-After": "2"})
+    what = "the model failed to load" if service.load_error else "the engine is not running"
+    raise OpenAIError(503, f"{what}: {problem}", "server_error")

@@ -1,0 +1,118 @@
+"""Several models behind one address (registry.py): two names for the embedded model with
+different -c/-np, loaded on demand, one at a time, unloaded when idle, refused when they can
+never fit; and the settings that declare them."""
+
+import json
+import threading
+import time
+
+import httpx
+import psutil
+import pytest
+
+from conftest import running, wait_for
+from localserve.config import Settings, SettingsError, default_model_path
+from localserve.model_specs import model_specs, parse_size, split_model_flags
+
+PROMPT = {"prompt": "The quick brown fox", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def office(tmp_path_factory):
+    path = default_model_path()
+    config = tmp_path_factory.mktemp("models") / "models.toml"
+    config.write_text(f"""
+max_loaded_models = 1
+idle_unload = 3
+[models.chat]
+path = "{path}"
+ctx_size = 2048
+parallel = 2
+[models.wide]
+path = "{path}"
+ctx_size = 8192
+parallel = 4
+[models.huge]
+path = "{path}"
+ctx_size = 4000000
+""")
+    with running("--config", str(config), "-t", "2", log_name="models") as srv:
+        yield srv
+
+
+def states(srv) -> dict:
+    cards = httpx.get(srv.url + "/v1/models", timeout=10).json()["data"]
+    return {c["id"]: c["status"]["value"] for c in cards}
+
+
+def complete(srv, model, **extra):
+    r = httpx.post(srv.url + "/v1/completions", json={**PROMPT, "model": model, **extra},
+                   timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def rss(srv) -> int:
+    return psutil.Process(srv.proc.pid).memory_info().rss
+
+
+def test_models_are_listed_with_their_state_and_unknown_names_are_404(office):
+    assert states(office) == {"chat": "loaded", "wide": "unloaded", "huge": "unloaded"}
+    r = httpx.post(office.url + "/v1/completions", json={**PROMPT, "model": "gpt-3.5-turbo"})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert "chat, wide, huge" in r.json()["error"]["message"]
+
+
+def test_a_second_model_waits_for_the_first_to_finish_then_loads_and_unloads_when_idle(office):
+    solo = complete(office, "chat")["choices"][0]["text"]
+    streamed, done = [], {}
+
+    def stream_chat():
+        with httpx.stream("POST", office.url + "/v1/completions", timeout=300,
+                          json={**PROMPT, "model": "chat", "stream": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    streamed.append(json.loads(line[6:])["choices"][0]["text"])
+        done["chat"] = time.monotonic()
+
+    reader = threading.Thread(target=stream_chat)
+    reader.start()
+    wait_for(lambda: streamed, timeout=60, what="the chat stream's first token")
+    wide = complete(office, "wide")  # while chat streams: it must wait, not cut chat off
+    done["wide"] = time.monotonic()
+    reader.join(timeout=120)
+    assert "".join(streamed) == solo  # chat finished intact ...
+    assert done["chat"] <= done["wide"]  # ... before wide was served
+    assert wide["model"] == "wide" and wide["choices"][0]["text"] == solo  # same weights, greedy
+    assert states(office) == {"chat": "unloaded", "wide": "loaded", "huge": "unloaded"}
+    slots = httpx.get(office.url + "/slots", timeout=10).json()
+    assert slots["model"] == "wide" and slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 2048
+    loaded = rss(office)
+    wait_for(lambda: states(office)["wide"] == "unloaded", timeout=30, what="idle unload")
+    assert rss(office) < loaded - 50 * 1024 ** 2  # the weights and the 8192-token cache freed
+
+
+def test_a_model_that_cannot_fit_is_refused_with_the_numbers_and_others_keep_running(office):
+    complete(office, "chat")
+    r = httpx.post(office.url + "/v1/completions", json={**PROMPT, "model": "huge"}, timeout=60)
+    assert r.status_code == 507, r.text
+    assert "GiB" in r.json()["error"]["message"] and r.json()["error"]["param"] == "model"
+    assert states(office)["chat"] == "loaded"
+    complete(office, "chat")
+
+
+def test_model_settings_from_flags_and_tables(tmp_path):
+    assert split_model_flags(["a.gguf", "coder=b.gguf"]) == ("a.gguf", {"coder": {"path": "b.gguf"}})
+    with pytest.raises(SettingsError, match="already"):
+        split_model_flags(["a.gguf", "b.gguf"])
+    with pytest.raises(SettingsError, match="NAME=PATH"):
+        split_model_flags(["=b.gguf"])
+    assert parse_size("6G") == 6 * 1024 ** 3 and parse_size("512MiB") == 512 * 1024 ** 2
+    path = str(default_model_path())
+    (tmp_path / "extra.gguf").symlink_to(path)
+    specs = model_specs(Settings(model=path, models={"small": {"path": path, "parallel": 1}},
+                                 models_dir=str(tmp_path)))
+    assert [s.name for s in specs] == [default_model_path().stem, "small", "extra"]
+    assert specs[1].settings(Settings()).parallel == 1
+    with pytest.raises(SettingsError, match="no such file"):
+        model_specs(Settings(models={"gone": {"path": "/nowhere.gguf"}}))
