@@ -259,7 +259,8 @@ class Service:
             peer.stop_engine()
         if self.loop is not None and self.loop.is_alive():
             self.loop.stop()
-            self.loop.join(timeout=10)
+            # A loop failed by llama.cpp may be parked inside it for good: do not wait on it.
+            self.loop.join(timeout=0.5 if self.loop.failure else 10)
 
     def stop(self) -> None:
         self.stop_engine()

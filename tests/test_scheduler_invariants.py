@@ -2,6 +2,8 @@
 invariant is broken (see tests/mutation-equivalents.txt and scripts/mutation), plus the
 engine loop's CacheFull -> preempt -> replan path driven with a fake runner (no llama.cpp)."""
 
+import threading
+
 from localserve.engine.errors import CacheFull
 from localserve.engine.loop import EngineLoop
 from localserve.engine.request import FinishReason, Request, SamplingParams
@@ -144,6 +146,32 @@ def test_invariant_7_big_prefill_steps_only_while_nothing_decodes():
         plan, _ = step(sched, runner)
         assert plan.num_tokens <= 8  # a stream decodes: the smoothness budget again
 
+
+class FatalInAnotherThread:
+    """A runner whose llama_decode never returns because a helper thread of llama.cpp (as the
+    RPC backend's) hit a fatal error: what runner/aborts.py reports through loop.fatal."""
+
+    def __init__(self):
+        self.loop = None
+
+    def decode(self, plan):
+        threading.Thread(target=self.loop.fatal, args=("remote worker gone",)).start()
+        threading.Event().wait()
+
+
+def test_a_fatal_llama_error_during_decode_fails_every_request_and_the_loop():
+    runner = FatalInAnotherThread()
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 64)
+    loop = runner.loop = EngineLoop(sched, runner)
+    ended = threading.Event()
+    events = []
+    r = request("stuck", range(1, 11))
+    r.emit = lambda e: (events.append(e), e.finished and ended.set())
+    loop.start()
+    loop.submit(r)
+    assert ended.wait(10)
+    assert events[-1].finish_reason is FinishReason.ERROR and "remote worker gone" in events[-1].error
+    assert loop.failure and "remote worker gone" in loop.failure and loop.decoding
 
 
 def test_n_choices_prefill_the_prompt_once_and_each_matches_a_solo_run():

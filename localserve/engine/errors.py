@@ -9,3 +9,8 @@ class DecodeError(RuntimeError):
 class CacheFull(DecodeError):
     """llama_decode found no free cache cells for the batch (return code 1). Nothing was
     written, so the batch can be planned again after evicting a sequence."""
+
+
+class EngineFailed(BaseException):
+    """llama.cpp failed fatally (runner/aborts.py): the engine loop ends. A BaseException so
+    that no per-request handler in the step catches it."""

@@ -17,7 +17,7 @@ import time
 from collections import Counter
 
 from localserve.engine.request import FinishReason, Request, TokenEvent
-from localserve.engine.errors import CacheFull, DecodeError
+from localserve.engine.errors import CacheFull, DecodeError, EngineFailed
 from localserve.engine.plan import StepPlan
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
@@ -51,6 +51,7 @@ class EngineLoop(threading.Thread):
         self.observers = tuple(observers)  # EngineObserver: the metrics, the ledger
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
+        self.decoding = False  # inside runner.decode (llama_decode): no request is touched
         self.stopping = False
         self.last_step_s = 0.0
         self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
@@ -100,19 +101,21 @@ class EngineLoop(threading.Thread):
                 else:  # e.g. the last request was just aborted: show the idle slots
                     self.snapshot = self._build_snapshot()
         except BaseException as exc:  # the loop must never vanish silently
-            self.failure = f"engine loop died: {exc!r}"
+            self.failure = self.failure or f"engine loop died: {exc!r}"
             log.exception("engine loop died; failing all requests")
             self._fail_everything(self.failure)
         finally:
             self.snapshot = self._build_snapshot()
 
     def fatal(self, message: str) -> None:
-        """llama.cpp hit a fatal error (runner/aborts.py). On this loop's own thread, inside a
-        step: every request fails with the message, and the thread then parks for good (the
-        context is unusable). On any other thread: the loop is marked failed, so /health says
-        so and new requests get 503."""
+        """llama.cpp hit a fatal error (runner/aborts.py); the thread that hit it parks for
+        good and the context is never used again. The loop is marked failed (/health says so,
+        new requests get 503), and, when the error came from this loop's decode, every request
+        fails with the message."""
         self.failure = f"llama.cpp stopped with a fatal error: {message}"
-        if threading.current_thread() is self:
+        # Inside llama_decode the loop thread touches no request: another thread (e.g. the
+        # RPC backend's, while the loop waits for it forever) may end them all.
+        if threading.current_thread() is self or self.decoding:
             self._fail_everything(self.failure)
             self.snapshot = self._build_snapshot()
 
@@ -134,7 +137,13 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            sampled = self.runner.decode(plan)
+            self.decoding = True
+            try:
+                sampled = self.runner.decode(plan)
+            finally:
+                self.decoding = False
+            if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
+                raise EngineFailed(self.failure)
             events = self.scheduler.update(plan, sampled)
             self._attach_logprobs(plan, events)
         except DecodeError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Callable
@@ -35,17 +36,32 @@ def _on_abort(message: bytes) -> None:
     threading.Event().wait()  # never return: returning means abort()
 
 
+def loaded_lib(stem: str) -> ctypes.CDLL | None:
+    """The ggml library `stem` (e.g. "ggml-base") as libllama loaded it, found by its soname
+    (Linux: lib<stem>.so.0, macOS: lib<stem>.0.dylib), else None. Never a second copy: the
+    wheel ships lib<stem>.so and lib<stem>.so.0 as two files, and a copy has its own state."""
+    import llama_cpp.llama_cpp  # noqa: F401  (loads libllama and its ggml first)
+
+    for name in (f"lib{stem}.so.0", f"lib{stem}.0.dylib", f"{stem}.dll"):
+        for candidate in (name, str(_LIB_DIR / name)):
+            try:
+                return ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
+            except OSError:
+                continue
+    return None
+
+
 def on_fatal_error(handler: Callable[[str], None]) -> Callable[[], None]:
     """Call handler(message) on a ggml fatal error in any thread; returns an undo function."""
     global _installed
     if _installed is None:
-        for name in ("libggml-base.so", "libggml-base.dylib", "ggml-base.dll"):
-            if (_LIB_DIR / name).exists():
-                base = ctypes.CDLL(str(_LIB_DIR / name), mode=ctypes.RTLD_GLOBAL)
-                base.ggml_set_abort_callback.argtypes = [_CALLBACK_TYPE]
-                base.ggml_set_abort_callback.restype = ctypes.c_void_p
-                _installed = _CALLBACK_TYPE(_on_abort)
-                base.ggml_set_abort_callback(_installed)
-                break
+        base = loaded_lib("ggml-base")
+        if base is not None:
+            base.ggml_set_abort_callback.argtypes = [_CALLBACK_TYPE]
+            base.ggml_set_abort_callback.restype = ctypes.c_void_p
+            _installed = _CALLBACK_TYPE(_on_abort)
+            base.ggml_set_abort_callback(_installed)
+        else:
+            log.warning("ggml's abort callback is unavailable: a fatal llama.cpp error ends the process")
     _handlers.append(handler)
     return lambda: _handlers.remove(handler) if handler in _handlers else None

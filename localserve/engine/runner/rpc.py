@@ -12,13 +12,12 @@ tunnel (SSH, WireGuard) only.
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
-import llama_cpp
 import llama_cpp.llama_cpp as C
 
+from localserve.engine.runner.aborts import loaded_lib
+
 DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type
-_LIB_DIR = Path(llama_cpp.__file__).resolve().parent / "lib"
 
 
 class RpcUnavailable(RuntimeError):
@@ -30,11 +29,14 @@ def supports_rpc() -> bool:
 
 
 def _lib(stem: str) -> ctypes.CDLL:
-    for name in (f"lib{stem}.so", f"lib{stem}.dylib", f"{stem}.dll"):
-        if (_LIB_DIR / name).exists():
-            return ctypes.CDLL(str(_LIB_DIR / name), mode=ctypes.RTLD_GLOBAL)
-    raise RpcUnavailable("this llama.cpp build has no RPC backend: rebuild it with "
-                         "LOCALSERVE_RPC=1 scripts/setup")
+    """The copy of a ggml library that libllama already uses. Opened by its soname: the wheel
+    ships libggml.so and libggml.so.0 as two files, and opening the other one would load a
+    second ggml with its own device registry, which llama.cpp never sees."""
+    lib = loaded_lib(stem)
+    if lib is None:
+        raise RpcUnavailable("this llama.cpp build has no RPC backend: rebuild it with "
+                             "LOCALSERVE_RPC=1 scripts/setup")
+    return lib
 
 
 def _ggml() -> ctypes.CDLL:
