@@ -228,3 +228,9 @@ def test_unknown_fields_are_named_back_and_paths_without_v1_work(srv):
     models = httpx.get(srv.url + "/models").json()["data"]
     assert models[0]["created"] > 0
     assert httpx.get(srv.url + "/v1/models/" + models[0]["id"]).json()["id"] == models[0]["id"]
+
+
+def test_ignored_field_names_are_always_a_legal_header_value():
+    from localserve.api.replies import header_list
+
+    assert header_list(["frobnicate", " ", "", "caf\u00e9"]) == 'frobnicate, " ", "", "caf\\u00e9"'

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from itertools import accumulate
 import time
 import uuid
@@ -197,9 +198,14 @@ class Reply:
         return {"index": index, "message": message, "logprobs": shaped, "finish_reason": finish}
 
 
+PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
 def header_list(names: list[str], most: int = 16) -> str:
-    """Client-chosen names made safe for a header: ASCII only (escaped like JSON), bounded."""
-    shown = [json.dumps(n[:64])[1:-1] for n in names[:most]]
+    """Client-chosen names made safe for a header: ASCII only (escaped like JSON), bounded;
+    a name that is not a plain word (" ", "", "a b") is shown in quotes, since a header value
+    may not start or end with a space."""
+    shown = [n if PLAIN_NAME.fullmatch(n) else json.dumps(n[:64]) for n in names[:most]]
     return ", ".join(shown) + (f", and {len(names) - most} more" if len(names) > most else "")
 
 
