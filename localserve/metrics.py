@@ -15,7 +15,7 @@ import time
 
 import psutil
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 P = "localserve:"
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0,
@@ -155,3 +155,28 @@ def build_registry(snapshot_source) -> tuple[CollectorRegistry, EngineMetrics]:
     registry = CollectorRegistry()
     registry.register(SnapshotCollector(snapshot_source))
     return registry, EngineMetrics(registry)
+
+
+class ModelLabels:
+    """Several models: every model's figures in one exposition, each sample labelled with its
+    model (families merged by name, as Prometheus requires). With one model /metrics stays
+    label-free, as before."""
+
+    def __init__(self, registries):
+        self.registries = registries  # () -> [(model name, CollectorRegistry)]
+
+    def collect(self):
+        merged: dict[str, Metric] = {}
+        for model, registry in self.registries():
+            for family in registry.collect():
+                target = merged.setdefault(family.name, Metric(family.name, family.documentation,
+                                                               family.type, family.unit))
+                target.samples += [sample._replace(labels={**sample.labels, "model": model})
+                                   for sample in family.samples]
+        return list(merged.values())
+
+
+def labelled_registry(registries) -> CollectorRegistry:
+    registry = CollectorRegistry()
+    registry.register(ModelLabels(registries))
+    return registry

@@ -24,6 +24,7 @@ import psutil
 
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings, SettingsError, resolve_model
+from localserve.metrics import labelled_registry
 from localserve.model_specs import ModelSpec, model_specs, parse_size
 from localserve.resources import GIB, OVERHEAD_BYTES
 from localserve.service import Service
@@ -70,6 +71,8 @@ class ModelRegistry:
             service.unloaded = True  # loaded by the first request for it
             self.entries[spec.name] = Entry(spec, service)
             primary.peers.append(service)
+        self.metrics_registry = labelled_registry(lambda: [
+            (name, e.service.metrics_registry) for name, e in self.entries.items()])
         self.max_loaded = s.max_loaded_models
         self.budget = parse_size(s.memory_budget) if s.memory_budget else None
         self.idle_unload = s.idle_unload

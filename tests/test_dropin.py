@@ -92,6 +92,11 @@ def test_completion_logprobs_in_the_legacy_shape(server):
     assert len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"]) == 5
     assert all(x <= 0 for x in lp["token_logprobs"]) and all(len(t) == 2 for t in lp["top_logprobs"])
     assert lp["text_offset"][0] == 0
+    streamed = raw_stream(server.url, "/v1/completions", {
+        "prompt": "1, 2, 3,", "max_tokens": 5, "temperature": 0, "logprobs": 2})
+    offsets = [c["choices"][0]["logprobs"]["text_offset"][0] for c in streamed
+               if c["choices"][0]["logprobs"]]
+    assert offsets == lp["text_offset"]  # each chunk's offset counts the text sent before it
 
 
 def test_tokenize_detokenize_apply_template_round_trip(server):

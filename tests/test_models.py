@@ -35,6 +35,11 @@ parallel = 4
 [models.huge]
 path = "{path}"
 ctx_size = 4000000
+[models.vectors]
+path = "{path}"
+kind = "embedding"
+ctx_size = 1024
+parallel = 1
 """)
     with running("--config", str(config), "-t", "2", log_name="models") as srv:
         yield srv
@@ -57,10 +62,11 @@ def rss(srv) -> int:
 
 
 def test_models_are_listed_with_their_state_and_unknown_names_are_404(office):
-    assert states(office) == {"chat": "loaded", "wide": "unloaded", "huge": "unloaded"}
+    assert states(office) == {"chat": "loaded", "wide": "unloaded", "huge": "unloaded",
+                              "vectors": "unloaded"}
     r = httpx.post(office.url + "/v1/completions", json={**PROMPT, "model": "gpt-3.5-turbo"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
-    assert "chat, wide, huge" in r.json()["error"]["message"]
+    assert "chat, wide, huge, vectors" in r.json()["error"]["message"]
 
 
 def test_a_second_model_waits_for_the_first_to_finish_then_loads_and_unloads_when_idle(office):
@@ -84,12 +90,22 @@ def test_a_second_model_waits_for_the_first_to_finish_then_loads_and_unloads_whe
     assert "".join(streamed) == solo  # chat finished intact ...
     assert done["chat"] <= done["wide"]  # ... before wide was served
     assert wide["model"] == "wide" and wide["choices"][0]["text"] == solo  # same weights, greedy
-    assert states(office) == {"chat": "unloaded", "wide": "loaded", "huge": "unloaded"}
+    assert states(office) == {"chat": "unloaded", "wide": "loaded", "huge": "unloaded",
+                              "vectors": "unloaded"}
     slots = httpx.get(office.url + "/slots", timeout=10).json()
     assert slots["model"] == "wide" and slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 2048
     loaded = rss(office)
     wait_for(lambda: states(office)["wide"] == "unloaded", timeout=30, what="idle unload")
     assert rss(office) < loaded - 50 * 1024 ** 2  # the weights and the 8192-token cache freed
+
+
+def test_metrics_carry_a_model_label(office):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(office.url + "/metrics", timeout=10).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "localserve:generation_tokens_total"]
+    assert {s.labels["model"] for s in samples} == {"chat", "wide", "huge", "vectors"}
 
 
 def test_a_model_that_cannot_fit_is_refused_with_the_numbers_and_others_keep_running(office):
@@ -116,3 +132,17 @@ def test_model_settings_from_flags_and_tables(tmp_path):
     assert specs[1].settings(Settings()).parallel == 1
     with pytest.raises(SettingsError, match="no such file"):
         model_specs(Settings(models={"gone": {"path": "/nowhere.gguf"}}))
+
+
+def test_an_embedding_model_embeds_and_refuses_chat(office):
+    def embed(model):
+        r = httpx.post(office.url + "/v1/embeddings", timeout=120,
+                       json={"model": model, "input": ["a cat", "quarterly revenue"]})
+        assert r.status_code == 200, r.text
+        return [d["embedding"] for d in r.json()["data"]]
+
+    own = embed("vectors")  # the GGUF names no pooling: last-token pooling, as the chat model's
+    assert max(abs(a - b) for a, b in zip(own[0], embed("chat")[0])) < 1e-5
+    r = httpx.post(office.url + "/v1/chat/completions", timeout=60, json={
+        "model": "vectors", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]

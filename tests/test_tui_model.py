@@ -47,3 +47,10 @@ def test_rates_come_from_differences_between_polls():
     assert [r["request_id"] for r in second.next_up] == ["r7", "r8"] and second.next_up[0]["preempted"]
     third = tracker.update(slots(30, preemptions=1), METRICS.format(gen=160, b1=3, b2=4), now=13.0)
     assert not third.preempted_just_now and third.tok_s == 0.0
+
+
+def test_every_model_and_its_state_is_kept_for_the_header():
+    body = {**slots(1), "models": [{"id": "chat", "status": {"value": "loaded"}},
+                                   {"id": "coder", "status": {"value": "unloaded"}}]}
+    view = Tracker().update(body, METRICS.format(gen=0, b1=0, b2=0), now=1.0)
+    assert view.models == [("chat", "loaded"), ("coder", "unloaded")]

@@ -138,6 +138,8 @@ class Dashboard(App):
         backend = f" · {view.backend}" if view.backend else ""
         header = Text.assemble((view.model, "bold"),
                                f"{backend} · {view.split.split(' (')[0]} · {self.url}")
+        if len(view.models) > 1:  # several models: the slots shown are the first loaded one's
+            header.append(" · " + ", ".join(f"{name} ({state})" for name, state in view.models))
         self.query_one("#header", Static).update(header)
         self.query_one(SlotTable).show(self._sorted(view))
         self.query_one(QueuePanel).show(view)

@@ -80,6 +80,7 @@ class View:
     mem_total: float = 0.0
     mem_available: float = 0.0
     usage_today: list[dict] = field(default_factory=list)  # ledger rows by key (what the key may see)
+    models: list[tuple[str, str]] = field(default_factory=list)  # (id, state) of every model offered
 
 
 class Tracker:
@@ -103,6 +104,7 @@ class Tracker:
                     preemptions=int(slots["engine"].get("preemptions", 0)))
         view.backend = _backend_text(props)
         view.usage_today = list(slots.get("usage_today", []))
+        view.models = [(c["id"], c.get("status", {}).get("value", "?")) for c in slots.get("models", [])]
         prev = self._last
         dt = now - prev[0] if prev else 0.0
         if prev and dt > 0:

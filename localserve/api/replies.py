@@ -83,8 +83,8 @@ class Reply:
 
     # ---- streaming ---------------------------------------------------------------------
     def _delta(self, index: int, delta: dict, finish: str | None = None,
-               logprobs: list | None = None) -> dict:
-        shaped = self._logprobs(logprobs, offset=0) if logprobs else None
+               logprobs: list | None = None, offset: int = 0) -> dict:
+        shaped = self._logprobs(logprobs, offset) if logprobs else None
         if not self.chat:
             return {"index": index, "text": delta.get("content", ""), "logprobs": shaped,
                     "finish_reason": finish}
@@ -119,6 +119,7 @@ class Reply:
         n = len(stream.requests)
         held = {i: [] for i in range(n)}  # with tools, each JSON answer is parsed once complete
         last: dict[int, TokenEvent] = {}
+        offsets = {i: len(self.prefix) for i in range(n)}  # text sent so far: text_offset
         try:
             for i in range(n):
                 if self.chat:
@@ -132,8 +133,10 @@ class Reply:
                 if event.text and self.tools is not None:
                     held[i].append(event.text)
                 elif event.text or event.logprobs:
-                    yield self._chunk([self._delta(i, {"content": event.text},
-                                                   logprobs=[event.logprobs] if event.logprobs else None)])
+                    found = [event.logprobs] if event.logprobs else None
+                    yield self._chunk([self._delta(i, {"content": event.text}, logprobs=found,
+                                                   offset=offsets[i])])
+                    offsets[i] += len(event.text)
                 if event.finished:
                     finish = str(event.finish_reason)
                     if self.tools is not None:

@@ -73,8 +73,8 @@ async def openapi(request: Request):
 async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step;
     per-key counters for admin keys only."""
-    service = request.app.state.service
-    text = generate_latest(service.metrics_registry)
+    service, models = request.app.state.service, request.app.state.models
+    text = generate_latest(models.metrics_registry if models.several else service.metrics_registry)
     if is_admin(request):
         text += generate_latest(service.key_registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)

@@ -68,7 +68,7 @@ async def embeddings(body: EmbeddingRequest, request: Request):
                               f"{service.runner.n_embd} dimensions", param="dimensions")
         started = time.monotonic()
         inputs = await run_in_threadpool(_inputs, service, body)
-        embedder = await run_in_threadpool(service.runner.embedder)
+        embedder = await run_in_threadpool(service.runner.embedder, service.kind == "embedding")
         vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     if service.ledger is not None:

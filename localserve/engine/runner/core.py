@@ -324,15 +324,16 @@ class LlamaRunner:
     def _row_logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
-    def embedder(self):
+    def embedder(self, own_pooling: bool = False):
         """The /v1/embeddings context on this model, made on first use (its cache costs
-        memory only once someone asks for embeddings)."""
+        memory only once someone asks for embeddings); own_pooling: see Embedder."""
         with self._embedder_lock:
             if self._embedder is None:
                 from localserve.engine.runner.embeddings import Embedder
 
                 self._embedder = Embedder(self.model, self.n_ctx_per_slot,
-                                          self.config.n_threads or os.cpu_count() or 1)
+                                          self.config.n_threads or os.cpu_count() or 1,
+                                          own_pooling)
             return self._embedder
 
     def close(self) -> None:

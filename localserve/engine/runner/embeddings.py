@@ -18,17 +18,19 @@ from localserve.engine.errors import DecodeError
 
 
 class Embedder:
-    def __init__(self, model, n_ctx: int, n_threads: int):
-        params = C.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
-        params.n_seq_max = 1
-        params.embeddings = True
-        params.pooling_type = C.LLAMA_POOLING_TYPE_LAST
-        params.n_threads = params.n_threads_batch = n_threads
-        params.no_perf = True
-        self.ctx = C.llama_init_from_model(model, params)
-        if not self.ctx:
-            raise RuntimeError("llama.cpp could not create the embedding context")
+    """own_pooling: a model made for embeddings (kind = "embedding", e.g. a BERT-family GGUF)
+    pools as its GGUF says (mean, CLS, ...), and an encoder-only one runs llama_encode; a chat
+    model, or a model whose GGUF names no pooling, pools the last token."""
+
+    def __init__(self, model, n_ctx: int, n_threads: int, own_pooling: bool = False):
+        self.ctx = self._context(model, n_ctx, n_threads, C.LLAMA_POOLING_TYPE_UNSPECIFIED
+                                 if own_pooling else C.LLAMA_POOLING_TYPE_LAST)
+        if own_pooling and C.llama_pooling_type(self.ctx) == C.LLAMA_POOLING_TYPE_NONE:
+            C.llama_free(self.ctx)
+            self.ctx = self._context(model, n_ctx, n_threads, C.LLAMA_POOLING_TYPE_LAST)
+        self.pooling = C.llama_pooling_type(self.ctx)
+        encoder_only = C.llama_model_has_encoder(model) and not C.llama_model_has_decoder(model)
+        self._run = C.llama_encode if encoder_only else C.llama_decode
         self.n_ctx = n_ctx
         self.n_embd = C.llama_model_n_embd(model)
         self.batch = C.llama_batch_init(n_ctx, 0, 1)
@@ -45,12 +47,26 @@ class Embedder:
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
                 batch.seq_id[i][0], batch.logits[i] = 0, 1
             batch.n_tokens = len(tokens)
-            if C.llama_decode(self.ctx, batch) != 0:
+            if self._run(self.ctx, batch) != 0:
                 raise DecodeError(f"llama_decode refused an embedding batch of {len(tokens)} tokens")
             vector = np.ctypeslib.as_array(C.llama_get_embeddings_seq(self.ctx, 0),
                                            shape=(self.n_embd,)).astype(np.float64)
         norm = float(np.linalg.norm(vector))
         return (vector / norm if norm > 0 else vector).tolist()
+
+    @staticmethod
+    def _context(model, n_ctx: int, n_threads: int, pooling: int):
+        params = C.llama_context_default_params()
+        params.n_ctx = params.n_batch = params.n_ubatch = n_ctx
+        params.n_seq_max = 1  # one input at a time: MEAN pooling over several misbehaves
+        params.embeddings = True
+        params.pooling_type = pooling
+        params.n_threads = params.n_threads_batch = n_threads
+        params.no_perf = True
+        ctx = C.llama_init_from_model(model, params)
+        if not ctx:
+            raise RuntimeError("llama.cpp could not create the embedding context")
+        return ctx
 
     def close(self) -> None:
         if self.ctx:
