@@ -33,7 +33,7 @@ class LlamaRunner:
         self.config = config
         _quiet_llama()
         mparams = C.llama_model_default_params()
-        gpu = supports_gpu_offload()
+        gpu = C.llama_supports_gpu_offload()  # a local GPU, or RPC workers (see supports_gpu_offload)
         self.n_gpu_layers = (999 if config.n_gpu_layers is None else config.n_gpu_layers) if gpu else 0
         mparams.n_gpu_layers = self.n_gpu_layers
         mparams.main_gpu = config.main_gpu

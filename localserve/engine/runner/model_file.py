@@ -24,8 +24,16 @@ def _llama_log(level, text, _user_data):
 
 
 def supports_gpu_offload() -> bool:
-    """True when this llama.cpp build has a GPU backend (CUDA, Metal, ...)."""
-    return bool(C.llama_supports_gpu_offload())
+    """True when this llama.cpp build has a GPU backend (CUDA, Metal, ...). An RPC build says
+    it can offload even on a CPU-only machine (to workers): there only a local GPU device
+    counts, so step sizes and the memory check stay those of a CPU."""
+    if not C.llama_supports_gpu_offload():
+        return False
+    if not C.llama_supports_rpc():
+        return True
+    from localserve.engine.runner.rpc import has_local_gpu
+
+    return has_local_gpu()
 
 
 # Cache types as llama-server spells them: ggml type and bytes per element (blocks of 32).

@@ -17,7 +17,7 @@ import llama_cpp.llama_cpp as C
 
 from localserve.engine.runner.aborts import loaded_lib
 
-DEVICE_TYPE_CPU = 0  # enum ggml_backend_dev_type
+DEVICE_TYPE_CPU, DEVICE_TYPE_GPU, DEVICE_TYPE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
 
 
 class RpcUnavailable(RuntimeError):
@@ -95,6 +95,18 @@ def add_servers(endpoints: list[str]) -> None:
         if not reg:
             raise RuntimeError(f"--rpc {endpoint}: llama.cpp could not add this RPC server")
         ggml.ggml_backend_register(reg)
+
+
+def has_local_gpu() -> bool:
+    """A GPU device of this machine is registered (RPC workers, listed as GPUs, do not count)."""
+    ggml = _ggml()
+    ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if (ggml.ggml_backend_dev_type(dev) in (DEVICE_TYPE_GPU, DEVICE_TYPE_IGPU)
+                and ggml.ggml_backend_reg_name(ggml.ggml_backend_dev_backend_reg(dev)) != b"RPC"):
+            return True
+    return False
 
 
 def rpc_devices() -> list[dict]:
