@@ -132,6 +132,11 @@ class ModelRegistry:
     async def _ensure_loaded(self, entry: Entry) -> None:
         deadline = time.monotonic() + SWITCH_WAIT_S
         while not (entry.loaded and not entry.closing):
+            if entry.state == "loading":  # the start-up load, or another request's, under way
+                await asyncio.to_thread(entry.service.loaded.wait, 1.0)
+                continue
+            if entry.state == "error":
+                ready(entry.service)  # the 503 naming why it failed to load
             async with self._switch:
                 if not entry.loaded:
                     await self._switch_to(entry, deadline)

@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from conftest import running, wait_for
+from conftest import RunningServer, running, wait_for
 from localserve.config import Settings, SettingsError, default_model_path
 from localserve.model_specs import model_specs, parse_size, split_model_flags
 
@@ -146,3 +146,21 @@ def test_an_embedding_model_embeds_and_refuses_chat(office):
     r = httpx.post(office.url + "/v1/chat/completions", timeout=60, json={
         "model": "vectors", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     assert r.status_code == 400 and "embedding model" in r.json()["error"]["message"]
+
+
+def test_a_request_during_start_up_waits_for_that_load_and_starts_no_second_one():
+    path = default_model_path()
+    srv = RunningServer("--model", f"a={path}", "--model", f"b={path}", "-c", "1024", "-np", "1",
+                        "-t", "2", log_name="models-start")
+    try:
+        def first_answer():
+            try:
+                return httpx.post(srv.url + "/v1/completions", timeout=120,
+                                  json={**PROMPT, "model": "a", "max_tokens": 4})
+            except httpx.TransportError:
+                return None  # not listening yet
+        r = wait_for(first_answer, timeout=120, what="an answer from model a")
+        assert r.status_code == 200, r.text
+        assert "loading a on demand" not in srv.log()
+    finally:
+        srv.stop()
