@@ -212,8 +212,9 @@ class Service:
             log.info("ledger: %s", self.ledger.path)
 
     def unload(self) -> None:
-        """Free the weights and the cache (stop the loop first: nothing may be running)."""
-        self.stop_engine()
+        """Free the weights and the cache (stop the loop first: nothing may be running). The
+        other models' engines are not this one's to stop."""
+        self._stop_own_engine()
         self._forget_fatal()
         if self.runner is not None:
             self.runner.close()
@@ -254,9 +255,13 @@ class Service:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def stop_engine(self) -> None:
-        """Stop the engine loop (the peers' too); anything unfinished gets an error event."""
+        """Stop the engine loops, the peers' too (a drain, shutdown); anything unfinished gets
+        an error event."""
         for peer in self.peers:
             peer.stop_engine()
+        self._stop_own_engine()
+
+    def _stop_own_engine(self) -> None:
         if self.loop is not None and self.loop.is_alive():
             self.loop.stop()
             # A loop failed by llama.cpp may be parked inside it for good: do not wait on it.

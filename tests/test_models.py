@@ -164,3 +164,21 @@ def test_a_request_during_start_up_waits_for_that_load_and_starts_no_second_one(
         assert "loading a on demand" not in srv.log()
     finally:
         srv.stop()
+
+
+def test_unloading_the_default_model_leaves_the_others_running(tmp_path):
+    """Two models loaded at once; the default one unloaded when idle: the pinned other keeps
+    serving (its engine belongs to it, not to the default model's Service)."""
+    config = tmp_path / "two.toml"
+    config.write_text(f"""idle_unload = 1
+[models.a]
+path = "{default_model_path()}"
+[models.b]
+path = "{default_model_path()}"
+pin = true
+""")
+    with running("--config", str(config), "-c", "1024", "-np", "1", "-t", "2",
+                 log_name="models-two") as srv:
+        complete(srv, "b")
+        wait_for(lambda: states(srv)["a"] == "unloaded", timeout=30, what="a unloaded")
+        assert complete(srv, "b")["model"] == "b" and states(srv)["b"] == "loaded"
