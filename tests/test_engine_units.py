@@ -275,3 +275,24 @@ def test_each_share_preemption_is_counted_and_the_request_waits_again():
         step(sched, runner)  # alice gives one slot back; bob's one token ends at once
         assert sched.stats.share_preemptions == n
         assert all(r.status is RequestStatus.WAITING for r in sched.waiting)
+
+
+def test_a_burst_of_events_from_the_engine_thread_wakes_the_event_loop_once_in_order():
+    import asyncio
+    import threading
+
+    from localserve.engine.streams import Mailbox
+
+    async def main():
+        mailbox, got, wakeups = Mailbox.of_running_loop(), [], []
+        original = mailbox._run
+        mailbox._run = lambda: (wakeups.append(1), original())
+        burst = threading.Thread(target=lambda: [mailbox.post(got.append, i) for i in range(100)])
+        burst.start()
+        burst.join()  # the event loop is blocked meanwhile: the whole burst is pending
+        while len(got) < 100:
+            await asyncio.sleep(0)
+        return got, len(wakeups)
+
+    got, wakeups = asyncio.run(main())
+    assert got == list(range(100)) and wakeups == 1

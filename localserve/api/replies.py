@@ -27,7 +27,7 @@ from sse_starlette.sse import EventSourceResponse
 from localserve import __version__
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.api.structured import ToolPlan, parse_tool_answer
-from localserve.engine.loop import ChoiceStreams
+from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import FinishReason, TokenEvent
 
 

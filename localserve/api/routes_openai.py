@@ -16,7 +16,8 @@ from fastapi import APIRouter, Request
 from localserve.api import prompt, structured
 from localserve.api.replies import Reply, fingerprint
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
-from localserve.engine.loop import ChoiceStreams, EngineUnavailable, QueueFull, UserQueueFull
+from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
+from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.quotas import QuotaError

@@ -9,7 +9,6 @@ EngineSnapshot swapped in by reference) and receives tokens through per-request 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import queue
 import threading
@@ -21,6 +20,7 @@ from localserve.engine.errors import CacheFull, DecodeError, EngineFailed
 from localserve.engine.plan import StepPlan
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
+from localserve.engine.streams import ChoiceStreams, RequestStream
 
 log = logging.getLogger("localserve.engine")
 
@@ -241,78 +241,6 @@ class EngineLoop(threading.Thread):
 
     def _build_snapshot(self, plan: StepPlan | None = None) -> EngineSnapshot:
         return build_snapshot(self, plan)
-
-
-class RequestStream:
-    """The events of one submitted request, as an async iterator. cancel() (or leaving the
-    iteration through an exception, e.g. a client disconnect) aborts the request, so its slot
-    is free by the next step."""
-
-    def __init__(self, loop: EngineLoop, request: Request):
-        self.request = request
-        self.finished = False
-        self._loop = loop
-        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        aloop = asyncio.get_running_loop()
-        request.emit = lambda event: aloop.call_soon_threadsafe(self._events.put_nowait, event)
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            event = await self._events.get()
-        except BaseException:
-            self.cancel()
-            raise
-        self.finished = event.finished
-        return event
-
-    def cancel(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._loop.abort(self.request.request_id)
-
-
-class ChoiceStreams:
-    """The events of a request's n choices (n sibling requests), as (index, event) pairs in the
-    order they come. cancel() aborts every choice still running."""
-
-    def __init__(self, loop: EngineLoop, requests: list[Request]):
-        self.requests = requests
-        self._loop = loop
-        self._open = set(range(len(requests)))
-        self._events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
-        aloop = asyncio.get_running_loop()
-        for index, request in enumerate(requests):
-            request.emit = lambda event, i=index: aloop.call_soon_threadsafe(
-                self._events.put_nowait, (i, event))
-
-    @property
-    def finished(self) -> bool:
-        return not self._open
-
-    def __aiter__(self) -> "ChoiceStreams":
-        return self
-
-    async def __anext__(self) -> tuple[int, TokenEvent]:
-        if not self._open:
-            raise StopAsyncIteration
-        try:
-            index, event = await self._events.get()
-        except BaseException:
-            self.cancel()
-            raise
-        if event.finished:
-            self._open.discard(index)
-        return index, event
-
-    def cancel(self) -> None:
-        for index in self._open:
-            self._loop.abort(self.requests[index].request_id)
-        self._open.clear()
 
 
 class AsyncEngine:

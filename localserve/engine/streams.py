@@ -1,0 +1,128 @@
+"""The asyncio side of the engine: a request's events as an async iterator, and the mailbox
+that carries them from the engine thread to the event loop.
+
+The engine thread delivers every event of a step in one burst. Handing each to the event loop
+with its own call_soon_threadsafe would wake the loop (a write to its self-pipe) once per
+event, and on a small CPU each wake-up takes a core from llama.cpp's threads mid-step; the
+mailbox wakes it once per burst.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import TYPE_CHECKING, Any, Callable
+
+from localserve.engine.request import Request, TokenEvent
+
+if TYPE_CHECKING:
+    from localserve.engine.loop import EngineLoop
+
+
+class Mailbox:
+    """Calls posted from any thread, run on one event loop in order, with one wake-up for all
+    the calls posted before the loop got to them."""
+
+    _by_loop: dict[asyncio.AbstractEventLoop, "Mailbox"] = {}
+
+    def __init__(self, aloop: asyncio.AbstractEventLoop):
+        self.aloop = aloop
+        self._lock = threading.Lock()
+        self._pending: list[tuple[Callable[[Any], None], Any]] = []
+
+    @classmethod
+    def of_running_loop(cls) -> "Mailbox":
+        aloop = asyncio.get_running_loop()
+        mailbox = cls._by_loop.get(aloop)
+        if mailbox is None:
+            for old in [loop for loop in cls._by_loop if loop.is_closed()]:
+                del cls._by_loop[old]
+            mailbox = cls._by_loop[aloop] = cls(aloop)
+        return mailbox
+
+    def post(self, call: Callable[[Any], None], arg: Any) -> None:
+        with self._lock:
+            self._pending.append((call, arg))
+            if len(self._pending) > 1:
+                return  # a wake-up is already on its way
+        try:
+            self.aloop.call_soon_threadsafe(self._run)
+        except RuntimeError:  # the event loop is closed: nobody is listening any more
+            pass
+
+    def _run(self) -> None:
+        with self._lock:
+            calls, self._pending = self._pending, []
+        for call, arg in calls:
+            call(arg)
+
+
+class RequestStream:
+    """The events of one submitted request, as an async iterator. cancel() (or leaving the
+    iteration through an exception, e.g. a client disconnect) aborts the request, so its slot
+    is free by the next step."""
+
+    def __init__(self, loop: EngineLoop, request: Request):
+        self.request = request
+        self.finished = False
+        self._loop = loop
+        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        mailbox = Mailbox.of_running_loop()
+        request.emit = lambda event: mailbox.post(self._events.put_nowait, event)
+
+    def __aiter__(self) -> "RequestStream":
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        if self.finished:
+            raise StopAsyncIteration
+        try:
+            event = await self._events.get()
+        except BaseException:
+            self.cancel()
+            raise
+        self.finished = event.finished
+        return event
+
+    def cancel(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self._loop.abort(self.request.request_id)
+
+
+class ChoiceStreams:
+    """The events of a request's n choices (n sibling requests), as (index, event) pairs in the
+    order they come. cancel() aborts every choice still running."""
+
+    def __init__(self, loop: EngineLoop, requests: list[Request]):
+        self.requests = requests
+        self._loop = loop
+        self._open = set(range(len(requests)))
+        self._events: asyncio.Queue[tuple[int, TokenEvent]] = asyncio.Queue()
+        mailbox = Mailbox.of_running_loop()
+        for index, request in enumerate(requests):
+            request.emit = lambda event, i=index: mailbox.post(self._events.put_nowait, (i, event))
+
+    @property
+    def finished(self) -> bool:
+        return not self._open
+
+    def __aiter__(self) -> "ChoiceStreams":
+        return self
+
+    async def __anext__(self) -> tuple[int, TokenEvent]:
+        if not self._open:
+            raise StopAsyncIteration
+        try:
+            index, event = await self._events.get()
+        except BaseException:
+            self.cancel()
+            raise
+        if event.finished:
+            self._open.discard(index)
+        return index, event
+
+    def cancel(self) -> None:
+        for index in self._open:
+            self._loop.abort(self.requests[index].request_id)
+        self._open.clear()
