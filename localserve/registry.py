@@ -24,6 +24,7 @@ import psutil
 
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings, SettingsError, resolve_model
+from localserve.engine.runner import load_progress
 from localserve.metrics import labelled_registry
 from localserve.model_specs import ModelSpec, model_specs, parse_size
 from localserve.resources import GIB, OVERHEAD_BYTES
@@ -248,8 +249,11 @@ def model_card(entry: Entry) -> dict:
         created = int(resolve_model(entry.service.settings.model).stat().st_mtime)
     except (SettingsError, OSError):
         created = 0
+    status = {"value": entry.state}
+    if entry.state == "loading":  # one load at a time: llama.cpp's load progress is this one's
+        status["progress"] = round(load_progress(), 2)
     return {"id": entry.spec.name, "object": "model", "created": created,
-            "owned_by": "localserve", "status": {"value": entry.state}, "kind": entry.spec.kind}
+            "owned_by": "localserve", "status": status, "kind": entry.spec.kind}
 
 
 def ready(service: Service) -> Service:

@@ -182,3 +182,17 @@ pin = true
         complete(srv, "b")
         wait_for(lambda: states(srv)["a"] == "unloaded", timeout=30, what="a unloaded")
         assert complete(srv, "b")["model"] == "b" and states(srv)["b"] == "loaded"
+
+
+def test_a_loading_model_shows_its_load_progress():
+    from types import SimpleNamespace
+
+    from localserve.engine.runner import model_file
+    from localserve.model_specs import ModelSpec
+    from localserve.registry import Entry, model_card
+
+    loading = SimpleNamespace(engine=None, unloaded=False, load_error=None, loop=None,
+                              settings=Settings())
+    model_file._PROGRESS["last"] = 42
+    card = model_card(Entry(ModelSpec("big", None), loading))
+    assert card["status"] == {"value": "loading", "progress": 0.42}

@@ -11,8 +11,9 @@ this package imports llama_cpp.
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.runner.core import LlamaRunner
 from localserve.engine.runner.aborts import on_fatal_error
-from localserve.engine.runner.model_file import CACHE_TYPES, memory_needs, supports_gpu_offload
+from localserve.engine.runner.model_file import (CACHE_TYPES, load_progress, memory_needs,
+                                                 supports_gpu_offload)
 from localserve.engine.runner.rpc import add_servers, rpc_devices
 
-__all__ = ["CACHE_TYPES", "LlamaRunner", "RunnerConfig", "add_servers", "memory_needs",
+__all__ = ["CACHE_TYPES", "LlamaRunner", "RunnerConfig", "add_servers", "load_progress", "memory_needs",
            "on_fatal_error", "rpc_devices", "supports_gpu_offload"]

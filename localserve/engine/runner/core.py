@@ -22,7 +22,8 @@ from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs
 from localserve.engine.request import SamplingParams
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
-                                                 _quiet_llama, supports_gpu_offload)
+                                                 _quiet_llama, reset_load_progress,
+                                                 supports_gpu_offload)
 from localserve.engine.plan import StepPlan
 
 log = logging.getLogger("localserve.llama")
@@ -41,6 +42,7 @@ class LlamaRunner:
             self._tensor_split = (ctypes.c_float * C.llama_max_devices())(*config.tensor_split)
             mparams.tensor_split = self._tensor_split
         mparams.progress_callback = _load_progress
+        reset_load_progress()
         self.model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")

@@ -80,6 +80,15 @@ def memory_needs(model_path: str, ctx_size: int, type_k: str = "f16", type_v: st
 _PROGRESS = {"last": -1}
 
 
+def load_progress() -> float:
+    """The current (or last) model load's progress, 0 to 1 (loads happen one at a time)."""
+    return max(_PROGRESS["last"], 0) / 100
+
+
+def reset_load_progress() -> None:
+    _PROGRESS["last"] = -1
+
+
 @ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_float, ctypes.c_void_p)
 def _load_progress(progress, _user_data):
     """llama.cpp's load progress, drawn as a bar on a terminal (every 5%)."""
