@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from localserve.config import Settings, SettingsError, resolve_model
@@ -33,7 +33,7 @@ class ModelSpec:
         for name in ("ctx_size", "parallel", "n_gpu_layers"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
-        return server.__class__(**{**server.__dict__, **changes}).validate()
+        return replace(server, **changes).validate()
 
 
 def parse_model_tables(tables: dict, source: str) -> dict[str, dict]:

@@ -24,7 +24,7 @@ import psutil
 
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings, SettingsError, resolve_model
-from localserve.engine.runner import load_progress
+from localserve.engine.runner import load_progress, memory_needs
 from localserve.metrics import labelled_registry
 from localserve.model_specs import ModelSpec, model_specs, parse_size
 from localserve.resources import GIB, OVERHEAD_BYTES
@@ -178,8 +178,6 @@ class ModelRegistry:
 
     async def _need(self, entry: Entry) -> int:
         if entry.need_bytes is None:
-            from localserve.engine.runner import memory_needs
-
             s = entry.service.settings
             needs = await asyncio.to_thread(memory_needs, str(resolve_model(s.model)), s.ctx_size,
                                             s.cache_type_k, s.cache_type_v)

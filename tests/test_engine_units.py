@@ -290,8 +290,9 @@ def test_a_burst_of_events_from_the_engine_thread_wakes_the_event_loop_once_in_o
         burst = threading.Thread(target=lambda: [mailbox.post(got.append, i) for i in range(100)])
         burst.start()
         burst.join()  # the event loop is blocked meanwhile: the whole burst is pending
-        while len(got) < 100:
-            await asyncio.sleep(0)
+        delivered = asyncio.Event()
+        mailbox.post(lambda _: delivered.set(), None)  # runs after the burst, in order
+        await asyncio.wait_for(delivered.wait(), timeout=10)
         return got, len(wakeups)
 
     got, wakeups = asyncio.run(main())

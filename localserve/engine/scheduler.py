@@ -76,14 +76,11 @@ class Scheduler:
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
               error: str | None = None) -> tuple[Request, TokenEvent] | None:
         """Drop a request wherever it is; its slot is free for the very next schedule()."""
-        for req in self.waiting:
-            if req.request_id == request_id:
-                self.waiting.remove(req)
-                return req, self._close(req, reason, error)
-        for req in self.held:
-            if req.request_id == request_id:
-                self.held.remove(req)
-                return req, self._close(req, reason, error)
+        for queued in (self.waiting, self.held):
+            for req in queued:
+                if req.request_id == request_id:
+                    queued.remove(req)
+                    return req, self._close(req, reason, error)
         for slot in self.pool.slots:
             if slot.request is not None and slot.request.request_id == request_id:
                 return slot.request, self._end(slot, reason, error=error)

@@ -57,39 +57,6 @@ class Mailbox:
             call(arg)
 
 
-class RequestStream:
-    """The events of one submitted request, as an async iterator. cancel() (or leaving the
-    iteration through an exception, e.g. a client disconnect) aborts the request, so its slot
-    is free by the next step."""
-
-    def __init__(self, loop: EngineLoop, request: Request):
-        self.request = request
-        self.finished = False
-        self._loop = loop
-        self._events: asyncio.Queue[TokenEvent] = asyncio.Queue()
-        mailbox = Mailbox.of_running_loop()
-        request.emit = lambda event: mailbox.post(self._events.put_nowait, event)
-
-    def __aiter__(self) -> "RequestStream":
-        return self
-
-    async def __anext__(self) -> TokenEvent:
-        if self.finished:
-            raise StopAsyncIteration
-        try:
-            event = await self._events.get()
-        except BaseException:
-            self.cancel()
-            raise
-        self.finished = event.finished
-        return event
-
-    def cancel(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self._loop.abort(self.request.request_id)
-
-
 class ChoiceStreams:
     """The events of a request's n choices (n sibling requests), as (index, event) pairs in the
     order they come. cancel() aborts every choice still running."""
@@ -126,3 +93,17 @@ class ChoiceStreams:
         for index in self._open:
             self._loop.abort(self.requests[index].request_id)
         self._open.clear()
+
+
+class RequestStream(ChoiceStreams):
+    """The events of one submitted request, as an async iterator (no index). cancel() (or
+    leaving the iteration through an exception, e.g. a client disconnect) aborts the request,
+    so its slot is free by the next step."""
+
+    def __init__(self, loop: EngineLoop, request: Request):
+        super().__init__(loop, [request])
+        self.request = request
+
+    async def __anext__(self) -> TokenEvent:
+        _, event = await super().__anext__()
+        return event

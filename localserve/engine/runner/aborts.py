@@ -40,8 +40,6 @@ def loaded_lib(stem: str) -> ctypes.CDLL | None:
     """The ggml library `stem` (e.g. "ggml-base") as libllama loaded it, found by its soname
     (Linux: lib<stem>.so.0, macOS: lib<stem>.0.dylib), else None. Never a second copy: the
     wheel ships lib<stem>.so and lib<stem>.so.0 as two files, and a copy has its own state."""
-    import llama_cpp.llama_cpp  # noqa: F401  (loads libllama and its ggml first)
-
     for name in (f"lib{stem}.so.0", f"lib{stem}.0.dylib", f"{stem}.dll"):
         for candidate in (name, str(_LIB_DIR / name)):
             try:

@@ -17,6 +17,7 @@ import llama_cpp.llama_cpp as C
 
 from localserve.engine.runner.aborts import loaded_lib
 
+NO_RPC = "this llama.cpp build has no RPC backend: rebuild it with LOCALSERVE_RPC=1 scripts/setup"
 DEVICE_TYPE_CPU, DEVICE_TYPE_GPU, DEVICE_TYPE_IGPU = 0, 1, 2  # enum ggml_backend_dev_type
 
 
@@ -34,8 +35,7 @@ def _lib(stem: str) -> ctypes.CDLL:
     second ggml with its own device registry, which llama.cpp never sees."""
     lib = loaded_lib(stem)
     if lib is None:
-        raise RpcUnavailable("this llama.cpp build has no RPC backend: rebuild it with "
-                             "LOCALSERVE_RPC=1 scripts/setup")
+        raise RpcUnavailable(NO_RPC)
     return lib
 
 
@@ -61,8 +61,7 @@ def _ggml() -> ctypes.CDLL:
 
 def _rpc() -> ctypes.CDLL:
     if not supports_rpc():
-        raise RpcUnavailable("this llama.cpp build has no RPC backend: rebuild it with "
-                             "LOCALSERVE_RPC=1 scripts/setup")
+        raise RpcUnavailable(NO_RPC)
     rpc = _lib("ggml-rpc")
     rpc.ggml_backend_rpc_start_server.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_size_t,
                                                   ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p)]
