@@ -66,6 +66,10 @@ def _up_parser(sub) -> None:
     sched.add_argument("--kv-unified", action="store_true",
                        help="one cache pool of -c tokens shared by all slots instead of a fixed "
                             "share each; when it runs short, the newest sequence is preempted")
+    sched.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int,
+                       help="MiB of RAM for prompts kept beyond the slots, restored instead of "
+                            "recomputed when their conversation comes back (default 8192, at "
+                            "most a quarter of free RAM; 0 turns it off)")
     sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=["f16", "q8_0", "q4_0"],
                        help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
     sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=["f16", "q8_0", "q4_0"],
@@ -91,6 +95,9 @@ def _up_parser(sub) -> None:
     net.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
     net.add_argument("--header-timeout", type=float,
                      help="seconds a client may take to send its request headers (default 10)")
+    net.add_argument("--body-timeout", type=float,
+                     help="seconds a client may take to send a request body once its headers "
+                          "are in (default 60)")
     net.add_argument("--max-connections", type=int,
                      help="open connections at most; at the cap the slowest header-sender is "
                           "dropped (default 1000)")

@@ -26,6 +26,7 @@ class Settings:
     max_num_seqs: int | None = None  # default: one per slot
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
+    cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
@@ -52,6 +53,7 @@ class Settings:
     rate_burst: int = 40  # requests a key may send at once before the rate applies
     # Connection hygiene.
     header_timeout: float = 10.0  # seconds a client may take to send its request headers
+    body_timeout: float = 60.0  # seconds for a whole request body once its headers are in
     max_connections: int = 1000  # open connections; beyond, the slowest header-sender goes
     drain_timeout: float = 30.0
     state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
@@ -143,7 +145,9 @@ class Settings:
              self.max_slots_per_key, "must be at least 1"),
             (self.rate_limit >= 0, "--rate-limit", self.rate_limit, "must be 0 (off) or more"),
             (self.rate_burst >= 1, "--rate-burst", self.rate_burst, "must be at least 1"),
+            (self.cache_ram >= 0, "--cache-ram", self.cache_ram, "must be 0 (off) or more MiB"),
             (self.header_timeout > 0, "--header-timeout", self.header_timeout, "must be more than 0"),
+            (self.body_timeout > 0, "--body-timeout", self.body_timeout, "must be more than 0"),
             (self.max_connections >= 16, "--max-connections", self.max_connections,
              "must be at least 16"),
             (self.max_loaded_models is None or self.max_loaded_models >= 1,

@@ -3,8 +3,10 @@
 - A header deadline: a client gets --header-timeout seconds to send its request headers
   (each request on a kept-alive connection too). A slowloris that trickles headers a byte
   at a time is closed when the deadline passes, instead of holding its socket for ever.
+- A body deadline: once its headers are in, a request's whole body must arrive within
+  --body-timeout (a client that sends one byte every few seconds is closed).
 - A connection cap: at --max-connections, a new connection first evicts the connection that
-  has waited longest without finishing its headers; only when there is none is the newcomer
+  has waited longest without finishing its headers or body; only when there is none is the newcomer
   turned away. Slow sockets can therefore never crowd out a client that talks normally.
 - The open-files soft limit is raised to the hard limit at start-up (a common default of
   1,024 is less than a busy office needs), and repeated accept() failures are logged once
@@ -47,12 +49,14 @@ def connection_cap(requested: int, open_files: int) -> int:
     return max(cap, 16)
 
 
-def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Protocol]:
-    """An h11 protocol class for uvicorn with a header deadline and a connection cap."""
+def guarded_protocol(header_timeout: float, body_timeout: float,
+                     max_connections: int) -> type[H11Protocol]:
+    """An h11 protocol class for uvicorn with header and body deadlines and a connection cap."""
     awaiting: dict[GuardedH11Protocol, float] = {}  # connections mid-headers, oldest first
 
     class GuardedH11Protocol(H11Protocol):
-        _header_timer: asyncio.TimerHandle | None = None
+        _header_timer: asyncio.TimerHandle | None = None  # the deadline of the current phase
+        _for_body = False
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -71,14 +75,19 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
             if self.transport.is_closing():
                 self._disarm()
             elif self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
-                self._arm()  # part of the next request's headers is in: its deadline runs
+                self._arm(header_timeout)  # part of the next request's headers is in
+            elif self.conn.their_state is h11.SEND_BODY:
+                self._arm(body_timeout, for_body=True)  # headers in: now the body's deadline
             elif self.conn.their_state is not h11.IDLE:
-                self._disarm()  # headers complete: the request is the app's now
+                self._disarm()  # the whole request is in: it is the app's now
 
-        def _arm(self) -> None:
-            if self._header_timer is None:
-                self._header_timer = self.loop.call_later(header_timeout, self._headers_too_slow)
-                awaiting[self] = time.monotonic()
+        def _arm(self, seconds: float = header_timeout, for_body: bool = False) -> None:
+            if self._header_timer is not None and self._for_body == for_body:
+                return  # this phase's deadline is already running
+            self._disarm()
+            self._for_body = for_body
+            self._header_timer = self.loop.call_later(seconds, self._too_slow)
+            awaiting[self] = time.monotonic()
 
         def _disarm(self) -> None:
             if self._header_timer is not None:
@@ -86,12 +95,13 @@ def guarded_protocol(header_timeout: float, max_connections: int) -> type[H11Pro
                 self._header_timer = None
             awaiting.pop(self, None)
 
-        def _headers_too_slow(self) -> None:
+        def _too_slow(self) -> None:
             self._header_timer = None
             awaiting.pop(self, None)
-            if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                log_throttled("closed connections that sent no complete headers within "
-                              "--header-timeout %g s" % header_timeout)
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+                log_throttled(f"closed connections that sent no complete request within "
+                              f"--header-timeout {header_timeout:g} s (headers) or "
+                              f"--body-timeout {body_timeout:g} s (body)")
                 self.transport.close()
 
         def _evict_slowest(self) -> bool:

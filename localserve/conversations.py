@@ -2,7 +2,8 @@
 (SQLite, WAL), so a member sees their history from any browser and never anyone else's.
 
 A conversation is stored whole (title, the messages as JSON, settings) and replaced on each
-save; the page saves after every exchange. Owner = the API key's name, or "local" on a
+save; the page saves after every exchange. Bounded per conversation and per owner in bytes
+(and in count); deleting gives the space back (incremental vacuum). Owner = the API key's name, or "local" on a
 no-key (loopback, one desktop user) server.
 """
 
@@ -15,6 +16,8 @@ import time
 import uuid
 from pathlib import Path
 
+from localserve.private_state import private_dir, private_file
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, title TEXT, body TEXT NOT NULL,
@@ -22,13 +25,21 @@ CREATE TABLE IF NOT EXISTS conversations (
 CREATE INDEX IF NOT EXISTS conversations_owner ON conversations (owner, updated);
 """
 MAX_CONVERSATIONS = 1000  # per owner; the oldest go first
+MAX_CONVERSATION_BYTES = 2 * 1024 * 1024  # one conversation as stored (JSON)
+MAX_OWNER_BYTES = 64 * 1024 * 1024  # all of one owner's conversations
+
+
+class TooLarge(ValueError):
+    """A save that would pass a byte bound; the message says which and by how much."""
 
 
 class Conversations:
     def __init__(self, state_dir: Path):
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state_dir / "conversations.db"
+        self.path = private_file(private_dir(state_dir) / "conversations.db")
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=5)
+        if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # deletes give space back
+            self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")
+            self._db.execute("VACUUM")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
@@ -51,15 +62,24 @@ class Conversations:
     def save(self, owner: str, conversation_id: str | None, title: str, body: dict) -> str:
         conversation_id = conversation_id or uuid.uuid4().hex
         now = time.time()
+        text = json.dumps(body)
+        if len(text) > MAX_CONVERSATION_BYTES:
+            raise TooLarge(f"this conversation is {len(text)} bytes; one may be at most "
+                           f"{MAX_CONVERSATION_BYTES}")
         with self._lock, self._db:
             found = self._db.execute("SELECT owner FROM conversations WHERE id = ?",
                                      (conversation_id,)).fetchone()
             if found is not None and found[0] != owner:
                 raise PermissionError(conversation_id)
+            others = self._db.execute("SELECT COALESCE(SUM(length(body)), 0) FROM conversations "
+                                      "WHERE owner = ? AND id != ?", (owner, conversation_id)).fetchone()[0]
+            if others + len(text) > MAX_OWNER_BYTES:
+                raise TooLarge(f"your conversations take {others} bytes, and this one {len(text)} "
+                               f"more; the limit is {MAX_OWNER_BYTES}: delete some first")
             self._db.execute(
                 "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
                 "SET title = excluded.title, body = excluded.body, updated = excluded.updated",
-                (conversation_id, owner, title[:200], json.dumps(body), now, now))
+                (conversation_id, owner, title[:200], text, now, now))
             self._db.execute("DELETE FROM conversations WHERE owner = ? AND id NOT IN (SELECT id "
                              "FROM conversations WHERE owner = ? ORDER BY updated DESC LIMIT ?)",
                              (owner, owner, MAX_CONVERSATIONS))
@@ -69,7 +89,11 @@ class Conversations:
         with self._lock, self._db:
             cur = self._db.execute("DELETE FROM conversations WHERE owner = ? AND id = ?",
                                    (owner, conversation_id))
+        with self._lock:
+            self._db.execute("PRAGMA incremental_vacuum")
         return cur.rowcount > 0
 
-    def export(self, owner: str) -> list[dict]:
-        return [self.get(owner, c["id"]) for c in self.list(owner)]
+    def export(self, owner: str) -> str:
+        """All of one owner's conversations as one JSON text (at most MAX_OWNER_BYTES of
+        bodies): call it on a worker thread."""
+        return json.dumps([self.get(owner, c["id"]) for c in self.list(owner)], indent=1)

@@ -18,6 +18,8 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from localserve.private_state import private_dir, private_file
+
 log = logging.getLogger("localserve.ledger")
 
 SCHEMA = """
@@ -29,6 +31,7 @@ CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE TABLE IF NOT EXISTS audit (ts REAL NOT NULL, event TEXT, key TEXT, detail TEXT);
 """
 FLUSH_S = 0.5
+MAX_AUDIT_ROWS = 100_000  # about 20 MB: details are short (see api/auth.py RefusalLog)
 GROUPS = {"key": "key", "model": "model", "day": "date(ts, 'unixepoch', 'localtime')"}
 
 
@@ -47,8 +50,7 @@ def connect(path: Path) -> sqlite3.Connection:
 
 class Ledger:
     def __init__(self, state_dir: Path):
-        state_dir.mkdir(parents=True, exist_ok=True)
-        self.path = state_dir / "ledger.db"
+        self.path = private_file(private_dir(state_dir) / "ledger.db")
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._warned = False
         self._db = connect(self.path)
@@ -121,6 +123,9 @@ class Ledger:
                     ":status)", batch["requests"])
                 self._db.executemany("INSERT INTO audit VALUES (:ts, :event, :key, :detail)",
                                      batch["audit"])
+                if batch["audit"]:  # the oldest audit rows go: the table stays bounded
+                    self._db.execute("DELETE FROM audit WHERE rowid <= (SELECT MAX(rowid) FROM "
+                                     "audit) - ?", (MAX_AUDIT_ROWS,))
             self._warned = False
         except sqlite3.Error as exc:  # full disk, read-only or deleted file: never fail a request
             if not self._warned:

@@ -133,6 +133,25 @@ class SnapshotCollector:
         ):
             yield CounterMetricFamily(P + name, doc, value=value)
         yield _gauge("engine_alive", "1 while the engine loop runs.", 1 if engine.alive else 0)
+        yield from self._prompt_cache(snap.cache.ram)
+
+    @staticmethod
+    def _prompt_cache(ram):
+        """The prompt cache beyond the slots (--cache-ram), when it is on."""
+        if ram is None:
+            return
+        yield _gauge("prompt_cache_bytes", "Bytes of prompt states kept in RAM.", ram.bytes)
+        yield _gauge("prompt_cache_max_bytes", "The RAM prompt cache's bound.", ram.max_bytes)
+        yield _gauge("prompt_cache_entries", "Prompts kept in RAM.", ram.entries)
+        for name, value, doc in (
+            ("prompt_cache_hits", ram.hits, "Admissions that restored a prefix from RAM."),
+            ("prompt_cache_misses", ram.misses, "Admissions that found no longer prefix in RAM."),
+            ("prompt_cache_saves", ram.saves, "Slot sequences saved to RAM before being overwritten."),
+            ("prompt_cache_evictions", ram.evictions, "Prompts dropped from RAM to stay in bounds."),
+            ("prompt_cache_tokens_restored", ram.tokens_restored,
+             "Prompt tokens restored from RAM instead of computed."),
+        ):
+            yield CounterMetricFamily(P + name, doc, value=value)
 
     def _system(self):
         mem = psutil.virtual_memory()

@@ -7,15 +7,18 @@
     tokens_per_month = 3000000
     max_concurrent = 2
 
-Token quotas count prompt + completion tokens of finished requests, from the ledger (a running
-request can take a key past its limit; the next one is refused). Over a quota: 429 with
-Retry-After and the limit and reset time in the error; other keys are unaffected.
+Token quotas count prompt + completion tokens of finished requests, from the ledger, plus what
+running requests may still use (reserved at submission: prompt + max_tokens x n, released when
+the response ends), so a burst overshoots by at most one request's reservation. Over a quota:
+429 with Retry-After and the limit and reset time in the error; other keys are unaffected.
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
@@ -60,40 +63,94 @@ def _until(moment: datetime) -> float:
     return max(1.0, (moment - datetime.now()).total_seconds())
 
 
+class Reservation:
+    """One request's hold on its key's quotas, from its admission to its last byte: it counts
+    against max_concurrent, and the tokens it may use (prompt + max_tokens x n) count against
+    the token quotas until the ledger has its real usage. Released once (api/limits.py
+    ReleaseReservations, after the response ends, whatever way it ends)."""
+
+    def __init__(self, keeper: "QuotaKeeper", key: str):
+        self.keeper, self.key, self.tokens, self.released = keeper, key, 0, False
+
+    def reserve_tokens(self, n: int, tokens_today: int, tokens_month: int) -> None:
+        self.keeper._reserve_tokens(self, n, tokens_today, tokens_month)
+
+    def release(self) -> None:
+        self.keeper._release(self)
+
+
 class QuotaKeeper:
+    """Checks and reservations are made under one lock, so a burst sent at once is counted
+    request by request: it overshoots a token quota by at most one request's reservation and
+    never exceeds max_concurrent."""
+
     def __init__(self, quotas: dict[str, Quota], clock=time.monotonic):
         self.quotas, self.clock = quotas, clock
         self._minute: dict[str, list[float]] = {}
+        self._active: Counter = Counter()  # key -> reservations held
+        self._reserved: Counter = Counter()  # key -> tokens reserved by running requests
+        self._lock = threading.Lock()
 
     def quota(self, key: str) -> Quota | None:
         return self.quotas.get(key) or self.quotas.get("default")
 
-    def check(self, key: str, tokens_today: int, tokens_month: int, in_flight: int) -> None:
-        """Raise QuotaError for the first limit `key` is over; else count this request."""
+    def reserve(self, key: str, tokens_today: int, tokens_month: int) -> Reservation | None:
+        """Raise QuotaError for the first limit `key` is over; else hold a place for this
+        request (None: the key has no quota)."""
         q = self.quota(key)
         if q is None:
-            return
+            return None
+        with self._lock:
+            self._check_tokens(key, q, tokens_today, tokens_month)
+            if q.max_concurrent is not None and self._active[key] >= q.max_concurrent:
+                raise QuotaError("max_concurrent", f"key '{key}' already has {self._active[key]} "
+                                 f"requests running or waiting (max_concurrent "
+                                 f"{q.max_concurrent}); send the next when one finishes", 1.0)
+            self._count_minute(key, q)
+            self._active[key] += 1
+            return Reservation(self, key)
+
+    def _reserve_tokens(self, held: Reservation, n: int, tokens_today: int,
+                        tokens_month: int) -> None:
+        q = self.quota(held.key)
+        with self._lock:
+            if q is not None:
+                self._check_tokens(held.key, q, tokens_today, tokens_month)
+            self._reserved[held.key] += n
+            held.tokens += n
+
+    def _release(self, held: Reservation) -> None:
+        with self._lock:
+            if held.released:
+                return
+            held.released = True
+            self._active[held.key] -= 1
+            self._reserved[held.key] -= held.tokens
+
+    def _check_tokens(self, key: str, q: Quota, tokens_today: int, tokens_month: int) -> None:
         now = datetime.now()
-        if q.tokens_per_day is not None and tokens_today >= q.tokens_per_day:
+        today, month = tokens_today + self._reserved[key], tokens_month + self._reserved[key]
+        if q.tokens_per_day is not None and today >= q.tokens_per_day:
             midnight = datetime.combine(now.date() + timedelta(days=1), datetime.min.time())
             raise QuotaError("tokens_per_day", f"key '{key}' used {tokens_today} of its "
-                             f"{q.tokens_per_day} tokens today; the quota resets at midnight "
+                             f"{q.tokens_per_day} tokens today ({self._reserved[key]} more are "
+                             f"held by its running requests); the quota resets at midnight "
                              f"(server time)", _until(midnight))
-        if q.tokens_per_month is not None and tokens_month >= q.tokens_per_month:
+        if q.tokens_per_month is not None and month >= q.tokens_per_month:
             first = (now.replace(day=1) + timedelta(days=32)).replace(day=1, hour=0, minute=0,
                                                                      second=0, microsecond=0)
             raise QuotaError("tokens_per_month", f"key '{key}' used {tokens_month} of its "
-                             f"{q.tokens_per_month} tokens this month; the quota resets on "
+                             f"{q.tokens_per_month} tokens this month ({self._reserved[key]} more "
+                             f"are held by its running requests); the quota resets on "
                              f"{first:%Y-%m-%d}", _until(first))
-        if q.max_concurrent is not None and in_flight >= q.max_concurrent:
-            raise QuotaError("max_concurrent", f"key '{key}' already has {in_flight} requests "
-                             f"running or waiting (max_concurrent {q.max_concurrent}); send the "
-                             f"next when one finishes", 1.0)
-        if q.requests_per_minute is not None:
-            stamps = [t for t in self._minute.get(key, []) if self.clock() - t < 60.0]
-            if len(stamps) >= q.requests_per_minute:
-                raise QuotaError("requests_per_minute", f"key '{key}' sent {len(stamps)} "
-                                 f"requests in the last minute (requests_per_minute "
-                                 f"{q.requests_per_minute:g})", math.ceil(60.0 - (self.clock() - stamps[0])))
-            stamps.append(self.clock())
-            self._minute[key] = stamps
+
+    def _count_minute(self, key: str, q: Quota) -> None:
+        if q.requests_per_minute is None:
+            return
+        stamps = [t for t in self._minute.get(key, []) if self.clock() - t < 60.0]
+        if len(stamps) >= q.requests_per_minute:
+            raise QuotaError("requests_per_minute", f"key '{key}' sent {len(stamps)} "
+                             f"requests in the last minute (requests_per_minute "
+                             f"{q.requests_per_minute:g})", math.ceil(60.0 - (self.clock() - stamps[0])))
+        stamps.append(self.clock())
+        self._minute[key] = stamps

@@ -231,10 +231,6 @@ class ModelRegistry:
     def cards(self) -> list[dict]:
         return [model_card(e) for e in self.entries.values()]
 
-    def in_flight_of(self, user: str | None) -> int:
-        return sum(e.service.loop.in_flight_of(user) for e in self.entries.values()
-                   if e.service.loop is not None)
-
     def stop(self) -> None:
         """The others first: the default model's Service owns the ledger they write to."""
         for entry in reversed(self.entries.values()):

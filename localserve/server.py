@@ -141,7 +141,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
         return 2
     app = create_app(settings, models=models)
     open_files = raise_open_files_limit()
-    protocol = guarded_protocol(settings.header_timeout,
+    protocol = guarded_protocol(settings.header_timeout, settings.body_timeout,
                                 connection_cap(settings.max_connections, open_files))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol,

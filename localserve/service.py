@@ -8,23 +8,28 @@ from __future__ import annotations
 import gc
 import logging
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 from localserve.api.chat_template import ChatTemplate, PromptPart
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.api.auth import load_keys
+from localserve.api.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.policies import make_scheduler
+from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.slots import SlotPool
 from localserve.conversations import Conversations
 from localserve.ledger import Ledger, LedgerObserver, default_state_dir
 from localserve.metrics import KeyUsageMetrics, build_registry
+import psutil
 from prometheus_client import CollectorRegistry
 from localserve.resources import check_memory
 
 log = logging.getLogger("localserve")
+MIB = 1024 ** 2
 
 
 class Service:
@@ -49,11 +54,14 @@ class Service:
         self.loaded = threading.Event()
         self.metrics_registry, self.metrics = build_registry(
             lambda: self.engine.snapshot if self.engine is not None else None)
+        self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
         self.key_registry = CollectorRegistry()  # per-key counters: admins only
         self.key_metrics = KeyUsageMetrics(self.key_registry)
         self.ledger: Ledger | None = None
         self.conversations: Conversations | None = None  # the web page's, per key
         self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
+        self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
+        self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
         self._keys: dict[str, str] | None = None
 
     @property
@@ -69,16 +77,20 @@ class Service:
         """Read the keys again (SIGHUP); returns the names (added, removed). Raises
         SettingsError and keeps the current keys when the file cannot be used."""
         new = load_keys(self.settings)
-        old_names = {name for name, _ in self.keys.values()}
-        new_names = {name for name, _ in new.values()}
+        old = {name: (key, role) for key, (name, role) in self.keys.items()}
+        now = {name: (key, role) for key, (name, role) in new.items()}
         self._keys = new
-        for event, names in (("key_added", new_names - old_names),
-                             ("key_removed", old_names - new_names)):
+        kept = old.keys() & now.keys()
+        for event, names in (
+                ("key_added", now.keys() - old.keys()), ("key_removed", old.keys() - now.keys()),
+                ("key_rotated", {n for n in kept if old[n][0] != now[n][0]}),
+                ("role_changed", {n for n in kept if old[n][1] != now[n][1]})):
             for name in sorted(names):
-                log.info("SIGHUP: %s %s", event.replace("_", " "), name)
+                detail = f"{old[name][1]} -> {now[name][1]}" if event == "role_changed" else ""
+                log.info("SIGHUP: %s %s %s", event.replace("_", " "), name, detail)
                 if self.ledger is not None:
-                    self.ledger.audit(event, name)
-        return new_names - old_names, old_names - new_names
+                    self.ledger.audit(event, name, detail)
+        return set(now.keys() - old.keys()), set(old.keys() - now.keys())
 
     @property
     def keys_enabled(self) -> bool:
@@ -97,7 +109,15 @@ class Service:
     def in_flight(self) -> int:
         """Requests accepted and not yet finished, the peers' too (what a drain waits for)."""
         own = self.loop.in_flight if self.loop is not None else 0
-        return own + sum(peer.in_flight() for peer in self.peers)
+        return own + self._embeddings_running + sum(peer.in_flight() for peer in self.peers)
+
+    @contextmanager
+    def embedding_running(self):
+        self._embeddings_running += 1  # only the event loop thread counts: no lock needed
+        try:
+            yield
+        finally:
+            self._embeddings_running -= 1
 
     @property
     def model_id(self) -> str:
@@ -157,9 +177,11 @@ class Service:
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
             shares = self.keys_enabled  # without keys no identity can be trusted to share by
+            self.prompt_cache = self.runner.prompt_cache = self._new_prompt_cache(pool)
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
                                        prefill_budget=prefill_budget,
-                                       slot_share=s.slot_share() if shares else None)
+                                       slot_share=s.slot_share() if shares else None,
+                                       prompt_cache=self.prompt_cache)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self._open_state()
@@ -197,6 +219,23 @@ class Service:
             log.error("could not load the model: %s", exc)
         finally:
             self.loaded.set()
+
+    def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:
+        """--cache-ram MiB, at most a quarter of the RAM free now; off with --kv-unified (a
+        restored sequence must fit its own slot's cells) and for models with a sliding window
+        (their cache cannot be cut back to a prefix)."""
+        s = self.settings
+        if s.cache_ram == 0 or s.scheduler != "continuous":
+            return None
+        why_not = ("--kv-unified" if pool.unified else
+                   "this model's sliding-window attention" if self.runner.n_swa else None)
+        if why_not:
+            log.info("prompt cache in RAM: off (%s)", why_not)
+            return None
+        bound = min(s.cache_ram * MIB, psutil.virtual_memory().available // 4)
+        log.info("prompt cache in RAM: up to %d MiB (--cache-ram %d, at most a quarter of free "
+                 "RAM), per key unless --shared-prefix-cache", bound // MIB, s.cache_ram)
+        return PromptCache(bound)
 
     def _open_state(self) -> None:
         """The ledger and the web page's conversations: opened once, by the owning Service."""

@@ -13,10 +13,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import (routes_admin, routes_embeddings, routes_native, routes_openai,
                             routes_web)
+from localserve.api.admission import limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS
 from localserve.api.host_guard import LoopbackHostGuard, is_loopback
-from localserve.api.limits import BodySizeLimit
+from localserve.api.limits import BodySizeLimit, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
 from localserve.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
@@ -57,7 +58,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
                               if service.keys_enabled and settings.rate_limit > 0 else None)
     app.state.quotas = (QuotaKeeper(settings.quotas)
                         if service.keys_enabled and settings.quotas else None)
-    guarded = [Depends(require_key)]
+    guarded = [Depends(require_key), Depends(limit_rate)]
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_native.router, dependencies=guarded)
@@ -67,10 +68,11 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
         app.include_router(routes_web.page_router)
         app.include_router(routes_web.api_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_admin.open_router)
-    app.include_router(routes_admin.router, dependencies=guarded)
-    # Middleware order, innermost first: the body limit, then CORS (so that its refusals,
+    app.include_router(routes_admin.router, dependencies=[Depends(require_key)])  # dashboards poll
+    # Middleware order, innermost first: quota holds released, the body limit, then CORS (so that its refusals,
     # e.g. a 413, carry CORS headers and a browser shows the error instead of "Failed to
     # fetch"), then the loopback Host guard, checked first.
+    app.add_middleware(ReleaseReservations)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(LoggedCORS, allow_origins=list(settings.cors_origins),

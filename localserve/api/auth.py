@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import stat
+import time
 from pathlib import Path
 
 from fastapi import Request
@@ -114,9 +115,38 @@ async def require_key(request: Request) -> None:
         ledger = request.app.state.service.ledger
         if ledger is not None:
             client = request.client.host if request.client else "?"
-            ledger.audit("unauthorized", None, f"{client} {request.method} {request.url.path}")
+            REFUSALS.note(ledger, client, f"{request.method} {request.url.path}")
         raise
     request.state.user, request.state.role = who if who else (None, "admin")
+
+
+class RefusalLog:
+    """401s reach the audit log at most once a minute per client address, with the count of
+    those held back since, and their paths cut short: a flood of bad keys (or of 15 KB paths)
+    writes a bounded number of short rows, not one row per request."""
+
+    EVERY_S = 60.0
+    MAX_DETAIL = 200
+    MAX_CLIENTS = 10_000
+
+    def __init__(self, clock=time.monotonic):
+        self.clock = clock
+        self._last: dict[str, tuple[float, int]] = {}  # client -> (row written at, held back)
+
+    def note(self, ledger, client: str, what: str) -> None:
+        now = self.clock()
+        written, held = self._last.get(client, (None, 0))
+        if written is not None and now - written < self.EVERY_S:
+            self._last[client] = (written, held + 1)
+            return
+        if len(self._last) >= self.MAX_CLIENTS:
+            self._last.clear()
+        self._last[client] = (now, 0)
+        more = f" (and {held} more from this address since the last row)" if held else ""
+        ledger.audit("unauthorized", None, f"{client} {what}"[:self.MAX_DETAIL] + more)
+
+
+REFUSALS = RefusalLog()
 
 
 def is_admin(request: Request) -> bool:

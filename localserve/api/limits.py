@@ -1,4 +1,5 @@
-"""Refuse request bodies over a size limit with 413, without reading them into memory."""
+"""ASGI middleware around every request: refuse bodies over a size limit with 413 without
+reading them into memory, and give back a request's quota hold when its response ends."""
 
 from __future__ import annotations
 
@@ -49,3 +50,20 @@ class BodySizeLimit:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
+
+
+class ReleaseReservations:
+    """A request's hold on its key's quotas (quotas.Reservation, set by the routes as
+    request.state.quota_hold) ends when its response has been sent, streamed or not, or the
+    client went away: whatever way the app returns."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            hold = scope.get("state", {}).get("quota_hold")
+            if hold is not None:
+                hold.release()

@@ -12,8 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.prompt import check_size, check_token_ids
-from localserve.api.routes_openai import check_rate, identity, lease
+from localserve.api.admission import hold_quota, identity, lease
 from localserve.api.schemas import OpenAIError
+from localserve.engine.errors import DecodeError
 from localserve.ledger import request_row
 
 router = APIRouter(prefix="/v1")
@@ -52,6 +53,24 @@ def _inputs(service, body: EmbeddingRequest) -> list[list[int]]:
     return out
 
 
+async def _embed_one(request: Request, service, embedder, tokens: list[int],
+                     user: str | None) -> list[float]:
+    """One input, in its key's turn; a client that left, or a server draining, stops the rest
+    (the model is freed only once no input is inside llama.cpp: Embedder.close waits)."""
+    if request.app.state.service.draining or await request.is_disconnected():
+        raise OpenAIError(503, "the server is shutting down, or the client left",
+                          "server_error")
+    turns = service.embedding_turns
+    await turns.take(user)
+    try:
+        with service.embedding_running():
+            return await run_in_threadpool(embedder.embed, tokens)
+    except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
+        raise OpenAIError(503, f"the model cannot embed now: {exc}; retry", "server_error") from None
+    finally:
+        turns.give_back()
+
+
 def _encode(vector: list[float], form: str):
     if form == "float":
         return vector
@@ -61,7 +80,7 @@ def _encode(vector: list[float], form: str):
 @router.post("/embeddings")
 @bare_router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
-    check_rate(request)
+    hold_quota(request)
     async with lease(request, body.model, kind="embedding") as service:
         if body.dimensions is not None:
             raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
@@ -69,7 +88,8 @@ async def embeddings(body: EmbeddingRequest, request: Request):
         started = time.monotonic()
         inputs = await run_in_threadpool(_inputs, service, body)
         embedder = await run_in_threadpool(service.runner.embedder, service.kind == "embedding")
-        vectors = [await run_in_threadpool(embedder.embed, tokens) for tokens in inputs]
+        user = identity(request, body)
+        vectors = [await _embed_one(request, service, embedder, tokens, user) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     if service.ledger is not None:
         service.ledger.record(request_row(

@@ -14,8 +14,9 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
-from localserve.api.routes_openai import check_rate, identity, lease, submit
-from localserve.api.schemas import ChatMessage, OpenAIError, _Sampling
+from localserve.api.admission import hold_quota, lease
+from localserve.api.routes_openai import submit
+from localserve.api.schemas import MAX_MESSAGES, ChatMessage, OpenAIError, _Sampling
 from localserve.engine.request import FinishReason
 
 router = APIRouter()
@@ -56,7 +57,7 @@ class DetokenizeBody(BaseModel):
 
 class TemplateBody(BaseModel):
     model: str | None = None
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
 
 
 async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
@@ -69,8 +70,8 @@ async def _run(request: Request, service, body: NativeCompletion, tokens: list[i
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")
-    grammar = structured.request_grammar(service, body)
-    stream = submit(service, tokens, body, identity(request, body), grammar, request.url.path)
+    grammar = await run_in_threadpool(structured.request_grammar, service, body)
+    stream = submit(request, service, tokens, body, grammar, request.url.path)
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(service, body, stream, started), sep="\n")
@@ -132,20 +133,20 @@ def _final(service, body, text, tokens_out, last, engine_request, started) -> di
 
 @router.post("/completion")
 async def completion(body: NativeCompletion, request: Request):
-    check_rate(request)
+    hold_quota(request)
     async with lease(request, body.model) as service:
         return await _run(request, service, body, await _prompt_tokens(service, body))
 
 
 @router.post("/infill")
 async def infill(body: Infill, request: Request):
+    hold_quota(request)
     async with lease(request, body.model) as service:
         fim = service.runner.fim_tokens
         if fim is None:
             raise OpenAIError(400, f"the model '{service.model_id}' has no fill-in-the-middle "
                               f"tokens, so /infill cannot work with it; use a code model that has "
                               f"them (e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
-        check_rate(request)
         prefix = await prompt.text_prompt(service, body.input_prefix) if body.input_prefix else []
         suffix = await prompt.text_prompt(service, body.input_suffix) if body.input_suffix else []
         middle = await _prompt_tokens(service, body) if body.prompt else []
@@ -177,13 +178,14 @@ def _piece(runner, token: int) -> dict:
 async def detokenize(body: DetokenizeBody, request: Request):
     async with lease(request, body.model) as service:
         tokens = prompt.check_token_ids(service, body.tokens, "tokens")
-        return {"content": service.detokenize(tokens)}
+        return {"content": await run_in_threadpool(service.detokenize, tokens)}
 
 
 @router.post("/apply-template")
 async def apply_template(body: TemplateBody, request: Request):
     async with lease(request, body.model) as service:
         try:
-            return {"prompt": service.template.render([m.as_template_dict() for m in body.messages])}
+            return {"prompt": await run_in_threadpool(
+                service.template.render, [m.as_template_dict() for m in body.messages])}
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None

@@ -5,13 +5,14 @@ The page itself holds no data and needs no key; every API call it makes does."""
 
 from __future__ import annotations
 
-import json
 from importlib.resources import files
 
 from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from localserve.api.schemas import OpenAIError
+from localserve.conversations import TooLarge
 
 page_router = APIRouter()  # the page and its assets: open
 api_router = APIRouter(prefix="/web/api")  # conversations: behind the key
@@ -71,8 +72,8 @@ async def list_conversations(request: Request):
 
 @api_router.get("/conversations/export")
 async def export_conversations(request: Request):
-    return Response(json.dumps(_store(request).export(_owner(request)), indent=1),
-                    media_type="application/json",
+    text = await run_in_threadpool(_store(request).export, _owner(request))
+    return Response(text, media_type="application/json",
                     headers={"Content-Disposition": 'attachment; filename="conversations.json"'})
 
 
@@ -87,10 +88,13 @@ async def get_conversation(conversation_id: str, request: Request):
 @api_router.put("/conversations/{conversation_id}")
 async def save_conversation(conversation_id: str, body: ConversationBody, request: Request):
     try:
-        saved = _store(request).save(_owner(request), conversation_id, body.title,
-                                     {"messages": body.messages, "settings": body.settings})
+        saved = await run_in_threadpool(_store(request).save, _owner(request), conversation_id,
+                                        body.title, {"messages": body.messages,
+                                                     "settings": body.settings})
     except PermissionError:
         raise OpenAIError(404, "no such conversation", "not_found_error") from None
+    except TooLarge as exc:
+        raise OpenAIError(413, str(exc), code="request_too_large") from None
     return {"id": saved}
 
 

@@ -209,10 +209,13 @@ def _json_or_text(arguments: str):
 
 
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
+# More messages than this are refused before each is validated (100,000 tiny ones took a second
+# of the event loop): far more turns than any slot's context holds.
+MAX_MESSAGES = 4096
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(..., min_length=1)
+    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

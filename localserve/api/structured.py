@@ -8,9 +8,10 @@ from the constrained text back to OpenAI's shapes.
   message, and the answer is constrained to JSON, either {"tool_calls": [{"name", "arguments"}]}
   or, with tool_choice "auto", {"response": "..."}. The JSON is parsed here into
   message.tool_calls (or content) after generation.
-Everything is checked before a slot is spent: size and nesting limits, the schema converter's
-refusals, and llama.cpp's own grammar parser (a grammar it cannot parse is a 400, never a
-NULL sampler in the engine).
+Everything is checked before a slot is spent, on a worker thread (the routes call in through
+`run_in_threadpool`): size, nesting and repetition bounds on the raw text (grammar_bounds.py),
+the schema converter's refusals, llama.cpp's own grammar parser (a grammar it cannot parse is a
+400, never a NULL sampler in the engine), and what one constrained token costs to sample.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
 from localserve.service import Service
 
@@ -57,6 +59,10 @@ def _check_schema(schema, param: str) -> str:
     if depth(schema) > MAX_SCHEMA_DEPTH:
         raise OpenAIError(400, f"{param}: the JSON schema nests deeper than {MAX_SCHEMA_DEPTH} "
                           f"levels", param=param)
+    try:
+        check_schema(schema)
+    except BoundError as exc:
+        raise OpenAIError(400, f"{param}: {exc}", param=param) from None
     return text
 
 
@@ -77,6 +83,10 @@ def schema_constraint(service: Service, schema, param: str) -> str:
 def checked_grammar(service: Service, gbnf: str, param: str) -> str:
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise OpenAIError(400, f"the grammar is longer than {MAX_GRAMMAR_BYTES} bytes", param=param)
+    try:
+        check_gbnf(gbnf)
+    except BoundError as exc:
+        raise OpenAIError(400, f"{param}: {exc}", param=param) from None
     problem = service.runner.grammar_error(gbnf)
     if problem:
         raise OpenAIError(400, f"invalid grammar ({param}): {problem}", param=param)

@@ -58,7 +58,6 @@ class EngineLoop(threading.Thread):
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
         self.in_flight = 0  # submitted and not yet finished: what a drain waits for
         self._queued_by_user: Counter = Counter()  # what --max-queue-per-key bounds
-        self._in_flight_by_user: Counter = Counter()  # what a max_concurrent quota bounds
         self._queued_lock = threading.Lock()
         self.snapshot: EngineSnapshot = self._build_snapshot()
 
@@ -75,15 +74,10 @@ class EngineLoop(threading.Thread):
                 raise UserQueueFull(f"you already have {mine} requests waiting, your share of the "
                                     f"queue (--max-queue-per-key {self.max_queue_per_user})")
             self._queued_by_user[request.user] += 1
-            self._in_flight_by_user[request.user] += 1
             self.queued += 1
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(("add", request))
-
-    def in_flight_of(self, user: str | None) -> int:
-        with self._queued_lock:
-            return self._in_flight_by_user[user]
 
     def abort(self, request_id: str) -> None:
         self.inbox.put(("abort", request_id))
@@ -216,7 +210,6 @@ class EngineLoop(threading.Thread):
                 self._release_queue_place(request)
                 with self._queued_lock:
                     self.in_flight -= 1
-                    self._in_flight_by_user[request.user] -= 1
             try:
                 for observer in self.observers:
                     observer.on_event(request, event)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from localserve.engine.prompt_cache import CachedPrompt
 from localserve.engine.request import Request
 
 
@@ -22,12 +23,24 @@ class SeqChunk:
 class Admission:
     """A slot newly given a request this step. The runner clears the slot's cache beyond
     `kept_tokens` (the reused prefix) and builds the request's sampler. With `copy_from`, the
-    kept prefix is first copied from that slot's sequence (a sibling choice of n > 1)."""
+    kept prefix is first copied from that slot's sequence (a sibling choice of n > 1); with
+    `restore`, it is first restored from the prompt cache."""
 
     slot_id: int
     request: Request
     kept_tokens: int
     copy_from: int | None = None
+    restore: CachedPrompt | None = None
+
+
+@dataclass(frozen=True)
+class SlotSave:
+    """Keep this slot's sequence (`tokens`, filled within `scope`) in the prompt cache before
+    the step changes it: the runner does saves first."""
+
+    slot_id: int
+    scope: str | None
+    tokens: list[int]
 
 
 @dataclass
@@ -35,6 +48,7 @@ class StepPlan:
     chunks: list[SeqChunk] = field(default_factory=list)
     admitted: list[Admission] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
+    saves: list[SlotSave] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from localserve.engine.interfaces import Vocab
 from localserve.engine.plan import StepPlan
+from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
@@ -36,10 +37,11 @@ POLICIES = ("continuous", "static", "serial")
 
 def make_scheduler(policy: str, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                    max_num_seqs: int | None = None, slot_share: int | None = None,
-                   prefill_budget: int | None = None) -> Scheduler:
+                   prefill_budget: int | None = None,
+                   prompt_cache: PromptCache | None = None) -> Scheduler:
     if policy == "continuous":
         return Scheduler(pool, vocab, max_num_batched_tokens, max_num_seqs, slot_share,
-                         prefill_budget)
+                         prefill_budget, prompt_cache)
     if policy == "static":
         return StaticScheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
     if policy == "serial":

@@ -109,6 +109,7 @@ class Request:
     first_token_time: float | None = None
     last_token_time: float | None = None  # kept by the metrics observer for inter-token gaps
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission
+    prefix_source: str | None = None  # where they came from: "slot" or "ram" (the prompt cache)
     preemptions: int = 0  # times evicted from the cache and requeued
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended

@@ -22,6 +22,10 @@ user holds at most `slot_share` slots. Admission skips a user at their share; a 
 every slot while nobody else waited gives their newest one back (preempted, first in their own
 queue, behind the waiting user) as soon as someone else arrives. So a newcomer waits at most
 one step for a slot whatever one colleague has running.
+
+The prompt cache (prompt_cache.py, split mode): a sequence a slot is about to lose (overwritten
+by an admission, or preempted) is saved first (StepPlan.saves); an admission whose longest
+cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
 """
 
 from __future__ import annotations
@@ -31,10 +35,11 @@ import time
 from collections import Counter
 
 from localserve.engine.interfaces import Vocab
-from localserve.engine.plan import Admission, SeqChunk, StepPlan
+from localserve.engine.plan import Admission, SeqChunk, SlotSave, StepPlan
+from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache
 from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats
 from localserve.engine.request import FinishReason, Request, RequestStatus, TokenEvent
-from localserve.engine.slots import Slot, SlotPool, SlotState
+from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
@@ -43,7 +48,7 @@ log = logging.getLogger("localserve.scheduler")
 class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
-                 prefill_budget: int | None = None):
+                 prefill_budget: int | None = None, prompt_cache: PromptCache | None = None):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
@@ -60,6 +65,8 @@ class Scheduler:
         self._admissions = 0
         self._pending_drops: list[int] = []
         self.held: list[Request] = []  # n > 1 siblings waiting for their first choice's prompt
+        # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
+        self.prompt_cache = None if pool.unified else prompt_cache
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -171,13 +178,39 @@ class Scheduler:
             return 0
         slot, keep = choice
         source = self._copy_source(req, keep)
+        restore = None
         if source is not None:
             keep = req.num_prompt_tokens - 1
+        else:
+            slot, keep, restore = self._cached_prefix(req, slot, keep)
         need = len(tokens) - keep + 1
         if self.pool.unified and not self._room_to_admit(plan, slot, 0 if source else keep, need):
             return 0
-        self._assign(plan, self.waiting.take(req), slot, keep, source)
+        self._assign(plan, self.waiting.take(req), slot, keep, source, restore)
         return self._add_chunk(plan, slot, min(budget, self._room(plan)))
+
+    def _cached_prefix(self, req: Request, slot: Slot,
+                       keep: int) -> tuple[Slot, int, CachedPrompt | None]:
+        """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
+        tokens at least) is restored into the least recently used idle slot instead."""
+        cache, tokens = self.prompt_cache, req.all_tokens
+        found = cache.lookup(tokens, req.cache_scope) if cache is not None else None
+        if found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE:
+            if cache is not None:
+                cache.stats.misses += 1
+            return slot, keep, None
+        entry, shared = found
+        cache.stats.hits += 1
+        cache.stats.tokens_restored += min(shared, len(tokens) - 1)
+        return self.pool.lru_idle(), min(shared, len(tokens) - 1), entry
+
+    def _save(self, plan: StepPlan, slot: Slot) -> None:
+        """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it
+        is too short, or kept already)."""
+        cache = self.prompt_cache
+        if cache is None or slot.n_cached < BLOCK or cache.holds(slot.cached, slot.cache_scope):
+            return
+        plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
@@ -218,14 +251,17 @@ class Scheduler:
                 self._preempt_slot(plan, newest, for_share=True)
 
     def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int,
-                source: Slot | None = None) -> None:
+                source: Slot | None = None, restore: CachedPrompt | None = None) -> None:
+        if restore is not None or source is not None or slot.n_cached > keep:
+            self._save(plan, slot)  # what this admission overwrites
         self._admissions += 1
-        slot.assign(req, keep, self._admissions, source.cached[:keep] if source else None)
+        copied = restore.tokens[:keep] if restore else source.cached[:keep] if source else None
+        slot.assign(req, keep, self._admissions, copied, restored=restore is not None)
         req.status = RequestStatus.RUNNING
         if req.admitted_time is None:
             req.admitted_time = time.monotonic()
         plan.admitted.append(Admission(slot.slot_id, req, keep,
-                                       source.slot_id if source else None))
+                                       source.slot_id if source else None, restore))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
@@ -273,6 +309,7 @@ class Scheduler:
         for another user. Its prompt and output so far are recomputed on re-admission."""
         req = slot.request
         self._log_preemption(slot, for_share)
+        self._save(plan, slot)  # swapped out: restored instead of recomputed on re-admission
         self._drop(plan, slot)
         slot.release()
         req.status = RequestStatus.WAITING

@@ -70,9 +70,10 @@ class Slot:
         return req.output_tokens[self.n_cached - n_prompt:]
 
     def assign(self, request: Request, keep: int, admitted_seq: int,
-               copied: list[int] | None = None) -> None:
+               copied: list[int] | None = None, restored: bool = False) -> None:
         """IDLE -> PREFILL: take a request, keeping the first `keep` cached tokens (a shared
-        prefix), or holding `copied` instead (another slot's prefix, copied by the runner)."""
+        prefix), or holding `copied` instead (another slot's prefix copied by the runner, or
+        with `restored` a sequence from the prompt cache)."""
         if self.busy:
             raise RuntimeError(f"slot {self.slot_id} is busy with {self.request.request_id}")
         if copied is not None:
@@ -84,6 +85,7 @@ class Slot:
         if request.detokenizer is None:
             request.detokenizer = IncrementalDetokenizer(request.params.stop)
             request.cached_tokens = keep
+            request.prefix_source = ("ram" if restored else "slot") if keep else None
 
     def release(self) -> None:
         """-> IDLE; the cache stays for prefix reuse."""
@@ -131,6 +133,9 @@ class SlotPool:
                     f"(--kv-unified; one request may use up to {self.ctx_size})")
         return (f"{len(self.slots)} slots × {self.n_ctx_per_slot} tokens = -c {self.ctx_size} "
                 f"(each request's prompt + output must fit in {self.n_ctx_per_slot} tokens)")
+
+    def lru_idle(self) -> Slot | None:
+        return min((s for s in self.slots if not s.busy), key=lambda s: s.last_used, default=None)
 
     def lru_idle_with_cache(self, exclude: Slot | None = None) -> Slot | None:
         idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]

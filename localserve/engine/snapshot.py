@@ -26,6 +26,7 @@ class SlotView:
     n_prompt_tokens: int
     n_decoded: int
     cached_tokens: int
+    prefix_source: str | None  # where the cached tokens came from: "slot" or "ram"
     age_s: float | None
     is_processing: bool  # llama-server's name for "busy"
 
@@ -52,6 +53,19 @@ class CacheView:
     unified: bool
     pool_tokens: int
     used_tokens: int
+    ram: "RamCacheView | None"  # the prompt cache beyond the slots (--cache-ram), if on
+
+
+@dataclass(frozen=True)
+class RamCacheView:
+    max_bytes: int
+    bytes: int
+    entries: int
+    hits: int
+    misses: int
+    saves: int
+    evictions: int
+    tokens_restored: int
 
 
 @dataclass(frozen=True)
@@ -105,7 +119,8 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
         slots=slots,
         queue=QueueView(len(sched.waiting), loop.max_queue,
                         round(now - oldest, 3) if oldest else 0.0, waiting),
-        cache=CacheView(sched.pool.unified, sched.pool.ctx_size, sched.pool.used),
+        cache=CacheView(sched.pool.unified, sched.pool.ctx_size, sched.pool.used,
+                        _ram_view(sched.prompt_cache)),
         engine=EngineCounters(
             alive=loop.failure is None and not loop.stopping, failure=loop.failure,
             steps=stats.steps, tokens_batched=stats.tokens_batched,
@@ -123,6 +138,13 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             sampling_s=round(getattr(loop.runner, "sample_seconds", 0.0), 3)))
 
 
+def _ram_view(cache) -> RamCacheView | None:
+    if cache is None:
+        return None
+    return RamCacheView(cache.max_bytes, cache.nbytes, len(cache),
+                        **dataclasses.asdict(cache.stats))
+
+
 def _slot_view(slot, now: float) -> SlotView:
     req = slot.request
     return SlotView(
@@ -131,4 +153,5 @@ def _slot_view(slot, now: float) -> SlotView:
         n_prompt_tokens=req.num_prompt_tokens if req else 0,
         n_decoded=req.num_output_tokens if req else 0,
         cached_tokens=req.cached_tokens if req else 0,
+        prefix_source=req.prefix_source if req else None,
         age_s=round(now - req.arrival_time, 3) if req else None, is_processing=req is not None)

@@ -25,8 +25,14 @@ from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import StepPlan
+from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.runner.states import read_sequence, write_sequence
 
 log = logging.getLogger("localserve.llama")
+
+# The most one whole-vocabulary grammar pass may take (see grammar_error): a JSON schema's
+# grammar takes a few milliseconds here, 1,500 alternatives of `[0-9]* "#I"` over 500.
+MAX_GRAMMAR_PASS_S = 0.05
 
 
 class LlamaRunner:
@@ -81,6 +87,7 @@ class LlamaRunner:
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
+        self.prompt_cache: PromptCache | None = None  # set by the Service (shared with the scheduler)
         self.decode_seconds = 0.0  # wall time inside llama_decode alone, for the overhead share
         self.sample_seconds = 0.0  # wall time inside llama_sampler_sample
 
@@ -121,6 +128,11 @@ class LlamaRunner:
         found = (C.llama_vocab_fim_pre(self.vocab), C.llama_vocab_fim_suf(self.vocab),
                  C.llama_vocab_fim_mid(self.vocab))
         return None if min(found) < 0 else found
+
+    @property
+    def n_swa(self) -> int:
+        """The sliding-window size, 0 for a model without one."""
+        return C.llama_model_n_swa(self.model)
 
     @property
     def n_ctx_train(self) -> int:
@@ -176,13 +188,22 @@ class LlamaRunner:
 
     # ---- one step ---------------------------------------------------------------------
     def decode(self, plan: StepPlan) -> dict[int, int]:
-        """Run one llama_decode over the whole plan; return {slot_id: sampled token}."""
+        """Run one llama_decode over the whole plan; return {slot_id: sampled token}.
+        Before it: sequences the plan overwrites are saved to the prompt cache, dropped ones
+        cleared, admitted ones copied from a sibling or restored from the cache, then trimmed
+        to the prefix they keep."""
+        for save in plan.saves:
+            state, size = read_sequence(self.ctx, save.slot_id)
+            if size and self.prompt_cache is not None:
+                self.prompt_cache.put(save.scope, save.tokens, state, size)
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for admission in plan.admitted:
             if admission.copy_from is not None:  # whole sequence: cross-stream copies need it
                 C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
                 C.llama_memory_seq_cp(self.memory, admission.copy_from, admission.slot_id, -1, -1)
+            elif admission.restore is not None:
+                self._restore(admission)
             C.llama_memory_seq_rm(self.memory, admission.slot_id, admission.kept_tokens, -1)
             self._new_sampler(admission.slot_id, admission.request.params,
                               admission.request.all_tokens)
@@ -224,6 +245,14 @@ class LlamaRunner:
         self.sample_seconds += time.perf_counter() - decoded
         return sampled
 
+    def _restore(self, admission) -> None:
+        entry = admission.restore
+        C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
+        if not write_sequence(self.ctx, admission.slot_id, entry.state, entry.nbytes):
+            C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
+            self.prompt_cache.remove(entry)
+            raise DecodeError(f"could not restore a cached prompt of {len(entry.tokens)} tokens")
+
     def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
         """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist.
         Penalties see the history (prompt, plus output so far for a preempted request)."""
@@ -258,12 +287,30 @@ class LlamaRunner:
     # only after _allows() said yes, and end-of-generation never reaches it at all.
 
     def grammar_error(self, gbnf: str) -> str | None:
-        """None if llama.cpp can parse this GBNF (root rule 'root'), else why not."""
+        """None if llama.cpp can parse this GBNF (root rule 'root') and constraining a token
+        with it is cheap enough, else why not. A grammar's cost is paid on the engine loop for
+        every refused token, while everyone else's stream waits: one that costs more than
+        MAX_GRAMMAR_PASS_S over the whole vocabulary (timed from its start, best of two) is
+        refused. Runs on an HTTP worker thread, so it uses its own candidate array."""
         grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
         if not grammar:
             return "llama.cpp could not parse the grammar"
-        C.llama_sampler_free(grammar)
+        try:
+            cost = min(self._grammar_pass_seconds(grammar) for _ in range(2))
+        finally:
+            C.llama_sampler_free(grammar)
+        if cost > MAX_GRAMMAR_PASS_S:
+            return (f"constraining one token with this grammar takes {cost * 1000:.0f} ms; the "
+                    f"limit is {MAX_GRAMMAR_PASS_S * 1000:.0f} ms (simplify its alternatives)")
         return None
+
+    def _grammar_pass_seconds(self, grammar) -> float:
+        candidates = (C.llama_token_data * self.n_vocab)()
+        np.frombuffer(candidates, dtype=CANDIDATE)["id"] = np.arange(self.n_vocab)
+        arr = C.llama_token_data_array(candidates, self.n_vocab, -1, False)
+        started = time.perf_counter()
+        C.llama_sampler_apply(grammar, ctypes.byref(arr))
+        return time.perf_counter() - started
 
     @staticmethod
     def json_schema_grammar(schema_json: str) -> str:

@@ -41,6 +41,8 @@ class Embedder:
         if not 0 < len(tokens) <= self.n_ctx:
             raise ValueError(f"an input must be 1 to {self.n_ctx} tokens")
         with self.lock:
+            if not self.ctx:
+                raise DecodeError("the model was unloaded")
             C.llama_memory_clear(C.llama_get_memory(self.ctx), True)
             batch = self.batch
             for i, token in enumerate(tokens):
@@ -69,7 +71,10 @@ class Embedder:
         return ctx
 
     def close(self) -> None:
-        if self.ctx:
-            C.llama_batch_free(self.batch)
-            C.llama_free(self.ctx)
-            self.ctx = None
+        """Waits for an input being embedded: freeing the context (and then the model) under
+        a running llama_decode crashes the process."""
+        with self.lock:
+            if self.ctx:
+                C.llama_batch_free(self.batch)
+                C.llama_free(self.ctx)
+                self.ctx = None

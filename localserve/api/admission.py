@@ -1,0 +1,80 @@
+"""Admission: what every route that runs a model goes through before its work is queued.
+
+    require_key (auth.py)  who is asking: 401 without a valid key
+    limit_rate             the key's request rate: 429 (a router dependency: every route)
+    hold_quota             the key's quotas: 429; holds a place until the response ends
+    lease                  the model, loaded and ready: 404 unknown, 503 loading
+    reserve_tokens         what the submitted request may use, held against token quotas
+"""
+
+from __future__ import annotations
+
+import math
+
+from fastapi import Request
+
+from localserve.api.schemas import OpenAIError, _Sampling
+from localserve.quotas import QuotaError
+from localserve.service import Service
+
+
+def lease(request: Request, model: str | None = None, kind: str = "chat"):
+    """The requested model's Service, loaded and ready, for an `async with` block (see
+    registry.py); 404 for an unknown name when several models are served, 503 while loading."""
+    return request.app.state.models.lease(model, kind)
+
+
+def limit_rate(request: Request) -> None:
+    """Router dependency, after the key check and before the body is validated: a key over its
+    request rate (--rate-limit) gets 429 on every route it can reach, before any work."""
+    user = getattr(request.state, "user", None)
+    limiter = request.app.state.rate_limiter
+    if user is None or limiter is None:
+        return
+    wait = limiter.try_acquire(user)
+    if wait > 0:
+        raise OpenAIError(429, f"Too many requests from key '{user}': the limit is "
+                          f"{limiter.rate:g} per second (burst {limiter.burst}). Retry in "
+                          f"{wait:.1f} s.", code="rate_limit_exceeded",
+                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+
+
+def hold_quota(request: Request) -> None:
+    """For routes that run the model: [quotas] from the TOML, over one -> 429 saying which
+    limit and when it resets. Holds a place in the key's quotas until the response ends
+    (request.state.quota_hold, released by api/limits.py ReleaseReservations)."""
+    keeper, service = request.app.state.quotas, request.app.state.service
+    user = getattr(request.state, "user", None)
+    if keeper is None or user is None:
+        return
+    try:
+        request.state.quota_hold = keeper.reserve(user, *_tokens_used(service, user))
+    except QuotaError as exc:
+        raise _quota_refusal(service, user, exc) from None
+
+
+def reserve_tokens(request: Request, service: Service, n: int) -> None:
+    """What a submitted request may use at most, held against its key's token quotas."""
+    hold = getattr(request.state, "quota_hold", None)
+    if hold is None:
+        return
+    try:
+        hold.reserve_tokens(n, *_tokens_used(request.app.state.service, hold.key))
+    except QuotaError as exc:
+        raise _quota_refusal(request.app.state.service, hold.key, exc) from None
+
+
+def _tokens_used(service: Service, user: str) -> tuple[int, int]:
+    return service.ledger.tokens_used(user) if service.ledger else (0, 0)
+
+
+def _quota_refusal(service: Service, user: str, exc: QuotaError) -> OpenAIError:
+    if service.ledger is not None:
+        service.ledger.audit("quota", user, exc.limit)
+    return OpenAIError(429, str(exc), code="quota_exceeded", param=exc.limit,
+                       headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
+
+
+def identity(request: Request, body: _Sampling) -> str | None:
+    """Who is asking: the API key's name when keys are set, else the body's `user` field."""
+    return getattr(request.state, "user", None) or body.user

@@ -1,0 +1,125 @@
+"""Pure tests of what admission is made of: quota reservations under a burst, keys taking turns
+for embeddings, the bounds on grammars and schemas, and the bounded audit of refused keys."""
+
+import asyncio
+
+import pytest
+
+from localserve.api.auth import RefusalLog
+from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
+from localserve.api.turns import Turns
+from localserve.quotas import Quota, QuotaError, QuotaKeeper
+
+
+def test_max_concurrent_counts_reservations_until_released():
+    keeper = QuotaKeeper({"alice": Quota(max_concurrent=2)})
+    held = [keeper.reserve("alice", 0, 0) for _ in range(2)]
+    with pytest.raises(QuotaError) as refused:
+        keeper.reserve("alice", 0, 0)
+    assert refused.value.limit == "max_concurrent"
+    held[0].release()
+    held[0].release()  # twice is once
+    keeper.reserve("alice", 0, 0)
+    with pytest.raises(QuotaError):
+        keeper.reserve("alice", 0, 0)
+
+
+def test_reserved_tokens_count_against_the_daily_quota_until_settled():
+    keeper = QuotaKeeper({"default": Quota(tokens_per_day=1500)})
+    first = keeper.reserve("carol", 0, 0)
+    first.reserve_tokens(1000, 0, 0)
+    second = keeper.reserve("carol", 0, 0)
+    second.reserve_tokens(600, 0, 0)  # 1000 held < 1500: allowed, overshoot <= one reservation
+    with pytest.raises(QuotaError) as refused:
+        keeper.reserve("carol", 0, 0)  # 1600 held
+    assert refused.value.limit == "tokens_per_day" and "held" in str(refused.value)
+    first.release()
+    second.release()
+    keeper.reserve("carol", 700, 700).reserve_tokens(10, 700, 700)  # the ledger's 700 + 0 held
+    assert keeper.quota("nobody") == Quota(tokens_per_day=1500)
+
+
+def test_embedding_turns_go_round_the_keys():
+    async def scenario():
+        turns, order = Turns(), []
+
+        async def one(user, tag):
+            await turns.take(user)
+            order.append(tag)
+            await asyncio.sleep(0)
+            turns.give_back()
+
+        await turns.take("holder")  # the turn is taken: everyone below queues
+        tasks = [asyncio.create_task(one("flooder", f"f{i}")) for i in range(4)]
+        tasks.append(asyncio.create_task(one("colleague", "c0")))
+        await asyncio.sleep(0)
+        turns.give_back()
+        await asyncio.gather(*tasks)
+        return order
+
+    assert asyncio.run(scenario()) == ["f0", "c0", "f1", "f2", "f3"]
+
+
+def test_a_cancelled_wait_for_a_turn_neither_blocks_nor_leaks_it():
+    async def scenario():
+        turns = Turns()
+        await turns.take("a")
+        waiting = asyncio.create_task(turns.take("b"))
+        await asyncio.sleep(0)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        turns.give_back()
+        await asyncio.wait_for(turns.take("c"), 5)  # free again
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("gbnf, problem", [
+    ("root ::= " + "(" * 65 + '"a"' + ")" * 65, "nests"),
+    ("\n".join(f"r{i} ::= \"a\"" for i in range(2001)) + "\nroot ::= r0", "rules"),
+    ('root ::= "a"{0,1001}', "repetitions"),
+    ('root ::= "a"{600} "b"{0,600}', "repetitions"),
+])
+def test_grammars_past_a_bound_are_refused(gbnf, problem):
+    with pytest.raises(BoundError, match=problem):
+        check_gbnf(gbnf)
+
+
+def test_grammar_bounds_skip_literals_and_comments():
+    check_gbnf('root ::= "((((((((" [(){}] # ' + "(" * 100 + '\n  ("a"{3,5})')
+    check_gbnf('root ::= "\\"(((" x\nx ::= [^\\]((]')
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "maxLength": 100_000_000},
+    {"type": "array", "items": {"type": "string", "minLength": 5000}},
+    {"anyOf": [{"type": "string", "pattern": "[a-z]{0,10000000}"}]},
+    {"type": "string", "pattern": "a{600}b{600}"},
+])
+def test_schemas_past_a_bound_are_refused(schema):
+    with pytest.raises(BoundError):
+        check_schema(schema)
+
+
+def test_ordinary_schemas_pass():
+    check_schema({"type": "object", "properties": {"name": {"type": "string", "maxLength": 100},
+                  "tags": {"type": "array", "maxItems": 10, "items": {"pattern": "^[a-z]{2,8}$"}}}})
+
+
+def test_refused_keys_write_one_short_row_a_minute_per_address():
+    class Ledger:
+        rows = []
+
+        def audit(self, event, key, detail=""):
+            self.rows.append(detail)
+
+    now = [0.0]
+    log, ledger = RefusalLog(clock=lambda: now[0]), Ledger()
+    for _ in range(100):
+        log.note(ledger, "10.0.0.9", "GET /v1/models/" + "A" * 15_000)
+    log.note(ledger, "10.0.0.8", "GET /")
+    now[0] = 61.0
+    log.note(ledger, "10.0.0.9", "GET /")
+    assert len(ledger.rows) == 3 and all(len(row) < 300 for row in ledger.rows)
+    assert "99 more" in ledger.rows[2]

@@ -1,0 +1,118 @@
+"""Pure tests of the prompt cache beyond the slots and of its place in the scheduler: the
+store's bound, scopes and lookups, and the plan's saves and restores (fake runner, no model)."""
+
+from localserve.engine.prompt_cache import BLOCK, PromptCache
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+
+from test_scheduler import EOS, FakeVocab, ScriptedRunner, req, run
+
+
+def tokens(first: int, n: int) -> list[int]:
+    return list(range(first, first + n))
+
+
+def test_lookup_finds_the_longest_prefix_within_its_scope_only():
+    cache = PromptCache(10_000)
+    cache.put("alice", tokens(1, 100), "state-a", 100)
+    cache.put("alice", tokens(1, 40) + tokens(500, 60), "state-b", 100)
+    entry, shared = cache.lookup(tokens(1, 90) + [7, 7], "alice")
+    assert entry.state == "state-a" and shared == 90
+    entry, shared = cache.lookup(tokens(1, 40) + tokens(500, 20), "alice")
+    assert entry.state == "state-b" and shared == 60
+    assert cache.lookup(tokens(1, 100), "bob") is None  # another key finds nothing
+    assert cache.lookup(tokens(1, BLOCK - 1), "alice") is None  # less than a block
+
+
+def test_the_byte_bound_holds_and_the_least_recently_used_go_first():
+    cache = PromptCache(300)
+    for i in range(5):
+        cache.put(None, tokens(1000 * (i + 1), 50), f"s{i}", 100)
+        cache.lookup(tokens(1000, 50), None)  # the first one stays in use
+        assert cache.nbytes <= 300
+    kept = {e.state for e in cache.entries.values()}
+    assert kept == {"s0", "s3", "s4"} and cache.stats.evictions == 2
+    cache.put(None, tokens(1, 50), "too big", 301)
+    assert "too big" not in {e.state for e in cache.entries.values()}
+
+
+def test_a_longer_turn_of_the_same_conversation_replaces_the_earlier_one():
+    cache = PromptCache(10_000)
+    cache.put("a", tokens(1, 40), "turn 1", 40)
+    cache.put("a", tokens(1, 80), "turn 2", 80)
+    assert [e.state for e in cache.entries.values()] == ["turn 2"] and cache.nbytes == 80
+    assert cache.holds(tokens(1, 40), "a") and not cache.holds(tokens(1, 81), "a")
+    assert cache.drop_scope("a") == 1 and cache.nbytes == 0 and not cache._index
+
+
+class SavingRunner(ScriptedRunner):
+    """Plays the runner's part of the prompt cache: saves put the slot's tokens in the store."""
+
+    def __init__(self, scripts, cache):
+        super().__init__(scripts)
+        self.cache, self.restored = cache, []
+
+    def decode(self, plan):
+        for save in plan.saves:
+            self.cache.put(save.scope, save.tokens, f"state of slot {save.slot_id}", len(save.tokens))
+        self.restored += [(a.request.request_id, a.kept_tokens) for a in plan.admitted if a.restore]
+        return super().decode(plan)
+
+
+def make_cached(n_slots=1):
+    cache = PromptCache(100_000)
+    return Scheduler(SlotPool(256 * n_slots, n_slots), FakeVocab(), 64, prompt_cache=cache), cache
+
+
+def test_a_prompt_overwritten_in_its_slot_is_saved_then_restored_not_recomputed():
+    sched, cache = make_cached()
+    runner = SavingRunner({"doc1": [9, EOS], "doc2": [9, EOS], "again": [9, EOS]}, cache)
+    sched.add(req("doc1", 60, first=1))
+    run(sched, runner)
+    sched.add(req("doc2", 60, first=100))  # takes the only slot: doc1's sequence is saved first
+    run(sched, runner)
+    assert cache.holds(tokens(1, 60), None)
+    computed = sched.stats.prompt_tokens_computed
+    sched.add(req("again", 70, first=1))  # doc1 plus a follow-up
+    run(sched, runner)
+    assert runner.restored == [("again", 60)]  # all the document: only the follow-up computed
+    assert sched.stats.prompt_tokens_computed - computed == 70 - 60
+
+
+def test_a_cached_prompt_is_never_restored_for_another_scope():
+    sched, cache = make_cached()
+    runner = SavingRunner({"a": [9, EOS], "b": [9, EOS], "c": [9, EOS]}, cache)
+    first = req("a", 60)
+    first.cache_scope = "alice"
+    sched.add(first)
+    run(sched, runner)
+    sched.add(req("b", 60, first=100))
+    run(sched, runner)
+    other = req("c", 60)
+    other.cache_scope = "bob"
+    sched.add(other)
+    run(sched, runner)
+    assert runner.restored == [] and other.cached_tokens == 0
+
+
+def test_a_preempted_sequence_is_swapped_to_the_cache_and_restored():
+    """alice holds both slots while nobody waits; bob arrives, alice's newest is preempted: its
+    prompt and output so far are saved, and restored when it gets a slot again."""
+    sched, cache = make_cached(n_slots=2)
+    sched.slot_share = 1
+    runner = SavingRunner({"a1": [5] * 40 + [EOS], "a2": [6] * 40 + [EOS], "b": [9] * 3 + [EOS]},
+                          cache)
+    mine = [req(rid, 30, first=first) for rid, first in (("a1", 1), ("a2", 100))]
+    for request in mine:
+        request.user = request.cache_scope = "alice"
+        sched.add(request)
+    for _ in range(5):
+        sched.update(plan := sched.schedule(), runner.decode(plan))
+    theirs = req("b", 20, first=300)
+    theirs.user = theirs.cache_scope = "bob"
+    sched.add(theirs)
+    run(sched, runner)
+    assert sched.stats.share_preemptions == 1
+    assert [rid for rid, _ in runner.restored] == ["a2"]
+    assert runner.restored[0][1] >= 30  # its prompt and its output so far came back
+    assert mine[1].output_tokens == [6] * 40 + [EOS]  # and went on as if never interrupted
