@@ -70,6 +70,10 @@ def _up_parser(sub) -> None:
                        help="MiB of RAM for prompts kept beyond the slots, restored instead of "
                             "recomputed when their conversation comes back (default 8192, at "
                             "most a quarter of free RAM; 0 turns it off)")
+    sched.add_argument("--cache-disk", type=int,
+                       help="MiB of files under --state-dir for prompts the RAM cache evicts and "
+                            "for all of them at shutdown, so conversations survive a restart "
+                            "(default 0: off; the files hold prompts' state: mode 600)")
     sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=["f16", "q8_0", "q4_0"],
                        help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
     sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=["f16", "q8_0", "q4_0"],

@@ -27,6 +27,7 @@ class Settings:
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
+    cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
@@ -146,6 +147,7 @@ class Settings:
             (self.rate_limit >= 0, "--rate-limit", self.rate_limit, "must be 0 (off) or more"),
             (self.rate_burst >= 1, "--rate-burst", self.rate_burst, "must be at least 1"),
             (self.cache_ram >= 0, "--cache-ram", self.cache_ram, "must be 0 (off) or more MiB"),
+            (self.cache_disk >= 0, "--cache-disk", self.cache_disk, "must be 0 (off) or more MiB"),
             (self.header_timeout > 0, "--header-timeout", self.header_timeout, "must be more than 0"),
             (self.body_timeout > 0, "--body-timeout", self.body_timeout, "must be more than 0"),
             (self.max_connections >= 16, "--max-connections", self.max_connections,

@@ -99,9 +99,10 @@ def guarded_protocol(header_timeout: float, body_timeout: float,
             self._header_timer = None
             awaiting.pop(self, None)
             if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
-                log_throttled(f"closed connections that sent no complete request within "
-                              f"--header-timeout {header_timeout:g} s (headers) or "
-                              f"--body-timeout {body_timeout:g} s (body)")
+                log_throttled(f"closed connections that sent no complete body within "
+                              f"--body-timeout {body_timeout:g} s" if self._for_body else
+                              f"closed connections that sent no complete headers within "
+                              f"--header-timeout {header_timeout:g} s")
                 self.transport.close()
 
         def _evict_slowest(self) -> bool:

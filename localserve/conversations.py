@@ -90,7 +90,7 @@ class Conversations:
             cur = self._db.execute("DELETE FROM conversations WHERE owner = ? AND id = ?",
                                    (owner, conversation_id))
         with self._lock:
-            self._db.execute("PRAGMA incremental_vacuum")
+            self._db.executescript("PRAGMA incremental_vacuum;")  # execute() frees one page only
         return cur.rowcount > 0
 
     def export(self, owner: str) -> str:

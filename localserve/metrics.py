@@ -143,13 +143,18 @@ class SnapshotCollector:
         yield _gauge("prompt_cache_bytes", "Bytes of prompt states kept in RAM.", ram.bytes)
         yield _gauge("prompt_cache_max_bytes", "The RAM prompt cache's bound.", ram.max_bytes)
         yield _gauge("prompt_cache_entries", "Prompts kept in RAM.", ram.entries)
+        yield _gauge("prompt_cache_disk_bytes", "Bytes of prompt cache files (--cache-disk).",
+                     ram.disk_bytes)
+        yield _gauge("prompt_cache_disk_entries", "Prompts kept in files.", ram.disk_entries)
         for name, value, doc in (
             ("prompt_cache_hits", ram.hits, "Admissions that restored a prefix from RAM."),
             ("prompt_cache_misses", ram.misses, "Admissions that found no longer prefix in RAM."),
             ("prompt_cache_saves", ram.saves, "Slot sequences saved to RAM before being overwritten."),
             ("prompt_cache_evictions", ram.evictions, "Prompts dropped from RAM to stay in bounds."),
             ("prompt_cache_tokens_restored", ram.tokens_restored,
-             "Prompt tokens restored from RAM instead of computed."),
+             "Prompt tokens restored from the cache instead of computed."),
+            ("prompt_cache_disk_writes", ram.disk_writes, "Prompts written to files."),
+            ("prompt_cache_disk_reads", ram.disk_reads, "Prompts read back from files."),
         ):
             yield CounterMetricFamily(P + name, doc, value=value)
 

@@ -6,6 +6,7 @@ The model loads on a background thread so that /health can answer 503 "loading" 
 from __future__ import annotations
 
 import gc
+import re
 import logging
 import threading
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.prompt_disk import DiskTier
 from localserve.engine.slots import SlotPool
 from localserve.conversations import Conversations
 from localserve.ledger import Ledger, LedgerObserver, default_state_dir
@@ -90,6 +92,10 @@ class Service:
                 log.info("SIGHUP: %s %s %s", event.replace("_", " "), name, detail)
                 if self.ledger is not None:
                     self.ledger.audit(event, name, detail)
+        for name in old.keys() - now.keys():  # what a removed key cached goes with it
+            for service in (self, *self.peers):
+                if service.prompt_cache is not None:
+                    service.prompt_cache.drop_scope(name)
         return set(now.keys() - old.keys()), set(old.keys() - now.keys())
 
     @property
@@ -235,7 +241,30 @@ class Service:
         bound = min(s.cache_ram * MIB, psutil.virtual_memory().available // 4)
         log.info("prompt cache in RAM: up to %d MiB (--cache-ram %d, at most a quarter of free "
                  "RAM), per key unless --shared-prefix-cache", bound // MIB, s.cache_ram)
-        return PromptCache(bound)
+        disk = None
+        if s.cache_disk:
+            folder = self.state_dir() / "prompt-cache" / re.sub(r"[^\w.-]", "_", self.model_id)
+            disk = DiskTier(folder, s.cache_disk * MIB, self.runner.state_fingerprint())
+        cache = PromptCache(bound, disk)
+        if disk:
+            log.info("prompt cache on disk: up to %d MiB in %s (--cache-disk), %d prompts kept "
+                     "from before", s.cache_disk, disk.folder, len(cache.on_disk))
+        return cache
+
+    def _keep_prompts(self) -> None:
+        """Before the cache is freed (shutdown, unload): the slots' sequences into the prompt
+        cache, and everything it holds to disk when there is a disk tier."""
+        cache = self.prompt_cache
+        if cache is None or cache.disk is None or self.loop is None or self.loop.is_alive():
+            return
+        for slot in self.loop.scheduler.pool.slots:
+            if slot.cached and not cache.holds(slot.cached, slot.cache_scope):
+                self.runner.save_sequence(slot.slot_id, slot.cache_scope, list(slot.cached))
+        log.info("prompt cache: %d prompts written to %s", cache.spill(), cache.disk.folder)
+
+    def state_dir(self) -> Path:
+        s = self.settings
+        return Path(s.state_dir) if s.state_dir else default_state_dir()
 
     def _open_state(self) -> None:
         """The ledger and the web page's conversations: opened once, by the owning Service."""
@@ -243,7 +272,7 @@ class Service:
             self.ledger, self.conversations = self.shared.ledger, self.shared.conversations
             return
         s = self.settings
-        state_dir = Path(s.state_dir) if s.state_dir else default_state_dir()
+        state_dir = self.state_dir()
         if s.web and self.conversations is None:
             self.conversations = Conversations(state_dir)
         if s.ledger and self.ledger is None:
@@ -255,6 +284,7 @@ class Service:
         other models' engines are not this one's to stop."""
         self._stop_own_engine()
         self._forget_fatal()
+        self._keep_prompts()
         if self.runner is not None:
             self.runner.close()
         self.runner = self.loop = self.engine = self.template = None
@@ -311,4 +341,5 @@ class Service:
         if self.ledger is not None and self.shared is None:
             self.ledger.close()
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
+            self._keep_prompts()
             self.runner.close()

@@ -41,20 +41,26 @@ def cached():
 
 
 def test_a_conversation_pushed_out_of_the_slots_is_restored_with_the_same_text(cached):
+    """Restoring is exactly what a slot that had kept the conversation would do: the same
+    cached tokens, the same greedy text. (Computing the last prompt token alone rather than
+    in a batch can itself change a greedy answer of this small model: llama.cpp's kernels
+    differ by batch size, so the reference is the slot's own reuse, not a cold start.)"""
     with running("-c", "2048", "-np", "2", "-t", "2", "--cache-ram", "0", *KEYS,
                  log_name="nocache") as plain:
-        reference, _ = ask(plain, 1)
+        cold, _ = ask(plain, 1)
+        kept_by_slot, usage = ask(plain, 1)
+        reused = usage["prompt_tokens_details"]["cached_tokens"]
         push_out_of_slots(plain)
         recomputed, usage = ask(plain, 1)
         assert usage["prompt_tokens_details"]["cached_tokens"] < 16  # no tier: computed again
-    first, _ = ask(cached, 1)
+        assert recomputed == cold
+    assert ask(cached, 1)[0] == cold
     push_out_of_slots(cached)
     restored, usage = ask(cached, 1)
-    assert first == reference == recomputed == restored
-    # all of the document and question but the last token came back from RAM
-    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16
+    assert restored == kept_by_slot
+    assert usage["prompt_tokens_details"]["cached_tokens"] == reused == usage["prompt_tokens"] - 1
     assert metric(cached, "localserve:prompt_cache_hits_total") >= 1
-    assert metric(cached, "localserve:prompt_cache_tokens_restored_total") >= usage["prompt_tokens"] - 16
+    assert metric(cached, "localserve:prompt_cache_tokens_restored_total") >= reused
 
 
 def metric(srv, name: str) -> float:
@@ -81,3 +87,32 @@ def test_the_cache_stays_inside_its_byte_bound_under_a_flood_of_prompts():
         assert metric(srv, "localserve:prompt_cache_bytes") <= 20 * 1024 * 1024
         assert metric(srv, "localserve:prompt_cache_evictions_total") >= 1
         assert metric(srv, "localserve:prompt_cache_saves_total") >= 3
+
+
+def test_conversations_survive_a_restart_through_the_disk_tier_and_bad_files_are_skipped(tmp_path):
+    state = tmp_path / "state"
+    args = ("-c", "2048", "-np", "2", "-t", "2", "--cache-disk", "200", "--state-dir", str(state))
+    with running(*args, log_name="disk1") as srv:
+        cold = {doc: ask(srv, doc)[0] for doc in (3, 4, 5)}
+        answers = {doc: ask(srv, doc)[0] for doc in (3, 4, 5)}  # each from a slot or RAM
+    folder = next((state / "prompt-cache").iterdir())
+    assert len(list(folder.glob("*.cache"))) >= 3  # a conversation with two answers: two
+    assert folder.stat().st_mode & 0o777 == 0o700
+    assert all(f.stat().st_mode & 0o777 == 0o600 for f in folder.glob("*.cache"))
+    with running(*args, log_name="disk2") as srv:
+        after, usage = ask(srv, 3)  # the first request after a restart
+    assert after == answers[3]
+    assert usage["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 16
+    truncated, corrupted = sorted(folder.glob("*.cache"))[:2]
+    truncated.write_bytes(truncated.read_bytes()[:-1000])
+    raw = bytearray(corrupted.read_bytes())
+    raw[-1] ^= 0xFF
+    corrupted.write_bytes(bytes(raw))
+    (folder / "foreign.cache").write_bytes(b"\x00not a cache file")
+    with running(*args, log_name="disk3") as srv:
+        for doc in (3, 4, 5):  # restored, or computed again where its file was bad
+            assert ask(srv, doc)[0] in (answers[doc], cold[doc])
+        log = srv.log()
+    assert "skipped and deleted foreign.cache" in log
+    assert f"skipped and deleted {truncated.name}: truncated" in log
+    assert f"skipped and deleted {corrupted.name}: corrupted" in log

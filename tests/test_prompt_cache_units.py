@@ -30,17 +30,17 @@ def test_the_byte_bound_holds_and_the_least_recently_used_go_first():
         cache.put(None, tokens(1000 * (i + 1), 50), f"s{i}", 100)
         cache.lookup(tokens(1000, 50), None)  # the first one stays in use
         assert cache.nbytes <= 300
-    kept = {e.state for e in cache.entries.values()}
+    kept = {e.state for e in cache.ram.values()}
     assert kept == {"s0", "s3", "s4"} and cache.stats.evictions == 2
     cache.put(None, tokens(1, 50), "too big", 301)
-    assert "too big" not in {e.state for e in cache.entries.values()}
+    assert "too big" not in {e.state for e in cache.ram.values()}
 
 
 def test_a_longer_turn_of_the_same_conversation_replaces_the_earlier_one():
     cache = PromptCache(10_000)
     cache.put("a", tokens(1, 40), "turn 1", 40)
     cache.put("a", tokens(1, 80), "turn 2", 80)
-    assert [e.state for e in cache.entries.values()] == ["turn 2"] and cache.nbytes == 80
+    assert [e.state for e in cache.ram.values()] == ["turn 2"] and cache.nbytes == 80
     assert cache.holds(tokens(1, 40), "a") and not cache.holds(tokens(1, 81), "a")
     assert cache.drop_scope("a") == 1 and cache.nbytes == 0 and not cache._index
 
@@ -116,3 +116,32 @@ def test_a_preempted_sequence_is_swapped_to_the_cache_and_restored():
     assert [rid for rid, _ in runner.restored] == ["a2"]
     assert runner.restored[0][1] >= 30  # its prompt and its output so far came back
     assert mine[1].output_tokens == [6] * 40 + [EOS]  # and went on as if never interrupted
+
+
+def test_the_disk_tier_takes_what_ram_evicts_and_reads_it_back(tmp_path):
+    from localserve.engine.prompt_disk import DiskTier
+
+    cache = PromptCache(250, DiskTier(tmp_path / "disk", 10_000, "model-a"))
+    states = {i: bytes([i]) * 100 for i in range(3)}
+    for i, state in states.items():
+        cache.put("alice", tokens(1000 * (i + 1), 40), state, len(state))
+    assert cache.nbytes <= 250 and cache.stats.disk_writes == 1
+    entry, shared = cache.lookup(tokens(1000, 40), "alice")
+    assert entry.state is None and shared == 40  # found on disk
+    assert cache.load(entry) and entry.state == states[0] and cache.nbytes <= 250
+    again = PromptCache(250, DiskTier(tmp_path / "disk", 10_000, "model-a"))  # a restart
+    assert again.lookup(tokens(1000, 40), "alice") is not None
+    assert again.lookup(tokens(1000, 40), "bob") is None
+    other_model = PromptCache(250, DiskTier(tmp_path / "disk", 10_000, "model-b"))
+    assert len(other_model) == 0 and not list((tmp_path / "disk").glob("*.cache"))
+
+
+def test_a_removed_keys_files_are_deleted(tmp_path):
+    from localserve.engine.prompt_disk import DiskTier
+
+    cache = PromptCache(10_000, DiskTier(tmp_path, 10_000, "m"))
+    cache.put("alice", tokens(1, 40), b"a" * 50, 50)
+    cache.put("bob", tokens(1, 40), b"b" * 50, 50)
+    assert cache.spill() == 2 and len(list(tmp_path.glob("*.cache"))) == 2
+    assert cache.drop_scope("alice") == 1
+    assert [f.read_bytes()[-50:] for f in tmp_path.glob("*.cache")] == [b"b" * 50]

@@ -9,7 +9,9 @@ and finds the longest cached prefix by hashed fixed-size token blocks (vLLM's pr
 design), so a lookup costs one hash per block of the prompt whatever the number of entries.
 Entries are private to a cache scope (one API key unless --shared-prefix-cache): the index is
 keyed by scope, so one key's prompts are never found, nor timed, by another. Bounded in bytes;
-the least recently used entries go first.
+the least recently used entries go first: to the disk tier when there is one (prompt_disk.py,
+--cache-disk), else away. One index covers both tiers; an entry found on disk is read back
+into RAM (load()) before the scheduler plans its restore.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from localserve.engine.prompt_disk import DiskTier
 from localserve.engine.slots import common_prefix_len
 
 BLOCK = 16  # tokens per hashed block: a prefix is found to the block, then measured exactly
@@ -27,10 +31,12 @@ BLOCK = 16  # tokens per hashed block: a prefix is found to the block, then meas
 class CachedPrompt:
     scope: str | None
     tokens: list[int]
-    state: object  # the runner's serialized sequence (a ctypes buffer): opaque here
-    nbytes: int
+    state: object | None  # the runner's serialized sequence, in RAM; None: on disk only
+    nbytes: int  # the state's size
     entry_id: int = 0
     hashes: list[int] = field(default_factory=list)
+    path: Path | None = None  # its file, once written to the disk tier
+    disk_bytes: int = 0
 
 
 def block_hashes(tokens: list[int]) -> list[int]:
@@ -44,24 +50,33 @@ def block_hashes(tokens: list[int]) -> list[int]:
 
 @dataclass
 class CacheStats:
-    hits: int = 0  # lookups that found a prefix worth restoring
+    hits: int = 0  # admissions that restored a prefix from the cache
     misses: int = 0
     saves: int = 0
-    evictions: int = 0
+    evictions: int = 0  # entries that left RAM (to disk, or away)
     tokens_restored: int = 0
+    disk_writes: int = 0
+    disk_reads: int = 0
 
 
 class PromptCache:
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[int, CachedPrompt] = OrderedDict()  # least recently used first
+    def __init__(self, max_bytes: int, disk: DiskTier | None = None):
+        self.max_bytes, self.disk = max_bytes, disk
+        self.ram: OrderedDict[int, CachedPrompt] = OrderedDict()  # least recently used first
+        self.on_disk: OrderedDict[int, CachedPrompt] = OrderedDict()  # entries with a file
         self._index: dict[tuple[str | None, int], set[int]] = {}  # (scope, block hash) -> ids
         self._ids = itertools.count(1)
-        self.nbytes = 0
+        self.nbytes = self.disk_bytes = 0
         self.stats = CacheStats()
+        for path, header, size in disk.scan() if disk else ():
+            self._add(CachedPrompt(header["scope"], header["tokens"], None,
+                                   header["state_bytes"], path=path, disk_bytes=size))
 
     def __len__(self) -> int:
-        return len(self.entries)
+        return len(self.ram.keys() | self.on_disk.keys())
+
+    def _entry(self, entry_id: int) -> CachedPrompt:
+        return self.ram.get(entry_id) or self.on_disk[entry_id]
 
     def lookup(self, tokens: list[int], scope: str | None) -> tuple[CachedPrompt, int] | None:
         """The entry of `scope` sharing the longest prefix with `tokens`, and that prefix's
@@ -74,8 +89,10 @@ class PromptCache:
             found = ids
         if not found:
             return None
-        entry = self.entries[max(found)]  # ids grow with each put: the newest of equals
-        self.entries.move_to_end(entry.entry_id)
+        entry = self._entry(max(found))  # ids grow with each put: the newest of equals
+        for tier in (self.ram, self.on_disk):
+            if entry.entry_id in tier:
+                tier.move_to_end(entry.entry_id)
         return entry, common_prefix_len(entry.tokens, tokens)
 
     def holds(self, tokens: list[int], scope: str | None) -> bool:
@@ -91,21 +108,42 @@ class PromptCache:
         older = self.lookup(tokens, scope)
         if older is not None and older[1] == len(older[0].tokens):
             self.remove(older[0])
-        entry = CachedPrompt(scope, list(tokens), state, nbytes, next(self._ids),
-                             block_hashes(tokens))
-        self.entries[entry.entry_id] = entry
-        for h in entry.hashes:
-            self._index.setdefault((scope, h), set()).add(entry.entry_id)
-        self.nbytes += nbytes
+        self._add(CachedPrompt(scope, list(tokens), state, nbytes))
         self.stats.saves += 1
-        while self.nbytes > self.max_bytes:
-            self.remove(next(iter(self.entries.values())))
-            self.stats.evictions += 1
+
+    def load(self, entry: CachedPrompt) -> bool:
+        """Make sure the entry's state is in RAM (read from its file if need be); False if the
+        file turned out unsound (it is then deleted, and the entry forgotten)."""
+        if entry.state is not None:
+            return True
+        sound = self.disk.read(entry.path)
+        if sound is None or sound[1] and len(sound[1]) > self.max_bytes:
+            self.remove(entry)
+            return False
+        entry.state = sound[1]
+        self.stats.disk_reads += 1
+        self.ram[entry.entry_id] = entry
+        self.nbytes += entry.nbytes
+        self._trim_ram(keep=entry)
+        return True
+
+    def spill(self) -> int:
+        """Write every entry only in RAM to the disk tier (clean shutdown, unload)."""
+        if self.disk is None:
+            return 0
+        written = [e for e in list(self.ram.values()) if e.path is None and self._write(e)]
+        return len(written)
 
     def remove(self, entry: CachedPrompt) -> None:
-        if self.entries.pop(entry.entry_id, None) is None:
+        in_ram = self.ram.pop(entry.entry_id, None) is not None
+        on_disk = self.on_disk.pop(entry.entry_id, None) is not None
+        if not (in_ram or on_disk):
             return
-        self.nbytes -= entry.nbytes
+        if in_ram:
+            self.nbytes -= entry.nbytes
+        if on_disk:
+            self.disk_bytes -= entry.disk_bytes
+            entry.path.unlink(missing_ok=True)
         for h in entry.hashes:
             ids = self._index.get((entry.scope, h))
             if ids is not None:
@@ -114,8 +152,44 @@ class PromptCache:
                     del self._index[(entry.scope, h)]
 
     def drop_scope(self, scope: str) -> int:
-        """Forget everything a key cached (the key was removed); returns how many entries."""
-        gone = [e for e in self.entries.values() if e.scope == scope]
+        """Forget everything a key cached, files too (the key was removed); how many entries."""
+        gone = [e for e in [*self.ram.values(), *self.on_disk.values()] if e.scope == scope]
         for entry in gone:
             self.remove(entry)
-        return len(gone)
+        return len({e.entry_id for e in gone})
+
+    def _add(self, entry: CachedPrompt) -> None:
+        entry.entry_id, entry.hashes = next(self._ids), block_hashes(entry.tokens)
+        for h in entry.hashes:
+            self._index.setdefault((entry.scope, h), set()).add(entry.entry_id)
+        if entry.path is not None:
+            self.on_disk[entry.entry_id] = entry
+            self.disk_bytes += entry.disk_bytes
+        if entry.state is not None:
+            self.ram[entry.entry_id] = entry
+            self.nbytes += entry.nbytes
+            self._trim_ram(keep=entry)
+
+    def _trim_ram(self, keep: CachedPrompt) -> None:
+        """Least recently used first: to disk when there is a disk tier, else away."""
+        while self.nbytes > self.max_bytes:
+            oldest = next(e for e in self.ram.values() if e is not keep)
+            self.stats.evictions += 1
+            if oldest.path is None and not (self.disk and self._write(oldest)):
+                self.remove(oldest)
+                continue
+            del self.ram[oldest.entry_id]
+            self.nbytes -= oldest.nbytes
+            oldest.state = None
+
+    def _write(self, entry: CachedPrompt) -> bool:
+        written = self.disk.write(entry.scope, entry.tokens, entry.state)
+        if written is None:
+            return False
+        entry.path, entry.disk_bytes = written
+        self.on_disk[entry.entry_id] = entry
+        self.disk_bytes += entry.disk_bytes
+        self.stats.disk_writes += 1
+        while self.disk_bytes > self.disk.max_bytes and self.on_disk:
+            self.remove(next(iter(self.on_disk.values())))
+        return entry.entry_id in self.on_disk

@@ -195,7 +195,8 @@ class Scheduler:
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
         found = cache.lookup(tokens, req.cache_scope) if cache is not None else None
-        if found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE:
+        if (found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE
+                or not cache.load(found[0])):  # a file on disk that turned out unsound
             if cache is not None:
                 cache.stats.misses += 1
             return slot, keep, None

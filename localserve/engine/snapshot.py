@@ -60,12 +60,17 @@ class CacheView:
 class RamCacheView:
     max_bytes: int
     bytes: int
-    entries: int
+    entries: int  # in RAM
+    disk_max_bytes: int  # 0: no disk tier
+    disk_bytes: int
+    disk_entries: int
     hits: int
     misses: int
     saves: int
     evictions: int
     tokens_restored: int
+    disk_writes: int
+    disk_reads: int
 
 
 @dataclass(frozen=True)
@@ -141,8 +146,9 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
 def _ram_view(cache) -> RamCacheView | None:
     if cache is None:
         return None
-    return RamCacheView(cache.max_bytes, cache.nbytes, len(cache),
-                        **dataclasses.asdict(cache.stats))
+    return RamCacheView(cache.max_bytes, cache.nbytes, len(cache.ram),
+                        cache.disk.max_bytes if cache.disk else 0, cache.disk_bytes,
+                        len(cache.on_disk), **dataclasses.asdict(cache.stats))
 
 
 def _slot_view(slot, now: float) -> SlotView:

@@ -26,7 +26,7 @@ from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_
                                                  supports_gpu_offload)
 from localserve.engine.plan import StepPlan
 from localserve.engine.prompt_cache import PromptCache
-from localserve.engine.runner.states import read_sequence, write_sequence
+from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 
 log = logging.getLogger("localserve.llama")
 
@@ -193,9 +193,7 @@ class LlamaRunner:
         cleared, admitted ones copied from a sibling or restored from the cache, then trimmed
         to the prefix they keep."""
         for save in plan.saves:
-            state, size = read_sequence(self.ctx, save.slot_id)
-            if size and self.prompt_cache is not None:
-                self.prompt_cache.put(save.scope, save.tokens, state, size)
+            self.save_sequence(save.slot_id, save.scope, save.tokens)
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for admission in plan.admitted:
@@ -244,6 +242,17 @@ class LlamaRunner:
                          for slot_id, row in rows if self.logprob_n.get(slot_id) is not None}
         self.sample_seconds += time.perf_counter() - decoded
         return sampled
+
+    def save_sequence(self, slot_id: int, scope: str | None, tokens: list[int]) -> None:
+        """Put a slot's sequence (holding `tokens`) into the prompt cache."""
+        if self.prompt_cache is not None:
+            state, size = read_sequence(self.ctx, slot_id)
+            if size:
+                self.prompt_cache.put(scope, tokens, state, size)
+
+    def state_fingerprint(self) -> str:
+        return state_fingerprint(self.config.model_path, self.config.cache_type_k,
+                                 self.config.cache_type_v)
 
     def _restore(self, admission) -> None:
         entry = admission.restore
