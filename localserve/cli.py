@@ -74,6 +74,14 @@ def _up_parser(sub) -> None:
                        help="MiB of files under --state-dir for prompts the RAM cache evicts and "
                             "for all of them at shutdown, so conversations survive a restart "
                             "(default 0: off; the files hold prompts' state: mode 600)")
+    sched.add_argument("--spec", choices=["ngram", "off"],
+                       help="speculative decoding: ngram drafts each answer's next tokens from "
+                            "its own prompt and output (no draft model; output unchanged; faster "
+                            "on answers that copy text), off (default)")
+    sched.add_argument("--spec-type", dest="spec", choices=["ngram", "off"],
+                       type=lambda v: {"ngram-mod": "ngram", "ngram-simple": "ngram",
+                                       "none": "off"}.get(v, v),
+                       help="llama-server's spelling of --spec (ngram-mod, ngram-simple, none)")
     sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=["f16", "q8_0", "q4_0"],
                        help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
     sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=["f16", "q8_0", "q4_0"],
@@ -233,6 +241,7 @@ def run_usage(args: argparse.Namespace) -> int:
 
     folder = args.state_dir or os.environ.get("LOCALSERVE_STATE_DIR")
     path = (Path(folder) if folder else default_state_dir()) / "ledger.db"
+    print(f"ledger: {path}", file=sys.stderr)  # which server's rows these are
     try:
         since = since_seconds(args.since)
     except ValueError:

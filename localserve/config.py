@@ -28,6 +28,7 @@ class Settings:
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
+    spec: str = "off"  # speculative decoding: "ngram" (drafts from the request's own n-grams) or "off"
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
@@ -57,6 +58,7 @@ class Settings:
     body_timeout: float = 60.0  # seconds for a whole request body once its headers are in
     max_connections: int = 1000  # open connections; beyond, the slowest header-sender goes
     drain_timeout: float = 30.0
+    config: str | None = None  # the TOML file these settings were read from (SIGHUP rereads it)
     state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
     ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db
     web: bool = True  # the chat page at / and its conversations in <state-dir>
@@ -118,6 +120,7 @@ class Settings:
             (self.threads is None or self.threads >= 1, "-t/--threads", self.threads,
              "must be at least 1"),
             (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),
+            (self.spec in ("ngram", "off"), "--spec", self.spec, "must be ngram or off"),
             (self.scheduler in ("continuous", "static", "serial"), "--scheduler", self.scheduler,
              "must be continuous, static or serial"),
             (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl/--n-gpu-layers",

@@ -36,6 +36,11 @@ GROUPS = {"key": "key", "model": "model", "day": "date(ts, 'unixepoch', 'localti
 
 
 def default_state_dir() -> Path:
+    """Without --state-dir: systemd's StateDirectory= ($STATE_DIRECTORY, its first folder),
+    else the user's data folder."""
+    given = os.environ.get("STATE_DIRECTORY", "").split(":")[0]
+    if given:
+        return Path(given)
     base = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
     return Path(base) / "localserve"
 

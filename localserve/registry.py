@@ -31,7 +31,9 @@ from localserve.resources import GIB, OVERHEAD_BYTES
 from localserve.service import Service
 
 log = logging.getLogger("localserve.models")
-SWITCH_WAIT_S = 600.0  # longest a request waits for another model's requests to finish
+# Longest a request waits for another model's requests to finish before its model can be
+# loaded; meanwhile that model keeps serving its own requests. Past it: 503 + Retry-After.
+SWITCH_WAIT_S = 60.0
 
 
 @dataclass(eq=False)
@@ -40,7 +42,7 @@ class Entry:
     service: Service
     leases: int = 0  # requests that chose this model and are not yet in its engine
     last_busy: float = field(default_factory=time.monotonic)
-    closing: bool = False  # chosen to make room: new requests wait for the switch
+    closing: bool = False  # being unloaded to make room: new requests wait for the switch
     need_bytes: int | None = None  # estimated memory: weights + cache
 
     @property
@@ -154,15 +156,16 @@ class ModelRegistry:
                               f"GiB with its cache, but only {free_after / GIB:.2f} GiB would be "
                               f"free; the loaded models keep running.", "server_error",
                               code="insufficient_memory", param="model")
-        for victim in victims:
+        while any(v.busy for v in victims):  # their own requests are still served meanwhile
+            if time.monotonic() > deadline:
+                raise OpenAIError(503, f"'{entry.spec.name}' waited {SWITCH_WAIT_S:.0f} s for "
+                                  f"other models' requests to finish; retry shortly",
+                                  "server_error", code="model_switch_timeout",
+                                  headers={"Retry-After": "10"})
+            await asyncio.sleep(0.05)
+        for victim in victims:  # no await since the check above: none of them is busy
             victim.closing = True
         try:
-            while any(v.busy for v in victims):
-                if time.monotonic() > deadline:
-                    raise OpenAIError(503, f"'{entry.spec.name}' waits for other models' "
-                                      f"requests to finish; retry shortly", "server_error",
-                                      code="model_switch_timeout", headers={"Retry-After": "10"})
-                await asyncio.sleep(0.05)
             for victim in victims:
                 log.info("unloading %s to make room for %s", victim.spec.name, entry.spec.name)
                 await asyncio.to_thread(victim.service.unload)

@@ -21,6 +21,9 @@ from localserve.api.cors import origin_warnings
 from localserve.api.host_guard import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
+from localserve.private_state import private_dir
+from localserve.quotas import QuotaKeeper
+from localserve.settings_loader import from_toml
 from localserve.registry import ModelRegistry
 from localserve.service import Service
 
@@ -84,15 +87,34 @@ class DrainingServer(uvicorn.Server):
 
 def reload_keys(app, service: Service) -> None:
     """SIGHUP: read the key file again and swap the key checker in one assignment, so
-    requests in flight are untouched (Service.reload_keys audits the changes). A file that
-    cannot be read, or yields no key, keeps the old keys (fail closed)."""
+    requests in flight are untouched (Service.reload_keys audits the changes); then the
+    quotas from --config. A file that cannot be read, or yields no key, keeps the old keys
+    (fail closed); a config file that cannot be read keeps the old quotas."""
     try:
         service.reload_keys()
     except SettingsError as exc:
         log.error("SIGHUP: keeping the current keys: %s", exc)
+    else:
+        app.state.keys = KeyChecker(service.keys)
+        log.info("SIGHUP: %d keys loaded", len(service.keys))
+    reload_quotas(app, service.settings)
+
+
+def reload_quotas(app, settings: Settings) -> None:
+    if not settings.config:
         return
-    app.state.keys = KeyChecker(service.keys)
-    log.info("SIGHUP: %d keys loaded", len(service.keys))
+    try:
+        quotas = from_toml(settings.config).get("quotas", {})
+    except SettingsError as exc:
+        log.error("SIGHUP: keeping the current quotas: %s", exc)
+        return
+    keeper = app.state.quotas
+    if keeper is None:
+        app.state.quotas = keeper = QuotaKeeper({})
+    for name in sorted(keeper.quotas.keys() | quotas.keys()):
+        if keeper.quotas.get(name) != quotas.get(name):
+            log.info("SIGHUP: quota [%s] %s", name, quotas.get(name) or "removed")
+    keeper.quotas = quotas  # one assignment: holds already taken stay counted
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -113,6 +135,45 @@ def check_gguf(path) -> None:
         raise SettingsError(f"-m {path}: not a GGUF model file (it starts with {magic!r}, a GGUF "
                             f"file with b'GGUF'); download a .gguf file, or convert the model "
                             f"with llama.cpp's convert_hf_to_gguf.py")
+
+
+def check_state_dir(service: Service) -> None:
+    """The ledger, conversations and disk cache need a writable state folder: say so, naming
+    the folder and the flag, before the model loads (not as a model-loading error later)."""
+    s = service.settings
+    if not (s.ledger or s.web or s.cache_disk):
+        return
+    folder = service.state_dir()
+    try:
+        private_dir(folder)
+        probe = folder / ".write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise SettingsError(f"the state folder {folder} cannot be created or written "
+                            f"({exc.strerror or exc}): give a writable one with --state-dir (or "
+                            f"LOCALSERVE_STATE_DIR; under systemd, StateDirectory= sets "
+                            f"$STATE_DIRECTORY), or run with --no-ledger --no-web") from None
+
+
+def say_what_runs(settings: Settings, service: Service) -> None:
+    """One line each: where the page and the API are, who may use them, with what quotas,
+    and where the state lives."""
+    log.info("listening on http://%s:%d/v1", settings.host, settings.port)
+    if settings.web:
+        host = "localhost" if is_loopback(settings.host) else settings.host
+        log.info("chat page: http://%s:%d/ (for colleagues: this machine's address)", host,
+                 settings.port)
+    roles = [role for _, role in service.keys.values()]
+    if roles:
+        admins = sorted(name for name, role in service.keys.values() if role == "admin")
+        log.info("keys: %d loaded, %d admin%s%s", len(roles), len(admins),
+                 "" if len(admins) == 1 else "s", f" ({', '.join(admins)})" if admins else "")
+    for name, quota in sorted(settings.quotas.items()):
+        limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
+        log.info("quota [%s]: %s", name, limits)
+    if settings.ledger or settings.web or settings.cache_disk:
+        log.info("state folder: %s", service.state_dir())
 
 
 def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
@@ -136,6 +197,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))
         check_port_free(settings.host, settings.port)
+        check_state_dir(service)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
@@ -146,7 +208,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol,
                             **({} if plain_uvicorn_logs else {"log_config": None}))
-    log.info("listening on http://%s:%d/v1", settings.host, settings.port)
+    say_what_runs(settings, service)
     if service.keys_enabled and hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_keys(app, service))
     server = DrainingServer(config, service)

@@ -187,7 +187,8 @@ class Service:
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
-                                       prompt_cache=self.prompt_cache)
+                                       prompt_cache=self.prompt_cache,
+                                       speculative=s.spec == "ngram")
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self._open_state()

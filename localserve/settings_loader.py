@@ -139,6 +139,7 @@ def load_settings(cli: Mapping[str, Any], environ: Mapping[str, str] | None = No
     values: dict = {}
     if config_path:
         values.update(from_toml(config_path))
+        values["config"] = config_path
     values.update(from_env(environ))
     for name, value in cli.items():
         if name == "models":  # --model NAME=PATH adds to (or replaces) the TOML's [models.*]

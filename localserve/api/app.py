@@ -11,8 +11,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from localserve.api import (routes_admin, routes_embeddings, routes_native, routes_openai,
-                            routes_web)
+from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, routes_native,
+                            routes_openai, routes_web)
 from localserve.api.admission import limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS
@@ -62,6 +62,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_native.router, dependencies=guarded)
+    app.include_router(routes_anthropic.router, dependencies=guarded)
     app.include_router(routes_embeddings.router, dependencies=guarded)
     app.include_router(routes_embeddings.bare_router, dependencies=guarded, include_in_schema=False)
     if settings.web:
@@ -84,14 +85,17 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
     return app
 
 
-def _error(exc: OpenAIError) -> JSONResponse:
-    return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
+    """OpenAI's error shape, or Anthropic's on the Messages API's paths."""
+    anthropic = request is not None and request.url.path.startswith("/v1/messages")
+    body = routes_anthropic.anthropic_error(exc) if anthropic else exc.body()
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def openai_error(_: Request, exc: OpenAIError):
-        return _error(exc)
+    async def openai_error(request: Request, exc: OpenAIError):
+        return _error(exc, request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
@@ -99,7 +103,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         if request.method == "POST" and "json" not in content_type:
             return _error(OpenAIError(400, f"The body must be JSON sent with 'content-type: "
                                       f"application/json' (this request said "
-                                      f"'{content_type or 'nothing'}')."))
+                                      f"'{content_type or 'nothing'}')."), request)
         problems, param = [], None
         for err in exc.errors():
             if err.get("type") == "json_invalid":  # loc holds a byte offset, not a field
@@ -111,7 +115,8 @@ def _install_error_handlers(app: FastAPI) -> None:
             param = param or where or None
             msg = str(err.get("msg")).removeprefix("Value error, ")
             problems.append(f"{where}: {msg}" if where else msg)
-        return _error(OpenAIError(400, "Invalid request: " + "; ".join(problems), param=param))
+        return _error(OpenAIError(400, "Invalid request: " + "; ".join(problems), param=param),
+                      request)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
@@ -125,9 +130,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         elif exc.status_code == 405:
             allowed = (exc.headers or {}).get("Allow", "another method")
             message += f" (this path accepts {allowed})"
-        return _error(OpenAIError(exc.status_code, message, kind, headers=exc.headers))
+        return _error(OpenAIError(exc.status_code, message, kind, headers=exc.headers), request)
 
     @app.exception_handler(Exception)
-    async def unexpected(_: Request, exc: Exception):
+    async def unexpected(request: Request, exc: Exception):
         log.exception("unhandled error")
-        return _error(OpenAIError(500, f"internal server error: {exc!r}", "server_error"))
+        return _error(OpenAIError(500, f"internal server error: {exc!r}", "server_error"), request)

@@ -43,7 +43,7 @@ def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
     if not path.is_file():
         raise SettingsError(f"--api-key-file {path}: no such file")
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = _settled_bytes(path).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise SettingsError(f"--api-key-file {path}: not UTF-8 text (byte {exc.start}); save it "
                             f"as UTF-8") from None
@@ -69,6 +69,20 @@ def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
                             f"refusing to start without the authentication it was meant to give. "
                             f"Add lines 'name:key'.")
     return keys
+
+
+def _settled_bytes(path: Path, tries: int = 20) -> bytes:
+    """The file's bytes once two reads 50 ms apart agree: a SIGHUP sent while an editor is
+    rewriting the file in place must not load half of it (and lock out the other half)."""
+    data = path.read_bytes()
+    for _ in range(tries):
+        time.sleep(0.05)
+        again = path.read_bytes()
+        if again == data:
+            return data
+        data = again
+    raise SettingsError(f"--api-key-file {path}: it kept changing while being read; send "
+                        f"SIGHUP again once it is saved")
 
 
 class KeyChecker:

@@ -9,14 +9,14 @@ import json
 import time
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import hold_quota, lease
 from localserve.api.routes_openai import submit
-from localserve.api.schemas import MAX_MESSAGES, ChatMessage, OpenAIError, _Sampling
+from localserve.api.schemas import ChatMessage, OpenAIError, _Sampling, refuse_too_many_messages
 from localserve.engine.request import FinishReason
 
 router = APIRouter()
@@ -57,7 +57,9 @@ class DetokenizeBody(BaseModel):
 
 class TemplateBody(BaseModel):
     model: str | None = None
-    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(..., min_length=1)
+
+    _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
 
 async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:

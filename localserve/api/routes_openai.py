@@ -103,19 +103,31 @@ async def get_model(model: str, request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     # With one model, every `model` name is answered by it (many tools hard-code
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
-    hold_quota(request)
-    async with lease(request, body.model) as service:
-        tools = await run_in_threadpool(structured.tool_setup, service, body)
-        if tools is not None:
-            messages, grammar, plan = tools
-        else:
-            messages, plan = [m.as_template_dict() for m in body.messages], None
-            grammar = await run_in_threadpool(structured.request_grammar, service, body)
-        tokens = await prompt.chat_prompt(service, messages)
-        stream = submit(request, service, tokens, body, grammar, "/v1/chat/completions")
+    service, stream, plan = await start_chat(request, body, "/v1/chat/completions")
     reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
                   piece=service.runner.piece)
     return await reply.respond(stream, request)
+
+
+async def chat_tokens(service: Service, body: ChatCompletionRequest):
+    """(prompt tokens, grammar, tool plan) of a chat request: tools or response_format become
+    a grammar, the messages go through the template (worker threads: see prompt.py)."""
+    tools = await run_in_threadpool(structured.tool_setup, service, body)
+    if tools is not None:
+        messages, grammar, plan = tools
+    else:
+        messages, plan = [m.as_template_dict() for m in body.messages], None
+        grammar = await run_in_threadpool(structured.request_grammar, service, body)
+    return await prompt.chat_prompt(service, messages), grammar, plan
+
+
+async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):
+    """Admit and queue a chat request: (its model's service, its streams, its tool plan). The
+    one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
+    hold_quota(request)
+    async with lease(request, body.model) as service:
+        tokens, grammar, plan = await chat_tokens(service, body)
+        return service, submit(request, service, tokens, body, grammar, endpoint), plan
 
 
 @router.post("/completions")

@@ -50,6 +50,7 @@ UNSUPPORTED = {
     "web_search_options": (None,), "n_probs": (None, 0), "mirostat": (None, 0),
     "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0), "dry_multiplier": (None, 0, 0.0),
     "xtc_probability": (None, 0, 0.0), "samplers": (None,), "lora": (None, []),
+    "suffix": (None, ""), "best_of": (None, 1),
 }
 
 
@@ -214,10 +215,22 @@ MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 MAX_MESSAGES = 4096
 
 
+def refuse_too_many_messages(data):
+    """Before any message is validated: more than MAX_MESSAGES is refused at once."""
+    if isinstance(data, dict) and isinstance(data.get("messages"), list) \
+            and len(data["messages"]) > MAX_MESSAGES:
+        raise OpenAIError(400, f"{len(data['messages'])} messages: at most {MAX_MESSAGES} are "
+                          f"accepted (far more turns than a slot's context holds)",
+                          code="context_length_exceeded", param="messages")
+    return data
+
+
 class ChatCompletionRequest(_Sampling):
-    messages: list[ChatMessage] = Field(..., min_length=1, max_length=MAX_MESSAGES)
+    messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
     @model_validator(mode="after")
     def _top_needs_logprobs(self):

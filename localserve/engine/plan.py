@@ -17,6 +17,8 @@ class SeqChunk:
     tokens: list[int]
     start_pos: int
     sample: bool  # logits for the last token are wanted: a token is sampled for this row
+    drafts: int = 0  # the last `drafts` tokens are speculative: every row from the first
+    # token on is sampled, while each sampled token equals the next draft (drafts.py)
 
 
 @dataclass(frozen=True)
@@ -56,7 +58,7 @@ class StepPlan:
 
     @property
     def num_decode_rows(self) -> int:
-        return sum(1 for c in self.chunks if len(c.tokens) == 1 and c.sample
+        return sum(1 for c in self.chunks if len(c.tokens) - c.drafts == 1 and c.sample
                    and c.start_pos >= c.request.num_prompt_tokens)
 
     def __bool__(self) -> bool:

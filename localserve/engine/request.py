@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from localserve.engine.detokenize import IncrementalDetokenizer
+from localserve.engine.drafts import NgramDrafter
 
 _ids = itertools.count(1)
 
@@ -116,6 +117,7 @@ class Request:
     # n > 1: the first choice; this one waits until that one's prompt is in cache, then
     # copies it (llama_memory_seq_cp) instead of computing it again.
     prefix_of: Request | None = None
+    drafter: NgramDrafter | None = None  # speculative decoding: its n-gram index (drafts.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -35,20 +35,22 @@ import time
 from collections import Counter
 
 from localserve.engine.interfaces import Vocab
-from localserve.engine.plan import Admission, SeqChunk, SlotSave, StepPlan
-from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache
+from localserve.engine.plan import Admission, SeqChunk, StepPlan
+from localserve.engine.prompt_cache import CachedPrompt, PromptCache
+from localserve.engine.reuse import LessWork
 from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats
 from localserve.engine.request import FinishReason, Request, RequestStatus, TokenEvent
-from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState
+from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
 
 
-class Scheduler:
+class Scheduler(LessWork):
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
-                 prefill_budget: int | None = None, prompt_cache: PromptCache | None = None):
+                 prefill_budget: int | None = None, prompt_cache: PromptCache | None = None,
+                 speculative: bool = False):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
@@ -67,6 +69,7 @@ class Scheduler:
         self.held: list[Request] = []  # n > 1 siblings waiting for their first choice's prompt
         # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
         self.prompt_cache = None if pool.unified else prompt_cache
+        self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -145,6 +148,7 @@ class Scheduler:
                 break
             n_running += 1
             budget -= admitted
+        self._add_drafts(plan, budget)
         return plan
 
     admits_midway = True  # continuous batching: join the running batch at any step
@@ -188,30 +192,6 @@ class Scheduler:
             return 0
         self._assign(plan, self.waiting.take(req), slot, keep, source, restore)
         return self._add_chunk(plan, slot, min(budget, self._room(plan)))
-
-    def _cached_prefix(self, req: Request, slot: Slot,
-                       keep: int) -> tuple[Slot, int, CachedPrompt | None]:
-        """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
-        tokens at least) is restored into the least recently used idle slot instead."""
-        cache, tokens = self.prompt_cache, req.all_tokens
-        found = cache.lookup(tokens, req.cache_scope) if cache is not None else None
-        if (found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE
-                or not cache.load(found[0])):  # a file on disk that turned out unsound
-            if cache is not None:
-                cache.stats.misses += 1
-            return slot, keep, None
-        entry, shared = found
-        cache.stats.hits += 1
-        cache.stats.tokens_restored += min(shared, len(tokens) - 1)
-        return self.pool.lru_idle(), min(shared, len(tokens) - 1), entry
-
-    def _save(self, plan: StepPlan, slot: Slot) -> None:
-        """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it
-        is too short, or kept already)."""
-        cache = self.prompt_cache
-        if cache is None or slot.n_cached < BLOCK or cache.holds(slot.cached, slot.cache_scope):
-            return
-        plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
@@ -338,19 +318,28 @@ class Scheduler:
         return done
 
     # ---- after the decode ----------------------------------------------------------
-    def update(self, plan: StepPlan, sampled: dict[int, int]) -> list[tuple[Request, TokenEvent]]:
+    def update(self, plan: StepPlan,
+               sampled: dict[int, int | list[int]]) -> list[tuple[Request, TokenEvent]]:
+        """`sampled`: a token per sampled row; for a drafted chunk, the drafts that held and
+        the token sampled after them (see drafts.py)."""
         self._count(plan)
         events = []
         for chunk in plan.chunks:
             slot = self.pool.slots[chunk.slot_id]
             if slot.request is not chunk.request:
                 continue  # aborted while the step ran
-            slot.cached.extend(chunk.tokens)
             if chunk.start_pos < chunk.request.num_prompt_tokens:
                 self.stats.prompt_tokens_computed += min(
                     len(chunk.tokens), chunk.request.num_prompt_tokens - chunk.start_pos)
-            if chunk.sample:
-                events.append((chunk.request, self._accept_or_fail(slot, sampled[chunk.slot_id])))
+            if not chunk.sample:
+                slot.cached.extend(chunk.tokens)
+                continue
+            tokens = self._take_sampled(chunk, sampled[chunk.slot_id])
+            slot.cached.extend(self._kept_in_cache(chunk, tokens))
+            for token in tokens:
+                events.append((chunk.request, self._accept_or_fail(slot, token)))
+                if slot.request is not chunk.request:
+                    break  # it ended there: tokens drafted past its end never reach the client
         return events
 
     def _accept_or_fail(self, slot: Slot, token: int) -> TokenEvent:

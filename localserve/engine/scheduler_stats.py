@@ -22,6 +22,8 @@ class SchedulerStats:
     prompt_tokens_computed: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
+    draft_tokens: int = 0  # speculative drafts put into batches
+    draft_tokens_accepted: int = 0  # of those, drafts the model agreed with (kept)
 
 
 class PreemptionWatch:

@@ -91,6 +91,8 @@ class EngineCounters:
     prompt_tokens_computed: int
     prefix_cache_queries: int
     prefix_cache_hits: int
+    draft_tokens: int  # speculative decoding: drafts put into batches
+    draft_tokens_accepted: int  # and kept
     busy_s: float
     llama_decode_s: float
     sampling_s: float
@@ -138,7 +140,8 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             share_preemptions=stats.share_preemptions,
             prompt_tokens_computed=stats.prompt_tokens_computed,
             prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits, busy_s=round(loop.busy_seconds, 3),
+            prefix_cache_hits=stats.prefix_cache_hits, draft_tokens=stats.draft_tokens,
+            draft_tokens_accepted=stats.draft_tokens_accepted, busy_s=round(loop.busy_seconds, 3),
             llama_decode_s=round(getattr(loop.runner, "decode_seconds", 0.0), 3),
             sampling_s=round(getattr(loop.runner, "sample_seconds", 0.0), 3)))
 

@@ -1,7 +1,9 @@
 """The ONLY place that calls llama.cpp (llama_cpp's low-level ctypes API); nothing outside
 this package imports llama_cpp.
 
-    core.py        LlamaRunner: the generating context, one batch per step, sampling, grammars
+    core.py        LlamaRunner: the generating context, one batch per step
+    sampling.py    each row with its slot's sampler chain, grammars, drafted rows accepted
+    states.py      a sequence's cache state out and back in (the prompt cache)
     embeddings.py  Embedder: a second context on the same model for /v1/embeddings
     model_file.py  set-up, GGUF facts without loading, memory needs, cache types
     rpc.py         llama.cpp's RPC backend: workers, and registering them as devices

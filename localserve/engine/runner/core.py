@@ -8,34 +8,28 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import math
 import os
 import threading
 import time
 
 import llama_cpp as C
 import numpy as np
-from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localserve.engine.errors import CacheFull, DecodeError
 from localserve.engine.interfaces import RunnerConfig
-from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs
-from localserve.engine.request import SamplingParams
+from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
-from localserve.engine.plan import StepPlan
+from localserve.engine.plan import SeqChunk, StepPlan
 from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 
 log = logging.getLogger("localserve.llama")
 
-# The most one whole-vocabulary grammar pass may take (see grammar_error): a JSON schema's
-# grammar takes a few milliseconds here, 1,500 alternatives of `[0-9]* "#I"` over 500.
-MAX_GRAMMAR_PASS_S = 0.05
 
-
-class LlamaRunner:
+class LlamaRunner(Sampling):
     def __init__(self, config: RunnerConfig):
         self.config = config
         _quiet_llama()
@@ -209,7 +203,7 @@ class LlamaRunner:
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
         batch = self.batch
-        rows: list[tuple[int, int]] = []
+        rows: list[tuple[SeqChunk, int]] = []  # each sampled chunk and its first sampled row
         i = 0
         for chunk in plan.chunks:
             pos = chunk.start_pos
@@ -221,9 +215,10 @@ class LlamaRunner:
                 batch.logits[i] = 0
                 pos += 1
                 i += 1
-            if chunk.sample:
-                batch.logits[i - 1] = 1
-                rows.append((chunk.slot_id, i - 1))
+            if chunk.sample:  # the last token's row, and each draft's (drafts.py)
+                for row in range(i - 1 - chunk.drafts, i):
+                    batch.logits[row] = 1
+                rows.append((chunk, i - 1 - chunk.drafts))
         batch.n_tokens = i
         started = time.perf_counter()
         rc = C.llama_decode(self.ctx, batch)
@@ -236,10 +231,11 @@ class LlamaRunner:
                 C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
             raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
                               f"from {len(plan.chunks)} sequences")
-        sampled = {slot_id: self._sample(slot_id, row) for slot_id, row in rows}
-        self.logprobs = {slot_id: log_probs(self._row_logits(row), sampled[slot_id],
-                                            self.logprob_n[slot_id])
-                         for slot_id, row in rows if self.logprob_n.get(slot_id) is not None}
+        sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
+                   else self._sample(chunk.slot_id, row) for chunk, row in rows}
+        self.logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id],
+                                              self.logprob_n[c.slot_id])
+                         for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
         self.sample_seconds += time.perf_counter() - decoded
         return sampled
 
@@ -261,126 +257,6 @@ class LlamaRunner:
             C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
             self.prompt_cache.remove(entry)
             raise DecodeError(f"could not restore a cached prompt of {len(entry.tokens)} tokens")
-
-    def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
-        """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist.
-        Penalties see the history (prompt, plus output so far for a preempted request)."""
-        old = self.samplers.pop(slot_id, None)
-        if old is not None:
-            C.llama_sampler_free(old)
-        chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
-        add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
-        if p.penalized:
-            add(C.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
-                                               p.frequency_penalty, p.presence_penalty))
-        if p.greedy:
-            add(C.llama_sampler_init_greedy())
-        else:
-            if p.top_k > 0:
-                add(C.llama_sampler_init_top_k(p.top_k))
-            if p.top_p < 1.0:
-                add(C.llama_sampler_init_top_p(p.top_p, 1))
-            if p.min_p > 0.0:
-                add(C.llama_sampler_init_min_p(p.min_p, 1))
-            add(C.llama_sampler_init_temp(p.temperature))
-            seed = C.LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
-            add(C.llama_sampler_init_dist(seed))
-        if p.penalized:
-            for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:
-                C.llama_sampler_accept(chain, token)
-        self.samplers[slot_id] = chain
-
-    # ---- grammar-constrained sampling (never inside the chain) -------------------------
-    # llama.cpp aborts the whole process if a grammar accepts a token it forbids, or accepts
-    # end-of-generation before it is complete. So a token reaches llama_sampler_accept(grammar)
-    # only after _allows() said yes, and end-of-generation never reaches it at all.
-
-    def grammar_error(self, gbnf: str) -> str | None:
-        """None if llama.cpp can parse this GBNF (root rule 'root') and constraining a token
-        with it is cheap enough, else why not. A grammar's cost is paid on the engine loop for
-        every refused token, while everyone else's stream waits: one that costs more than
-        MAX_GRAMMAR_PASS_S over the whole vocabulary (timed from its start, best of two) is
-        refused. Runs on an HTTP worker thread, so it uses its own candidate array."""
-        grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
-        if not grammar:
-            return "llama.cpp could not parse the grammar"
-        try:
-            cost = min(self._grammar_pass_seconds(grammar) for _ in range(2))
-        finally:
-            C.llama_sampler_free(grammar)
-        if cost > MAX_GRAMMAR_PASS_S:
-            return (f"constraining one token with this grammar takes {cost * 1000:.0f} ms; the "
-                    f"limit is {MAX_GRAMMAR_PASS_S * 1000:.0f} ms (simplify its alternatives)")
-        return None
-
-    def _grammar_pass_seconds(self, grammar) -> float:
-        candidates = (C.llama_token_data * self.n_vocab)()
-        np.frombuffer(candidates, dtype=CANDIDATE)["id"] = np.arange(self.n_vocab)
-        arr = C.llama_token_data_array(candidates, self.n_vocab, -1, False)
-        started = time.perf_counter()
-        C.llama_sampler_apply(grammar, ctypes.byref(arr))
-        return time.perf_counter() - started
-
-    @staticmethod
-    def json_schema_grammar(schema_json: str) -> str:
-        """GBNF for a JSON schema (llama-cpp-python's converter; raises on what it rejects).
-        Strings may not hold raw control characters: JSON forbids them."""
-        gbnf = json_schema_to_gbnf(schema_json)
-        return gbnf.replace(r'char ::= [^"\\]', r'char ::= [^"\\\x00-\x1F\x7F]')
-
-    def _new_grammar(self, slot_id: int, gbnf: str | None, generated: list[int]) -> None:
-        """A fresh grammar state, advanced over the tokens generated so far (after a
-        preemption): never the prompt, which the grammar does not describe."""
-        old = self.grammars.pop(slot_id, None)
-        if old is not None:
-            C.llama_sampler_free(old)
-        if gbnf is None:
-            return
-        grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
-        if not grammar:
-            raise DecodeError("the request's grammar no longer parses")
-        self.grammars[slot_id] = grammar
-        for token in generated:
-            if not self.is_eog(token) and self._allows(grammar, token):
-                C.llama_sampler_accept(grammar, token)
-
-    def _allows(self, grammar, token: int) -> bool:
-        one = self._one
-        one[0].id, one[0].logit, one[0].p = token, 0.0, 0.0
-        arr = C.llama_token_data_array(one, 1, -1, False)
-        C.llama_sampler_apply(grammar, ctypes.byref(arr))
-        return math.isfinite(one[0].logit)
-
-    def _sample(self, slot_id: int, row: int) -> int:
-        """Sample this row's token. With a grammar, as llama.cpp's common_sampler_sample does:
-        sample freely, check only that token against the grammar, and only when it is
-        refused apply the grammar to the whole vocabulary and sample again."""
-        chain, grammar = self.samplers[slot_id], self.grammars.get(slot_id)
-        if grammar is None:
-            return C.llama_sampler_sample(chain, self.ctx, row)
-        token = self._apply_chain(chain, row, grammar=None)
-        if not self._allows(grammar, token):
-            token = self._apply_chain(chain, row, grammar=grammar)
-            if not self._allows(grammar, token):  # the grammar allows nothing: end the answer
-                log.warning("slot %d: the grammar allows no next token; ending the answer", slot_id)
-                return C.llama_vocab_eos(self.vocab)
-        C.llama_sampler_accept(chain, token)
-        if not self.is_eog(token):
-            C.llama_sampler_accept(grammar, token)
-        return token
-
-    def _apply_chain(self, chain, row: int, grammar) -> int:
-        fill_candidates(self._candidate_view, self._row_logits(row))
-        arr = C.llama_token_data_array(self._candidates, self.n_vocab, -1, False)
-        if grammar is not None:
-            C.llama_sampler_apply(grammar, ctypes.byref(arr))
-        C.llama_sampler_apply(chain, ctypes.byref(arr))
-        if not 0 <= arr.selected < arr.size:
-            raise DecodeError(f"the sampler chose no token for slot row {row}")
-        return arr.data[arr.selected].id
-
-    def _row_logits(self, row: int) -> np.ndarray:
-        return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     def embedder(self, own_pooling: bool = False):
         """The /v1/embeddings context on this model, made on first use (its cache costs

@@ -1,0 +1,182 @@
+#!/usr/bin/env python3
+"""Office-shaped traffic against localserve and llama.cpp's llama-server (same llama.cpp, same
+model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
+
+  doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document,
+        8 at a time; each asks a question, then two follow-ups in the same conversation, every
+        colleague's next turn coming after all the others have had theirs (more conversations
+        than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
+        first token (p50), prompt tokens reused.
+  copy  "rewrite this code exactly, adding a comment" at concurrency 1 and 4: output tok/s
+        (what speculative decoding is for); llama-server also with --spec-type ngram-mod.
+
+    .venv/bin/python scripts/bench_office.py --workload doc|copy [--rounds 3] \
+        [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]
+
+Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import RunningServer  # noqa: E402
+
+from localserve.config import resolve_model  # noqa: E402
+
+SPLIT = ("-c", "32768", "-np", "8")
+WORDS = ("invoice supplier warehouse schedule budget contract clause delivery quarterly "
+         "forecast tender audit payroll reimbursement inventory compliance margin freight "
+         "customs deadline revision approval signature").split()
+QUESTIONS = ("What is this document about?", "Which dates does it mention?",
+             "Summarise the second paragraph.")
+CODE = "\n".join(f"def step_{i}(values, factor):\n    total = 0\n    for value in values:\n"
+                 f"        total = total + value * factor + {i}\n    return total\n"
+                 for i in range(6))
+
+
+def document(colleague: int) -> str:
+    rng = random.Random(colleague)
+    paragraphs = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(11)]
+    return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
+
+
+async def turn(client, url, messages) -> tuple[float, str, dict]:
+    """One streamed answer: (time to first token, text, usage)."""
+    body = {"messages": messages, "max_tokens": 32, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start, first, text, usage = time.perf_counter(), None, [], {}
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = choice["delta"].get("content")
+                if piece:
+                    first = first or time.perf_counter() - start
+                    text.append(piece)
+    return first or time.perf_counter() - start, "".join(text), usage
+
+
+async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8) -> dict:
+    chats = [[{"role": "system", "content": document(c)}] for c in range(colleagues)]
+    followup_ttft, prompt, cached, turns = [], 0, 0, 0
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=900) as client:
+        started = time.perf_counter()
+        for round_no, question in enumerate(QUESTIONS):
+            async def one(chat):
+                nonlocal prompt, cached, turns
+                async with gate:
+                    chat.append({"role": "user", "content": question})
+                    ttft, text, usage = await turn(client, url, chat)
+                    chat.append({"role": "assistant", "content": text})
+                    turns += 1
+                    prompt += usage.get("prompt_tokens", 0)
+                    cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    if round_no:
+                        followup_ttft.append(ttft)
+            await asyncio.gather(*(one(chat) for chat in chats))
+        wall = time.perf_counter() - started
+    return {"turns_per_min": turns / wall * 60, "followup_ttft_p50_s": statistics.median(followup_ttft),
+            "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
+
+
+async def copy_workload(url: str, concurrency: int, requests: int = 8) -> dict:
+    body = {"messages": [{"role": "user", "content": "Rewrite this code exactly, adding a "
+                          "comment above each function:\n" + CODE}],
+            "max_tokens": 256, "temperature": 0}
+    gate, tokens = asyncio.Semaphore(concurrency), 0
+    async with httpx.AsyncClient(timeout=900) as client:
+        async def one():
+            nonlocal tokens
+            async with gate:
+                r = await client.post(url + "/v1/chat/completions", json=body)
+                tokens += r.json()["usage"]["completion_tokens"]
+        await one()  # warm-up, not counted
+        tokens, started = 0, time.perf_counter()
+        await asyncio.gather(*(one() for _ in range(requests)))
+        return {"tok_s": tokens / (time.perf_counter() - started), "completion_tokens": tokens}
+
+
+def servers(args) -> dict[str, list[str] | None]:
+    """name -> extra arguments (None marks llama-server)."""
+    out = {"localserve": ["up", *args.localserve_args.split()]}
+    if args.llama_server:
+        out["llama-server"] = []
+        if args.workload == "copy":
+            out["llama-server ngram-mod"] = ["--spec-type", "ngram-mod"]
+    return out
+
+
+def start(name: str, extra: list[str], args) -> RunningServer:
+    common = (*SPLIT, "-t", str(args.threads))
+    if name.startswith("llama-server"):
+        return RunningServer("-m", str(resolve_model(None)), *common, *extra,
+                             log_name="office-llama", program=[args.llama_server]).wait_ready(300)
+    return RunningServer(*common, *extra[1:], log_name="office-local",
+                         program=[sys.executable, "-m", "localserve", extra[0]]).wait_ready(300)
+
+
+def run_once(name, extra, args) -> dict:
+    srv = start(name, extra, args)
+    try:
+        if args.workload == "doc":
+            return asyncio.run(doc_workload(srv.url))
+        return {f"c{c}": asyncio.run(copy_workload(srv.url, c))["tok_s"] for c in (1, 4)}
+    finally:
+        srv.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workload", choices=["doc", "copy"], default="doc")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--llama-server", help="path to llama-server (scripts/build-llama-server)")
+    ap.add_argument("--localserve-args", default="", help="extra flags for localserve up")
+    ap.add_argument("--out", default="bench-out/office.json")
+    args = ap.parse_args()
+    sides = servers(args)
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    for round_no in range(args.rounds):
+        order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
+        for name, extra in order:
+            results[name].append(run_once(name, extra, args))
+            print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
+    keys = [k for k in results["localserve"][0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
+    print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
+    for name, runs in results.items():
+        cells = [f"{k} {statistics.median(r[k] for r in runs):.2f} "
+                 f"({min(r[k] for r in runs):.2f}-{max(r[k] for r in runs):.2f})" for k in keys]
+        if "cached_tokens" in runs[0]:
+            cells.append(f"reused {statistics.median(r['cached_tokens'] for r in runs):.0f} of "
+                         f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
+        print(f"  {name:24s} " + "; ".join(cells))
+    for peer in [n for n in results if n != "localserve"]:
+        for k in keys:
+            ratios = [a[k] / b[k] for a, b in zip(results["localserve"], results[peer])]
+            print(f"  localserve / {peer} {k}: {statistics.median(ratios):.2f}x "
+                  f"({min(ratios):.2f}-{max(ratios):.2f})")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
