@@ -188,7 +188,8 @@ class Service:
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
                                        prompt_cache=self.prompt_cache,
-                                       speculative=s.spec == "ngram")
+                                       speculative=s.spec == "ngram",
+                                       draft_max_streams=32 if supports_gpu_offload() else 4)
             self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
                                          self.runner.eos_text)
             self._open_state()

@@ -9,9 +9,13 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         first token (p50), prompt tokens reused.
   copy  "rewrite this code exactly, adding a comment" at concurrency 1 and 4: output tok/s
         (what speculative decoding is for); llama-server also with --spec-type ngram-mod.
+  chat  ordinary chat (short questions, 32-256-token answers, 24 requests) at concurrency 8:
+        output tok/s (what nothing may lose: compare localserve sides with and without a flag).
 
     .venv/bin/python scripts/bench_office.py --workload doc|copy [--rounds 3] \
-        [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]
+        [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
+
+Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
@@ -34,6 +38,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RunningServer  # noqa: E402
 
+from localserve import bench  # noqa: E402
 from localserve.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -116,7 +121,8 @@ async def copy_workload(url: str, concurrency: int, requests: int = 8) -> dict:
 
 def servers(args) -> dict[str, list[str] | None]:
     """name -> extra arguments (None marks llama-server)."""
-    out = {"localserve": ["up", *args.localserve_args.split()]}
+    out = {("localserve " + flags).strip(): ["up", *flags.split()]
+           for flags in args.localserve_args or [""]}
     if args.llama_server:
         out["llama-server"] = []
         if args.workload == "copy":
@@ -138,6 +144,10 @@ def run_once(name, extra, args) -> dict:
     try:
         if args.workload == "doc":
             return asyncio.run(doc_workload(srv.url))
+        if args.workload == "chat":
+            jobs = bench.make_workload(24, 7, (10, 60), (32, 256))
+            asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
+            return {"tok_s": asyncio.run(bench.run_level(srv.url, jobs, 8)).output_tok_s}
         return {f"c{c}": asyncio.run(copy_workload(srv.url, c))["tok_s"] for c in (1, 4)}
     finally:
         srv.stop()
@@ -145,11 +155,12 @@ def run_once(name, extra, args) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["doc", "copy"], default="doc")
+    ap.add_argument("--workload", choices=["doc", "copy", "chat"], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--llama-server", help="path to llama-server (scripts/build-llama-server)")
-    ap.add_argument("--localserve-args", default="", help="extra flags for localserve up")
+    ap.add_argument("--localserve-args", action="append",
+                    help="flags for a localserve side (repeat for several sides)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     sides = servers(args)
@@ -159,7 +170,8 @@ def main() -> int:
         for name, extra in order:
             results[name].append(run_once(name, extra, args))
             print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
-    keys = [k for k in results["localserve"][0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
+    first = next(iter(results))
+    keys = [k for k in results[first][0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
     for name, runs in results.items():
         cells = [f"{k} {statistics.median(r[k] for r in runs):.2f} "
@@ -168,10 +180,10 @@ def main() -> int:
             cells.append(f"reused {statistics.median(r['cached_tokens'] for r in runs):.0f} of "
                          f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
         print(f"  {name:24s} " + "; ".join(cells))
-    for peer in [n for n in results if n != "localserve"]:
+    for peer in [n for n in results if n != first]:
         for k in keys:
-            ratios = [a[k] / b[k] for a, b in zip(results["localserve"], results[peer])]
-            print(f"  localserve / {peer} {k}: {statistics.median(ratios):.2f}x "
+            ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]
+            print(f"  {first} / {peer} {k}: {statistics.median(ratios):.2f}x "
                   f"({min(ratios):.2f}-{max(ratios):.2f})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))

@@ -50,7 +50,7 @@ class Scheduler(LessWork):
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
                  prefill_budget: int | None = None, prompt_cache: PromptCache | None = None,
-                 speculative: bool = False):
+                 speculative: bool = False, draft_max_streams: int = 4):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
@@ -70,6 +70,7 @@ class Scheduler(LessWork):
         # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
         self.prompt_cache = None if pool.unified else prompt_cache
         self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
+        self.draft_max_streams = draft_max_streams  # drafts only while this few decode
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
