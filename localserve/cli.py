@@ -32,6 +32,9 @@ def _up_parser(sub) -> None:
                        help="models loaded at once; others load on demand (default: as memory allows)")
     model.add_argument("--idle-unload", dest="idle_unload", type=float,
                        help="unload a model idle this many seconds (default 0: never)")
+    model.add_argument("--model-switch-timeout", dest="model_switch_timeout", type=float,
+                       help="seconds a request for another model waits for the loaded one's "
+                            "requests before a 503 (default 60); the loaded model keeps serving")
     model.add_argument("--memory-budget", dest="memory_budget",
                        help="cap on the loaded models' memory, e.g. 6G (default: free memory)")
     model.add_argument("--alias", dest="model_alias", help="model id to report in /v1/models")

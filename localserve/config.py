@@ -68,6 +68,7 @@ class Settings:
     models_dir: str | None = None  # every .gguf in it, named by file stem
     max_loaded_models: int | None = None  # None: as many as memory allows
     idle_unload: float = 0.0  # seconds idle before a model is unloaded; 0 = never
+    model_switch_timeout: float = 60.0  # most a request waits for another model's requests
     memory_budget: str | None = None  # cap on loaded models' estimated memory, e.g. 6G
     memory_check: bool = True
 
@@ -158,6 +159,8 @@ class Settings:
             (self.max_loaded_models is None or self.max_loaded_models >= 1,
              "--max-loaded-models", self.max_loaded_models, "must be at least 1"),
             (self.idle_unload >= 0, "--idle-unload", self.idle_unload, "must be 0 (never) or more"),
+            (self.model_switch_timeout > 0, "--model-switch-timeout", self.model_switch_timeout,
+             "must be more than 0"),
         ]
         for ok, flag, value, why in checks:
             if not ok:

@@ -31,9 +31,6 @@ from localserve.resources import GIB, OVERHEAD_BYTES
 from localserve.service import Service
 
 log = logging.getLogger("localserve.models")
-# Longest a request waits for another model's requests to finish before its model can be
-# loaded; meanwhile that model keeps serving its own requests. Past it: 503 + Retry-After.
-SWITCH_WAIT_S = 60.0
 
 
 @dataclass(eq=False)
@@ -79,6 +76,9 @@ class ModelRegistry:
         self.max_loaded = s.max_loaded_models
         self.budget = parse_size(s.memory_budget) if s.memory_budget else None
         self.idle_unload = s.idle_unload
+        # Longest a request waits for another model's requests to finish before its model can
+        # be loaded; meanwhile that model keeps serving its own. Past it: 503 + Retry-After.
+        self.switch_timeout = s.model_switch_timeout
         self._switch_lock: asyncio.Lock | None = None  # one load or unload at a time
 
     @property
@@ -133,7 +133,7 @@ class ModelRegistry:
             entry.last_busy = time.monotonic()
 
     async def _ensure_loaded(self, entry: Entry) -> None:
-        deadline = time.monotonic() + SWITCH_WAIT_S
+        deadline = time.monotonic() + self.switch_timeout
         while not (entry.loaded and not entry.closing):
             if entry.state == "loading":  # the start-up load, or another request's, under way
                 await asyncio.to_thread(entry.service.loaded.wait, 1.0)
@@ -158,7 +158,7 @@ class ModelRegistry:
                               code="insufficient_memory", param="model")
         while any(v.busy for v in victims):  # their own requests are still served meanwhile
             if time.monotonic() > deadline:
-                raise OpenAIError(503, f"'{entry.spec.name}' waited {SWITCH_WAIT_S:.0f} s for "
+                raise OpenAIError(503, f"'{entry.spec.name}' waited {self.switch_timeout:g} s for "
                                   f"other models' requests to finish; retry shortly",
                                   "server_error", code="model_switch_timeout",
                                   headers={"Retry-After": "10"})

@@ -34,7 +34,8 @@ def test_a_switch_waits_at_most_its_timeout_and_the_loaded_model_keeps_serving(t
         def want_b():
             started = time.monotonic()
             answers["b"] = complete("b")
-            answers["b_s"] = time.monotonic() - started
+            answers["b_at"] = time.monotonic()
+            answers["b_s"] = answers["b_at"] - started
 
         reader = threading.Thread(target=long_stream)
         reader.start()
@@ -51,4 +52,5 @@ def test_a_switch_waits_at_most_its_timeout_and_the_loaded_model_keeps_serving(t
     assert answers["b"].status_code == 503, answers["b"].text
     assert answers["b"].json()["error"]["code"] == "model_switch_timeout"
     assert answers["b_s"] < 60  # bounded by the 3 s timeout, with room for a busy machine
-    assert served_meanwhile  # requests for a were answered during the pending switch
+    # requests for a were answered while the switch was pending, not queued behind it
+    assert served_meanwhile and served_meanwhile[0] < answers["b_at"]

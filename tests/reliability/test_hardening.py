@@ -237,3 +237,23 @@ def test_a_shutdown_during_embeddings_never_crashes_the_process():
         assert code == 0, f"exit {code}:\n{srv.log()[-2000:]}"
         if isinstance(result.get("r"), httpx.Response):
             assert result["r"].status_code in (200, 503), result["r"].text[:300]
+
+
+def test_slow_bodies_are_evicted_by_the_connection_cap():
+    """40 sockets that sent complete headers and then trickle their bodies (well inside the
+    60 s body deadline) cannot shut out a normal client at --max-connections 16."""
+    with running("-c", "512", "-np", "1", "-t", "2", "--max-connections", "16",
+                 log_name="slow-bodies") as srv:
+        slow = []
+        try:
+            for _ in range(40):
+                s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+                s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
+                          b"application/json\r\nContent-Length: 1000000\r\n\r\n{")
+                slow.append(s)
+            for _ in range(5):
+                assert httpx.get(srv.url + "/health", timeout=30).status_code == 200
+        finally:
+            for s in slow:
+                s.close()
+        assert "closed the connection waiting longest" in srv.log()
