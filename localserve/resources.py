@@ -34,6 +34,9 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
         gain = needs["f16_bytes_per_token"] / needs["kv_bytes_per_token"]
         summary += (f"; cache K {settings.cache_type_k} / V {settings.cache_type_v}: "
                     f"{gain:.2f}x the tokens an f16 cache fits in the same memory")
+    if settings.cache_ram:  # filled only as slots are overwritten, and never past this
+        ram_tier = min(settings.cache_ram * 1024 ** 2, free // 4)
+        summary += f"; prompt cache in RAM up to {ram_tier / GIB:.2f} GiB (--cache-ram)"
     if host_bytes <= free:
         return summary
     room = free - OVERHEAD_BYTES - needs["model_bytes"]

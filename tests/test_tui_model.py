@@ -54,3 +54,18 @@ def test_every_model_and_its_state_is_kept_for_the_header():
                                    {"id": "coder", "status": {"value": "unloaded"}}]}
     view = Tracker().update(body, METRICS.format(gen=0, b1=0, b2=0), now=1.0)
     assert view.models == [("chat", "loaded"), ("coder", "unloaded")]
+
+
+def test_prompt_cache_hit_rate_and_drafts_kept_come_from_the_metrics():
+    extra = ("# TYPE localserve:prompt_cache_hits counter\nlocalserve:prompt_cache_hits_total 3\n"
+             "# TYPE localserve:prompt_cache_misses counter\nlocalserve:prompt_cache_misses_total 1\n"
+             "# TYPE localserve:prompt_cache_bytes gauge\nlocalserve:prompt_cache_bytes 2048\n"
+             "# TYPE localserve:spec_decode_num_draft_tokens counter\n"
+             "localserve:spec_decode_num_draft_tokens_total 10\n"
+             "# TYPE localserve:spec_decode_num_accepted_tokens counter\n"
+             "localserve:spec_decode_num_accepted_tokens_total 7\n")
+    view = Tracker().update(slots(1), METRICS.format(gen=0, b1=0, b2=0) + extra, now=1.0)
+    assert view.cache_hit_rate == pytest.approx(0.75) and view.cache_bytes == 2048
+    assert view.drafts_kept == pytest.approx(0.7)
+    plain = Tracker().update(slots(1), METRICS.format(gen=0, b1=0, b2=0), now=1.0)
+    assert plain.cache_hit_rate is None and plain.drafts_kept is None

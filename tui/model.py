@@ -81,6 +81,10 @@ class View:
     mem_available: float = 0.0
     usage_today: list[dict] = field(default_factory=list)  # ledger rows by key (what the key may see)
     models: list[tuple[str, str]] = field(default_factory=list)  # (id, state) of every model offered
+    # the prompt cache beyond the slots and speculative drafts, when the server has them
+    cache_hit_rate: float | None = None  # admissions restoring a prefix from the cache
+    cache_bytes: float = 0.0
+    drafts_kept: float | None = None  # share of speculative drafts the model agreed with
 
 
 class Tracker:
@@ -130,6 +134,7 @@ class Tracker:
         view.rss_bytes = m.get("localserve:process_resident_memory_bytes", 0.0)
         view.mem_total = m.get("localserve:system_memory_total_bytes", 0.0)
         view.mem_available = m.get("localserve:system_memory_available_bytes", 0.0)
+        _less_work(view, m)
         self._last = (now, generated, view.preemptions, decoded)
         return view
 
@@ -138,6 +143,18 @@ class Tracker:
         oldest = dict(self._history[0][1]) if self._history else {}
         delta = [(le, count - oldest.get(le, 0.0)) for le, count in current]
         return histogram_quantile(0.5, delta), histogram_quantile(0.95, delta)
+
+
+def _less_work(view: View, m: dict) -> None:
+    """Hit rate of the prompt cache and the share of drafts kept, since the server started."""
+    hits = m.get("localserve:prompt_cache_hits_total")
+    if hits is not None:
+        looked_up = hits + m.get("localserve:prompt_cache_misses_total", 0.0)
+        view.cache_hit_rate = hits / looked_up if looked_up else 0.0
+        view.cache_bytes = m.get("localserve:prompt_cache_bytes", 0.0)
+    drafted = m.get("localserve:spec_decode_num_draft_tokens_total", 0.0)
+    if drafted:
+        view.drafts_kept = m.get("localserve:spec_decode_num_accepted_tokens_total", 0.0) / drafted
 
 
 def _backend_text(props: dict | None) -> str:

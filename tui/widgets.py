@@ -111,6 +111,11 @@ class SystemPanel(Static):
         text = Text(f"server CPU {view.cpu_percent:.0f}% of {view.cpu_count} cores   "
                     f"RSS {human_bytes(view.rss_bytes)}   "
                     f"machine memory {human_bytes(used)} / {human_bytes(view.mem_total)}")
+        if view.cache_hit_rate is not None:
+            text.append(f"\nprompt cache: {view.cache_hit_rate:.0%} of admissions restored, "
+                        f"{human_bytes(view.cache_bytes)} in RAM")
+            if view.drafts_kept is not None:
+                text.append(f"   drafts kept {view.drafts_kept:.0%}")
         if view.usage_today:  # from the ledger: plain Text, key names are never markup
             text.append("\ntokens today: " + ", ".join(
                 f"{r['key']} {r['prompt_tokens'] + r['completion_tokens']}"
