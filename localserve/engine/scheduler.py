@@ -26,6 +26,7 @@ one step for a slot whatever one colleague has running.
 The prompt cache (prompt_cache.py, split mode): a sequence a slot is about to lose (overwritten
 by an admission, or preempted) is saved first (StepPlan.saves); an admission whose longest
 cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
+Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left (reuse.py).
 """
 
 from __future__ import annotations
@@ -288,7 +289,8 @@ class Scheduler(LessWork):
     def _preempt_slot(self, plan: StepPlan, slot: Slot, for_share: bool) -> None:
         """Drop a running sequence's cache and put its request back in the queue: at the very
         head when the cache ran short, at the head of its own user's turn when it made room
-        for another user. Its prompt and output so far are recomputed on re-admission."""
+        for another user. Its prompt and output so far are saved to the prompt cache when there
+        is one (restored on re-admission), else recomputed."""
         req = slot.request
         self._log_preemption(slot, for_share)
         self._save(plan, slot)  # swapped out: restored instead of recomputed on re-admission
