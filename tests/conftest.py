@@ -71,6 +71,15 @@ class RunningServer:
         self._log.close()
 
 
+def key_file(folder: Path, *lines: str) -> Path:
+    """`folder/keys.txt` holding `name:key[:role]` lines, readable by its owner only (as the
+    server wants it)."""
+    path = folder / "keys.txt"
+    path.write_text("".join(line + "\n" for line in lines))
+    path.chmod(0o600)
+    return path
+
+
 def wait_for(condition, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
     """Poll `condition` until it returns something truthy (returned), or fail at the deadline.
     The only way tests wait: never a fixed sleep."""

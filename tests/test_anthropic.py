@@ -2,13 +2,12 @@
 streamed answers agree, a tool round trip, count_tokens, errors in Anthropic's shape, and the
 office's keys, quotas and ledger apply as to chat completions."""
 
-import json
 import sqlite3
 
 import anthropic
 import pytest
 
-from conftest import running, wait_for
+from conftest import key_file, running, wait_for
 
 KEY = "anthropic-key-0123456789"
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -19,9 +18,7 @@ WEATHER = {"name": "get_weather", "description": "Current weather of a city",
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
     state = tmp_path_factory.mktemp("anthropic-state")
-    keys = state / "keys.txt"
-    keys.write_text(f"agent:{KEY}:user\n")
-    keys.chmod(0o600)
+    keys = key_file(state, f"agent:{KEY}:user")
     with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
                  "--state-dir", str(state), log_name="anthropic") as server:
         server.state = state

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from conftest import ROOT, RunningServer, running, wait_for
+from conftest import ROOT, RunningServer, key_file, running, wait_for
 from localserve.ledger import Ledger, usage
 
 ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
@@ -22,9 +22,7 @@ ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
 @pytest.fixture(scope="module")
 def office_files(tmp_path_factory):
     folder = tmp_path_factory.mktemp("team")
-    keys = folder / "keys.txt"
-    keys.write_text(f"alice:{ALICE}\nbob:{BOB}:user\nroot:{ROOT_KEY}:admin\n")
-    keys.chmod(0o600)
+    keys = key_file(folder, f"alice:{ALICE}", f"bob:{BOB}:user", f"root:{ROOT_KEY}:admin")
     config = folder / "localserve.toml"
     config.write_text("[quotas.alice]\nmax_concurrent = 1\n[quotas.carol]\ntokens_per_day = 200\n")
     return folder, keys, config

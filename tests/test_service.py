@@ -9,7 +9,7 @@ import sys
 
 import httpx
 
-from conftest import ROOT, RunningServer, free_port, wait_for
+from conftest import ROOT, RunningServer, free_port, key_file, wait_for
 from localserve.config import resolve_model
 
 UNIT = ROOT / "examples" / "localserve.service"
@@ -24,9 +24,7 @@ def exec_start() -> list[str]:
 
 def shipped_args(tmp_path, **overrides) -> list[str]:
     """The unit's arguments with its paths mapped into tmp_path (and loopback, a free port)."""
-    keys = tmp_path / "keys.txt"
-    keys.write_text("alice:alice-key-0123456789:admin\n")
-    keys.chmod(0o600)
+    keys = key_file(tmp_path, "alice:alice-key-0123456789:admin")
     config = tmp_path / "office.toml"
     config.write_text("[quotas.alice]\ntokens_per_day = 100000\n")
     mapping = {"/etc/localserve/keys.txt": str(keys), "/etc/localserve/office.toml": str(config),

@@ -45,6 +45,22 @@ def error_payload(event: TokenEvent) -> dict:
                       "param": None, "code": str(event.finish_reason)}}
 
 
+def failure(event: TokenEvent) -> OpenAIError | None:
+    """The error a finished-by-failure event is answered with (one rule for every API shape):
+    a queue timeout is a 503 to retry, an engine error a 500."""
+    if event.finish_reason is FinishReason.TIMEOUT:
+        return OpenAIError(503, event.error, "server_error", code="queue_timeout",
+                           headers={"Retry-After": "2"})
+    if event.finish_reason is FinishReason.ERROR:
+        return OpenAIError(500, event.error or "generation failed", "server_error")
+    return None
+
+
+def ignored_header(names: list[str]) -> dict | None:
+    """X-Ignored-Fields naming body fields nobody defines (none: no header)."""
+    return {"X-Ignored-Fields": header_list(names)} if names else None
+
+
 async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
     """A non-streaming client that hangs up should free its slot too (streams notice by
     themselves: sse-starlette cancels their generator)."""
@@ -71,8 +87,7 @@ class Reply:
 
     async def respond(self, stream: ChoiceStreams, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
-        headers = {"X-Ignored-Fields": header_list(self.body.ignored_fields)} \
-            if self.body.ignored_fields else None
+        headers = ignored_header(self.body.ignored_fields)
         if not self.body.stream:
             return JSONResponse(await self.collect(stream, request), headers=headers)
         try:
@@ -169,11 +184,8 @@ class Reply:
                 parts[i].append(event.text)
                 if event.logprobs:
                     found[i].append(event.logprobs)
-                if event.finish_reason is FinishReason.TIMEOUT:
-                    raise OpenAIError(503, event.error, "server_error", code="queue_timeout",
-                                      headers={"Retry-After": "2"})
-                if event.finish_reason is FinishReason.ERROR:
-                    raise OpenAIError(500, event.error or "generation failed", "server_error")
+                if (failed := failure(event)) is not None:
+                    raise failed
                 if event.finished:
                     last[i] = event
         finally:

@@ -14,6 +14,7 @@ message_stop, ping). Errors come in Anthropic's error shape (see app.py).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 
@@ -23,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from localserve.api.admission import lease
-from localserve.api.replies import cancel_on_disconnect, header_list
+from localserve.api.replies import cancel_on_disconnect, failure, ignored_header
 from localserve.api.routes_openai import chat_tokens, start_chat
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError
 from localserve.api.structured import parse_tool_answer
@@ -167,7 +168,7 @@ async def messages(body: MessagesRequest, request: Request):
     chat = as_chat(body)
     service, stream, plan = await start_chat(request, chat, "/v1/messages")
     message = MessageReply(service.model_id, stream.requests[0].num_prompt_tokens, plan)
-    headers = {"X-Ignored-Fields": header_list(sorted(body.model_extra))} if body.model_extra else None
+    headers = ignored_header(sorted(body.model_extra or {}))
     if not body.stream:
         return JSONResponse(await message.collect(stream, request), headers=headers)
     try:
@@ -207,23 +208,13 @@ class MessageReply:
                 "usage": {"input_tokens": self.input_tokens, "output_tokens": output_tokens,
                           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
 
-    @staticmethod
-    def _failed(event) -> OpenAIError | None:
-        if event.finish_reason is FinishReason.TIMEOUT:
-            return OpenAIError(503, event.error, "server_error", code="queue_timeout")
-        if event.finish_reason is FinishReason.ERROR:
-            return OpenAIError(500, event.error or "generation failed", "server_error")
-        return None
-
     async def collect(self, stream, request: Request) -> dict:
-        import asyncio
-
         parts, last = [], None
         watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
         try:
             async for _, event in stream:
                 parts.append(event.text)
-                if (failed := self._failed(event)) is not None:
+                if (failed := failure(event)) is not None:
                     raise failed
                 if event.finished:
                     last = event
@@ -246,7 +237,7 @@ class MessageReply:
         try:
             yield self._event("message_start", message=self._message([], None, 0))
             async for _, event in stream:
-                if (failed := self._failed(event)) is not None:
+                if (failed := failure(event)) is not None:
                     yield {"event": "error", "data": json.dumps(anthropic_error(failed))}
                     return
                 if event.text and self.tools is not None:

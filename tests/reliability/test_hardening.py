@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import running, wait_for
+from conftest import key_file, running, wait_for
 
 ALICE, BOB, ROOT_KEY, CAROL = ("alice-key-000111", "bob-key-000222", "root-key-000333",
                                "carol-key-000444")
@@ -25,10 +25,8 @@ def auth(key):
 @pytest.fixture(scope="module")
 def office(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hard")
-    keys = folder / "keys.txt"
-    keys.write_text(f"alice:{ALICE}:user\nbob:{BOB}:user\nroot:{ROOT_KEY}:admin\n"
-                    f"carol:{CAROL}:user\n")
-    keys.chmod(0o600)
+    keys = key_file(folder, f"alice:{ALICE}:user", f"bob:{BOB}:user", f"root:{ROOT_KEY}:admin",
+                    f"carol:{CAROL}:user")
     config = folder / "localserve.toml"
     config.write_text("[quotas.alice]\nmax_concurrent = 2\n[quotas.carol]\ntokens_per_day = 1500\n")
     state = folder / "state"
