@@ -34,8 +34,8 @@ class TooLarge(ValueError):
 
 
 class Conversations:
-    def __init__(self, state_dir: Path):
-        self.path = private_file(private_dir(state_dir) / "conversations.db")
+    def __init__(self, state_dir: Path, file_name: str = "conversations.db"):
+        self.path = private_file(private_dir(state_dir) / file_name)
         self._db = sqlite3.connect(self.path, check_same_thread=False, timeout=5)
         if self._db.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:  # deletes give space back
             self._db.execute("PRAGMA auto_vacuum = INCREMENTAL")

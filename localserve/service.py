@@ -61,6 +61,7 @@ class Service:
         self.key_metrics = KeyUsageMetrics(self.key_registry)
         self.ledger: Ledger | None = None
         self.conversations: Conversations | None = None  # the web page's, per key
+        self.responses: Conversations | None = None  # the Responses API's stored answers
         self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
         self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
         self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
@@ -272,11 +273,14 @@ class Service:
         """The ledger and the web page's conversations: opened once, by the owning Service."""
         if self.shared is not None:
             self.ledger, self.conversations = self.shared.ledger, self.shared.conversations
+            self.responses = self.shared.responses
             return
         s = self.settings
         state_dir = self.state_dir()
         if s.web and self.conversations is None:
             self.conversations = Conversations(state_dir)
+        if self.responses is None:
+            self.responses = Conversations(state_dir, "responses.db")
         if s.ledger and self.ledger is None:
             self.ledger = Ledger(state_dir)
             log.info("ledger: %s", self.ledger.path)

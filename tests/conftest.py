@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import sqlite3
 import time
 from pathlib import Path
 
@@ -78,6 +79,16 @@ def key_file(folder: Path, *lines: str) -> Path:
     path.write_text("".join(line + "\n" for line in lines))
     path.chmod(0o600)
     return path
+
+
+def ledger_rows(state_dir: Path, endpoint: str) -> list[tuple]:
+    """(key, prompt_tokens, completion_tokens) of the ledger's rows for one endpoint."""
+    db = sqlite3.connect(f"file:{state_dir / 'ledger.db'}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT key, prompt_tokens, completion_tokens FROM requests "
+                          "WHERE endpoint = ?", (endpoint,)).fetchall()
+    finally:
+        db.close()
 
 
 def wait_for(condition, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):

@@ -2,12 +2,11 @@
 streamed answers agree, a tool round trip, count_tokens, errors in Anthropic's shape, and the
 office's keys, quotas and ledger apply as to chat completions."""
 
-import sqlite3
 
 import anthropic
 import pytest
 
-from conftest import key_file, running, wait_for
+from conftest import key_file, ledger_rows, running, wait_for
 
 KEY = "anthropic-key-0123456789"
 WEATHER = {"name": "get_weather", "description": "Current weather of a city",
@@ -96,14 +95,5 @@ def test_errors_come_in_anthropics_shape(srv, client):
 
 def test_the_ledger_counts_messages_requests(srv, client):
     message = client.messages.create(**ask())
-
-    def rows():
-        db = sqlite3.connect(f"file:{srv.state / 'ledger.db'}?mode=ro", uri=True)
-        try:
-            return db.execute("SELECT key, prompt_tokens, completion_tokens FROM requests "
-                              "WHERE endpoint = '/v1/messages'").fetchall()
-        finally:
-            db.close()
-
     row = ("agent", message.usage.input_tokens, message.usage.output_tokens)
-    wait_for(lambda: row in rows(), what="this request's ledger row")
+    wait_for(lambda: row in ledger_rows(srv.state, "/v1/messages"), what="this request's ledger row")

@@ -145,6 +145,37 @@ def test_parallel_calls_stream_with_indexes_0_and_1():
     assert [p["function"]["name"] for p in parts] == ["get_weather", "get_time"]
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_tool_answer_cut_by_max_tokens_never_leaks_the_format(srv, stream):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    ask = dict(model="any", messages=[{"role": "user", "content": "Weather in Paris?"}],
+               tools=[WEATHER], tool_choice="required", max_tokens=8, temperature=0)
+    if stream:
+        chunks = list(client.chat.completions.create(**ask, stream=True))
+        content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        finish = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+    else:
+        choice = client.chat.completions.create(**ask).choices[0]
+        content, finish = choice.message.content or "", choice.finish_reason
+        assert choice.message.tool_calls is None  # 8 tokens complete no call
+    assert finish == "length" and content == ""
+
+
+def test_a_cut_answer_gives_what_it_completed():
+    from localserve.api.structured import ToolPlan, parse_tool_answer
+
+    auto = ToolPlan(allow_text_response=True)
+    whole = '{"name": "get_time", "arguments": {"zone": "UTC"}}'
+    content, calls = parse_tool_answer('{"tool_calls": [' + whole + ', {"name": "get_w', auto)
+    assert content is None and [c["function"]["name"] for c in calls] == ["get_time"]
+    assert parse_tool_answer('{ "tool_calls":', auto) == (None, [])
+    assert parse_tool_answer('{"response": "Hello \\"wor', auto) == ('Hello "wor', [])
+    assert parse_tool_answer('{"response": "caf\\u00', auto) == ("caf", [])
+    assert parse_tool_answer('{"respo', auto) == (None, [])
+
+
 def test_openai_parse_and_instructor_get_validated_objects(srv):
     import instructor
     from openai import OpenAI

@@ -26,7 +26,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
 from localserve.api.schemas import OpenAIError, _Sampling
-from localserve.api.structured import ToolPlan, parse_tool_answer
+from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import FinishReason, TokenEvent
 
@@ -170,7 +170,8 @@ class Reply:
         if content:
             yield self._chunk([self._delta(i, {"content": content})]), finish
         for index, call in enumerate(calls):
-            yield self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})]), "tool_calls"
+            yield (self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})]),
+                   tool_finish(finish, bool(calls)))
 
     # ---- one response ------------------------------------------------------------------
     async def collect(self, stream: ChoiceStreams, request: Request) -> dict:
@@ -209,7 +210,7 @@ class Reply:
             content, calls = parse_tool_answer(text, self.tools)
             message["content"] = content
             if calls:
-                message["tool_calls"], finish = calls, "tool_calls"
+                message["tool_calls"], finish = calls, tool_finish(finish, bool(calls))
         return {"index": index, "message": message, "logprobs": shaped, "finish_reason": finish}
 
 

@@ -27,7 +27,7 @@ from localserve.api.admission import lease
 from localserve.api.replies import cancel_on_disconnect, failure, ignored_header
 from localserve.api.routes_openai import chat_tokens, start_chat
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError
-from localserve.api.structured import parse_tool_answer
+from localserve.api.structured import parse_tool_answer, tool_finish
 from localserve.engine.request import FinishReason
 
 router = APIRouter(prefix="/v1")
@@ -224,7 +224,7 @@ class MessageReply:
         if last is None or last.finish_reason is FinishReason.ABORT:
             raise OpenAIError(499, "the client closed the request", code="client_closed")
         blocks, called = self._blocks("".join(parts))
-        reason = "tool_use" if called else STOP_REASONS.get(str(last.finish_reason), "end_turn")
+        reason = STOP_REASONS.get(tool_finish(str(last.finish_reason), called), "end_turn")
         return self._message(blocks, reason, last.completion_tokens, last.cached_tokens)
 
     @staticmethod
@@ -261,7 +261,7 @@ class MessageReply:
                         for piece in self._block_events(index, block):
                             yield piece
                         index += 1
-                reason = "tool_use" if called else STOP_REASONS.get(str(event.finish_reason), "end_turn")
+                reason = STOP_REASONS.get(tool_finish(str(event.finish_reason), called), "end_turn")
                 yield self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": None},
                                   usage={"output_tokens": event.completion_tokens})
                 yield self._event("message_stop")

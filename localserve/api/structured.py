@@ -17,6 +17,7 @@ the schema converter's refusals, llama.cpp's own grammar parser (a grammar it ca
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; llama-server crashes on deep ones
 MAX_GRAMMAR_BYTES = 64 * 1024
 MAX_TOOLS = 64
+MAX_CALLS_PER_ANSWER = 8
 
 
 @dataclass(frozen=True)
@@ -149,8 +151,9 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
         schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
                  "minItems": 1}
-    if body.parallel_tool_calls is False:
-        call_list["maxItems"] = 1
+    # One list of calls, then the answer ends: a weak model would otherwise repeat a call
+    # until max_tokens.
+    call_list["maxItems"] = 1 if body.parallel_tool_calls is False else MAX_CALLS_PER_ANSWER
     answer = {"type": "object", "properties": {"tool_calls": call_list}, "required": ["tool_calls"]}
     auto = choice in (None, "auto")
     if auto:
@@ -177,17 +180,53 @@ def tool_prompt(tools, auto: bool) -> str:
 
 
 def parse_tool_answer(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]]:
-    """(content, tool_calls) from the constrained JSON answer. Text that does not parse (the
-    answer was cut by max_tokens) is returned as content, unchanged."""
+    """(content, tool_calls) from the constrained JSON answer. An answer cut by max_tokens
+    gives the calls it completed, or the text so far of its {"response": ...}: the JSON
+    format itself never reaches the client."""
     try:
         answer = json.loads(text)
     except ValueError:
-        return text, []
+        return _salvage(text)
     if isinstance(answer, dict) and "tool_calls" in answer:
-        return None, [{"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-                       "function": {"name": call["name"],
-                                    "arguments": json.dumps(call["arguments"])}}
-                      for call in answer["tool_calls"]]
+        return None, [_call(call) for call in answer["tool_calls"]]
     if plan.allow_text_response and isinstance(answer, dict) and "response" in answer:
         return answer["response"], []
     return text, []
+
+
+def tool_finish(finish: str, called: bool) -> str:
+    """'tool_calls' when the answer called tools, unless it was cut ('length' stays: the
+    client must know the list may be incomplete)."""
+    return "tool_calls" if called and finish != "length" else finish
+
+
+def _call(call: dict) -> dict:
+    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+
+
+CUT_CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')
+CUT_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
+
+
+def _salvage(text: str) -> tuple[str | None, list[dict]]:
+    """What a cut answer completed: each whole call of a cut list, or a cut response's text."""
+    if found := CUT_CALLS.match(text):
+        calls, at, decoder = [], found.end(), json.JSONDecoder()
+        while True:
+            at = len(text) - len(text[at:].lstrip(" \t\n\r,"))
+            try:
+                call, at = decoder.raw_decode(text, at)
+            except ValueError:
+                break
+            if isinstance(call, dict) and {"name", "arguments"} <= call.keys():
+                calls.append(_call(call))
+        return None, calls
+    if found := CUT_RESPONSE.match(text):
+        rest = text[found.end():]
+        for cut in range(len(rest), max(len(rest) - 8, -1), -1):  # a cut escape, or '"' + '}'
+            try:
+                return json.loads('"' + rest[:cut] + '"'), []
+            except ValueError:
+                continue
+    return None, []

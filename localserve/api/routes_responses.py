@@ -1,0 +1,404 @@
+"""OpenAI's Responses API (POST /v1/responses, GET/DELETE /v1/responses/{id},
+POST /v1/responses/input_tokens) for the agent SDKs that speak it: a thin adapter. The body is
+translated into a chat completion request and goes through the same admission, template,
+grammar and engine path (routes_openai.start_chat); only the shapes differ:
+
+    instructions + input items (messages, function_call,   ->  chat messages (system, tool
+    function_call_output)                                      calls, tool role)
+    tools (function), tool_choice, text.format             ->  tools, tool_choice, response_format
+    max_output_tokens, previous_response_id                ->  max_tokens, the earlier turns
+    the answer                                             ->  message and function_call items,
+                                                               status completed / incomplete
+Stored responses (`store`, the default) live per key in <state-dir>/responses.db, kept like the
+page's conversations (conversations.py: bounded per key); another key's id is a 404.
+Streaming sends the typed events (response.created ... response.completed) in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sse_starlette.sse import EventSourceResponse
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api.admission import lease
+from localserve.api.replies import cancel_on_disconnect, failure, ignored_header
+from localserve.api.routes_openai import chat_tokens, start_chat
+from localserve.api.schemas import ChatCompletionRequest, OpenAIError
+from localserve.api.structured import ToolPlan, parse_tool_answer
+from localserve.conversations import TooLarge
+from localserve.engine.request import FinishReason
+
+router = APIRouter(prefix="/v1")
+# Fields that would change the answer and this server cannot honour: refused by name.
+REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
+TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+class ResponsesRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[dict] = Field(..., min_length=1)
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, ge=0.0, le=1.0)
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool | None = None
+    text: dict | None = None
+    reasoning: dict | None = None
+    stream: bool = False
+    store: bool = True
+    previous_response_id: str | None = None
+    metadata: dict | None = None
+    user: str | None = None
+    # Accepted, they do not change the answer: which extra fields to include, the tier...
+    include: list[str] | None = None
+    truncation: str | None = None
+
+
+def _owner(request: Request) -> str:
+    return getattr(request.state, "user", None) or "local"
+
+
+def _text(content, where: str) -> str:
+    """A string, or text parts joined; images and files are refused by name."""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content if isinstance(content, list) else [content]:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind not in TEXT_PARTS and kind != "refusal":
+            raise OpenAIError(400, f"{where}: parts of type {kind!r} are not supported: this "
+                              f"server's model reads text only", param=where)
+        parts.append(str(part.get("text", part.get("refusal", ""))))
+    return "".join(parts)
+
+
+def input_messages(items: str | list[dict]) -> list[dict]:
+    """Input items as chat messages: function_call items join the assistant turn before them
+    as its tool_calls; function_call_output items become 'tool' messages."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    out: list[dict] = []
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        kind = item.get("type", "message") if isinstance(item, dict) else None
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "system", "developer", "assistant"):
+                raise OpenAIError(400, f"{where}.role must be user, system, developer or "
+                                  f"assistant", param=f"{where}.role")
+            out.append({"role": role, "content": _text(item.get("content", ""), where)})
+        elif kind == "function_call":
+            call = {"id": str(item.get("call_id", "")), "type": "function", "function": {
+                "name": str(item.get("name", "")), "arguments": str(item.get("arguments", "{}"))}}
+            if not (out and out[-1]["role"] == "assistant"):
+                out.append({"role": "assistant", "content": ""})
+            out[-1].setdefault("tool_calls", []).append(call)
+        elif kind == "function_call_output":
+            out.append({"role": "tool", "tool_call_id": str(item.get("call_id", "")),
+                        "content": _text(item.get("output", ""), where)})
+        elif kind != "reasoning":  # earlier reasoning is not sent back to the model
+            raise OpenAIError(400, f"{where}: items of type {kind!r} are not supported",
+                              param=where)
+    return out
+
+
+def _tools(body: ResponsesRequest) -> dict:
+    if not body.tools:
+        return {}
+    tools = []
+    for i, tool in enumerate(body.tools):
+        if tool.get("type") != "function":
+            raise OpenAIError(400, f"tools[{i}]: tools of type {tool.get('type')!r} are not "
+                              f"supported; only function tools", param=f"tools[{i}]")
+        tools.append({"type": "function", "function": {
+            "name": tool.get("name"), "description": tool.get("description"),
+            "parameters": tool.get("parameters") or {"type": "object", "properties": {}}}})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise OpenAIError(400, f"tool_choice type {choice.get('type')!r}: use auto, none, "
+                              f"required or a function", param="tool_choice")
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    chat = {"tools": tools, "tool_choice": choice}
+    if body.parallel_tool_calls is not None:
+        chat["parallel_tool_calls"] = body.parallel_tool_calls
+    return chat
+
+
+def _format(text: dict | None) -> dict:
+    """text.format: text, json_object or json_schema (the grammar path)."""
+    text = text or {}
+    if text.get("verbosity") not in (None, "medium"):
+        raise OpenAIError(400, "text.verbosity is not supported by this server",
+                          param="text.verbosity")
+    fmt = text.get("format") or {"type": "text"}
+    kind = fmt.get("type")
+    if kind == "text":
+        return {}
+    if kind == "json_object":
+        return {"response_format": {"type": "json_object"}}
+    if kind == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": fmt.get("name") or "output", "schema": fmt.get("schema") or {}}}}
+    raise OpenAIError(400, f"text.format type {kind!r}: use text, json_object or json_schema",
+                      param="text.format")
+
+
+def as_chat(body: ResponsesRequest, earlier: list[dict]) -> ChatCompletionRequest:
+    """The chat completion request this Responses request means (validated as one)."""
+    for name in REFUSED:
+        if (body.model_extra or {}).get(name) not in (None, False, 0):
+            raise OpenAIError(400, f"'{name}' is not supported by this server", param=name)
+    if (body.reasoning or {}).get("effort") not in (None, "none", "minimal"):
+        raise OpenAIError(400, "'reasoning' is not supported by this server's model; send the "
+                          "request without it", param="reasoning")
+    system = [{"role": "system", "content": body.instructions}] if body.instructions else []
+    chat = {"model": body.model, "messages": system + earlier + input_messages(body.input),
+            "max_tokens": body.max_output_tokens, "stream": body.stream, "user": body.user,
+            **_tools(body), **_format(body.text)}
+    for name in ("temperature", "top_p"):
+        if getattr(body, name) is not None:
+            chat[name] = getattr(body, name)
+    try:
+        return ChatCompletionRequest(**chat)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem.get("loc", ()))
+        raise OpenAIError(400, f"{where}: {problem.get('msg')}", param=where or None) from None
+
+
+def _store(request: Request):
+    return request.app.state.service.responses
+
+
+def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
+    """The turns of the response this one continues (the caller's own only)."""
+    if body.previous_response_id is None:
+        return []
+    found = _store(request).get(_owner(request), body.previous_response_id)
+    if found is None:
+        raise OpenAIError(404, f"No response with id '{body.previous_response_id}' is stored "
+                          f"for this key", code="response_not_found", param="previous_response_id")
+    return found["messages"]
+
+
+@router.post("/responses")
+async def create_response(body: ResponsesRequest, request: Request):
+    earlier = await run_in_threadpool(_earlier, request, body)
+    chat = as_chat(body, earlier)
+    service, stream, plan = await start_chat(request, chat, "/v1/responses")
+    reply = ResponseReply(service.model_id, body, stream.requests[0].num_prompt_tokens, plan)
+    reply.turns = earlier + input_messages(body.input)
+    reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
+    headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED)))
+    if not body.stream:
+        return JSONResponse(await reply.collect(stream, request), headers=headers)
+    try:
+        return EventSourceResponse(reply.events(stream), ping=10, sep="\n", headers=headers)
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+async def _save(request: Request, response: dict, messages: list[dict]) -> None:
+    try:
+        await run_in_threadpool(_store(request).save, _owner(request), response["id"], "",
+                                {"messages": messages, "response": response})
+    except TooLarge as exc:
+        raise OpenAIError(413, f"the response could not be stored: {exc}; send store: false, "
+                          f"or start a new chain", code="response_too_large") from None
+
+
+@router.get("/responses/{response_id}")
+async def get_response(response_id: str, request: Request):
+    found = await run_in_threadpool(_store(request).get, _owner(request), response_id)
+    if found is None:
+        raise OpenAIError(404, f"No response with id '{response_id}' is stored for this key",
+                          code="response_not_found")
+    return found["response"]
+
+
+@router.delete("/responses/{response_id}")
+async def delete_response(response_id: str, request: Request):
+    if not await run_in_threadpool(_store(request).delete, _owner(request), response_id):
+        raise OpenAIError(404, f"No response with id '{response_id}' is stored for this key",
+                          code="response_not_found")
+    return {"id": response_id, "object": "response", "deleted": True}
+
+
+@router.post("/responses/input_tokens")
+async def input_tokens(body: ResponsesRequest, request: Request):
+    chat = as_chat(body, await run_in_threadpool(_earlier, request, body))
+    async with lease(request, chat.model) as service:
+        tokens, _, _ = await chat_tokens(service, chat)
+    return {"object": "response.input_tokens", "input_tokens": len(tokens)}
+
+
+class ResponseReply:
+    """One response: its output items from the finished text, whole or as typed events."""
+
+    def __init__(self, model: str, body: ResponsesRequest, input_tokens: int, tools: ToolPlan | None):
+        self.id = "resp_" + uuid.uuid4().hex[:24]
+        self.message_id = "msg_" + uuid.uuid4().hex[:24]
+        self.model, self.body, self.input_tokens, self.tools = model, body, input_tokens, tools
+        self.created = int(time.time())
+        self.turns: list[dict] = []  # the conversation so far, stored with the answer
+        self.keep = None  # async (response, messages) -> None when the response is stored
+        self.sequence = 0
+
+    def _items(self, text: str) -> list[dict]:
+        content, calls = parse_tool_answer(text, self.tools) if self.tools else (text, [])
+        items = [self._message(content)] if content or not calls else []
+        return items + [{"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"),
+                         "call_id": call["id"], "name": call["function"]["name"],
+                         "arguments": call["function"]["arguments"], "status": "completed"}
+                        for call in calls]
+
+    def _message(self, text: str | None, status: str = "completed") -> dict:
+        content = [] if text is None else [self._part(text)]
+        return {"type": "message", "id": self.message_id, "status": status, "role": "assistant",
+                "content": content}
+
+    @staticmethod
+    def _part(text: str) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+
+    def _response(self, status: str, output: list, last=None) -> dict:
+        body = self.body
+        cut = last is not None and last.finish_reason is FinishReason.LENGTH
+        used = last.completion_tokens if last is not None else 0
+        return {"id": self.id, "object": "response", "created_at": self.created,
+                "status": "incomplete" if cut and status == "completed" else status,
+                "model": self.model, "output": output, "error": None,
+                "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+                "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+                "previous_response_id": body.previous_response_id, "store": body.store,
+                "temperature": body.temperature, "top_p": body.top_p,
+                "tools": body.tools or [], "tool_choice": body.tool_choice or "auto",
+                "parallel_tool_calls": body.parallel_tool_calls is not False,
+                "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
+                "reasoning": {"effort": None, "summary": None}, "metadata": body.metadata or {},
+                "user": body.user,
+                "usage": None if last is None else {
+                    "input_tokens": self.input_tokens,
+                    "input_tokens_details": {"cached_tokens": last.cached_tokens},
+                    "output_tokens": used, "output_tokens_details": {"reasoning_tokens": 0},
+                    "total_tokens": self.input_tokens + used}}
+
+    async def _finish(self, text: str, last) -> dict:
+        response = self._response("completed", self._items(text), last)
+        if self.keep is not None:
+            await self.keep(response, self.turns + [self._as_turn(response["output"])])
+        return response
+
+    @staticmethod
+    def _as_turn(output: list[dict]) -> dict:
+        """The answer as the assistant's chat message, for previous_response_id."""
+        turn = {"role": "assistant", "content": "".join(
+            part["text"] for item in output if item["type"] == "message" for part in item["content"])}
+        calls = [{"id": item["call_id"], "type": "function", "function": {
+            "name": item["name"], "arguments": item["arguments"]}}
+            for item in output if item["type"] == "function_call"]
+        return {**turn, "tool_calls": calls} if calls else turn
+
+    async def collect(self, stream, request: Request) -> dict:
+        parts, last = [], None
+        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
+        try:
+            async for _, event in stream:
+                parts.append(event.text)
+                if (failed := failure(event)) is not None:
+                    raise failed
+                if event.finished:
+                    last = event
+        finally:
+            stream.cancel()
+            watcher.cancel()
+        if last is None or last.finish_reason is FinishReason.ABORT:
+            raise OpenAIError(499, "the client closed the request", code="client_closed")
+        return await self._finish("".join(parts), last)
+
+    def _event(self, kind: str, **data) -> dict:
+        self.sequence += 1
+        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": self.sequence,
+                                                   **data})}
+
+    async def events(self, stream):
+        """Plain text streams as output_text deltas; a tools answer is parsed once complete
+        (as in chat) and sent as its items."""
+        parts: list[str] = []
+        opened = False
+        try:
+            yield self._event("response.created", response=self._response("in_progress", []))
+            yield self._event("response.in_progress", response=self._response("in_progress", []))
+            async for _, event in stream:
+                if (failed := failure(event)) is not None:
+                    yield self._event("response.failed", response={
+                        **self._response("failed", []), "error": {
+                            "code": "server_error", "message": failed.message}})
+                    return
+                parts.append(event.text)
+                if event.text and self.tools is None:
+                    if not opened:
+                        for piece in self._open_message():
+                            yield piece
+                        opened = True
+                    yield self._event("response.output_text.delta", item_id=self.message_id,
+                                      output_index=0, content_index=0, delta=event.text,
+                                      logprobs=[])
+                if not event.finished:
+                    continue
+                try:
+                    response = await self._finish("".join(parts), event)
+                except OpenAIError as exc:
+                    yield self._event("error", code=exc.code, message=exc.message, param=None)
+                    return
+                for index, item in enumerate(response["output"]):
+                    for piece in self._close_item(index, item, announced=opened and index == 0):
+                        yield piece
+                kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
+                yield self._event(kind, response=response)
+        finally:
+            stream.cancel()
+
+    def _open_message(self):
+        yield self._event("response.output_item.added", output_index=0,
+                          item=self._message(None, "in_progress"))
+        yield self._event("response.content_part.added", item_id=self.message_id,
+                          output_index=0, content_index=0, part=self._part(""))
+
+    def _close_item(self, index: int, item: dict, announced: bool):
+        """The events that finish one output item (and open it first when not yet open)."""
+        if item["type"] == "message":
+            if not announced:
+                for piece in self._open_message():
+                    yield piece
+                for part in item["content"]:
+                    yield self._event("response.output_text.delta", item_id=item["id"],
+                                      output_index=index, content_index=0, delta=part["text"],
+                                      logprobs=[])
+            for part in item["content"]:
+                yield self._event("response.output_text.done", item_id=item["id"],
+                                  output_index=index, content_index=0, text=part["text"],
+                                  logprobs=[])
+                yield self._event("response.content_part.done", item_id=item["id"],
+                                  output_index=index, content_index=0, part=part)
+        else:
+            yield self._event("response.output_item.added", output_index=index,
+                              item={**item, "arguments": "", "status": "in_progress"})
+            yield self._event("response.function_call_arguments.delta", item_id=item["id"],
+                              output_index=index, delta=item["arguments"])
+            yield self._event("response.function_call_arguments.done", item_id=item["id"],
+                              output_index=index, name=item["name"], arguments=item["arguments"])
+        yield self._event("response.output_item.done", output_index=index, item=item)

@@ -1,0 +1,127 @@
+"""OpenAI's Responses API through the official `openai` client, on the real server: plain and
+streamed answers agree, a function tool round trip, text.format json_schema, a chain by
+previous_response_id that another key cannot follow, and refusals by name."""
+
+import json
+
+import openai
+import pytest
+
+from conftest import key_file, ledger_rows, running, wait_for
+
+KEY, OTHER = "responses-key-0123456789", "responses-other-0123456789"
+WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                          "required": ["city"]}}
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    state = tmp_path_factory.mktemp("responses-state")
+    keys = key_file(state, f"agent:{KEY}:user", f"other:{OTHER}:user")
+    with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
+                 "--state-dir", str(state), log_name="responses") as server:
+        server.state = state
+        yield server
+
+
+def client_for(srv, key=KEY):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=key, max_retries=0, timeout=120)
+
+
+@pytest.fixture()
+def client(srv):
+    return client_for(srv)
+
+
+def ask(**extra):
+    return {"model": "any", "max_output_tokens": 24, "temperature": 0,
+            "input": "Name three fruits.", **extra}
+
+
+def test_plain_and_streamed_answers_agree(client):
+    response = client.responses.create(**ask(instructions="You are brief."))
+    assert response.object == "response" and response.id.startswith("resp_")
+    assert response.status in ("completed", "incomplete") and response.output_text
+    assert response.output[0].type == "message" and response.output[0].role == "assistant"
+    assert response.usage.input_tokens > 5 and 0 < response.usage.output_tokens <= 24
+    if response.status == "incomplete":
+        assert response.incomplete_details.reason == "max_output_tokens"
+    with client.responses.stream(**ask(instructions="You are brief.")) as stream:
+        deltas = [e.delta for e in stream if e.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert "".join(deltas) == response.output_text == final.output_text
+    assert final.status == response.status and final.usage.output_tokens == response.usage.output_tokens
+
+
+def test_a_function_tool_round_trip(client):
+    first = client.responses.create(**ask(
+        input="What is the weather in Paris?", tools=[WEATHER],
+        tool_choice={"type": "function", "name": "get_weather"}, max_output_tokens=60))
+    call = next(item for item in first.output if item.type == "function_call")
+    assert call.name == "get_weather" and isinstance(json.loads(call.arguments), dict)
+    assert first.status == "completed"
+    second = client.responses.create(**ask(input=[
+        {"role": "user", "content": "What is the weather in Paris?"},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name,
+         "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "Sunny, 21 C"}],
+        tools=[WEATHER], tool_choice="none"))
+    assert second.output_text and all(item.type == "message" for item in second.output)
+
+
+def test_streamed_tool_call_arrives_as_its_items(client):
+    with client.responses.stream(**ask(input="Weather in Rome?", tools=[WEATHER],
+                                       tool_choice="required", max_output_tokens=60)) as stream:
+        kinds = [e.type for e in stream]
+        final = stream.get_final_response()
+    assert "response.function_call_arguments.done" in kinds and kinds[-1] == "response.completed"
+    assert [item.type for item in final.output] == ["function_call"]
+
+
+def test_text_format_json_schema_validates(client):
+    schema = {"type": "object", "properties": {"fruit": {"type": "string"}},
+              "required": ["fruit"], "additionalProperties": False}
+    response = client.responses.create(**ask(max_output_tokens=40, text={"format": {
+        "type": "json_schema", "name": "pick", "schema": schema, "strict": True}}))
+    assert set(json.loads(response.output_text)) == {"fruit"}
+
+
+def test_previous_response_id_continues_only_for_its_key(srv, client):
+    first = client.responses.create(**ask(input="My name is Ada. Say hello."))
+    again = client.responses.retrieve(first.id)
+    assert again.id == first.id and again.output_text == first.output_text
+    second = client.responses.create(**ask(input="What is my name?", previous_response_id=first.id))
+    alone = client.responses.create(**ask(input="What is my name?", store=False))
+    # the earlier turns are in the prompt: more input tokens than the question alone
+    assert second.usage.input_tokens > alone.usage.input_tokens + 10
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(alone.id)  # store: false keeps nothing
+    stranger = client_for(srv, OTHER)
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.create(**ask(input="Go on.", previous_response_id=first.id))
+    with pytest.raises(openai.NotFoundError):
+        stranger.responses.retrieve(first.id)
+    client.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(first.id)
+
+
+def test_what_cannot_be_honoured_is_refused_by_name(client):
+    for extra, named in (({"tools": [{"type": "web_search"}]}, "tools[0]"),
+                         ({"reasoning": {"effort": "high"}}, "reasoning"),
+                         ({"extra_body": {"background": True}}, "background"),
+                         ({"input": [{"role": "user", "content": [
+                             {"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0]")):
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(**ask(**extra))
+        assert refused.value.body["param"] == named
+
+
+def test_input_tokens_and_the_ledger_count_responses(srv, client):
+    counted = client.post("/responses/input_tokens", cast_to=object,
+                          body={"model": "any", "input": "Name three fruits."})
+    assert counted["input_tokens"] > 3
+    response = client.responses.create(**ask())
+    row = ("agent", response.usage.input_tokens, response.usage.output_tokens)
+    wait_for(lambda: row in ledger_rows(srv.state, "/v1/responses"), what="its ledger row")
