@@ -60,7 +60,7 @@ class RunningServer:
         return self.log_path.read_text()
 
     def slots(self, headers: dict | None = None) -> dict:
-        return httpx.get(self.url + "/slots", headers=headers, timeout=10).json()
+        return httpx.get(self.url + "/slots?view=full", headers=headers, timeout=10).json()
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -142,6 +142,9 @@ def test_props_and_slots_carry_llama_server_fields(server):
     assert props["cache"] == {"type_k": "f16", "type_v": "f16", "flash_attn": "auto"}
     slots = server.slots()["slots"]
     assert all(s["is_processing"] is (s["state"] != "idle") for s in slots)
+    plain = httpx.get(server.url + "/slots").json()  # llama-server's shape: an array
+    assert [s["id"] for s in plain] == [0, 1, 2, 3]
+    assert all({"n_ctx", "is_processing", "id_task", "next_token"} <= s.keys() for s in plain)
 
 
 PROMPTS = ["1, 2, 3, 4,", "10, 20, 30,", "The capital of France is"]

@@ -119,9 +119,12 @@ def test_slots_too_small_for_a_one_line_chat_are_warned_about(caplog):
 
 def test_request_mistakes_get_plain_sentences(server):
     url = server.url + "/v1/chat/completions"
-    not_json = httpx.post(url, content=b'{"messages": []}', headers={"content-type": "text/plain"})
-    assert not_json.status_code == 400 and "content-type: application/json" in (
-        not_json.json()["error"]["message"])
+    body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
+    for plain in ("text/plain", "application/x-www-form-urlencoded", None):  # curl -d sends form
+        headers = {"content-type": plain} if plain else {}
+        assert httpx.post(url, content=body, headers=headers, timeout=60).status_code == 200, plain
+    not_json = httpx.post(url, content=b"messages=hi", headers={"content-type": "text/plain"})
+    assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
     image = httpx.post(url, json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]})
     message = image.json()["error"]["message"]
@@ -174,17 +177,22 @@ def test_a_second_ctrl_c_during_drain_exits_without_a_traceback():
 def test_cors_refusals_are_logged_and_errors_carry_cors_headers():
     origin = "http://chat.office:3000"
     with running("-c", "512", "-np", "1", "-t", "2", "--cors-origin", origin,
-                 "--cors-origin", "http://typo.office/", "--max-body-bytes", "2048",
-                 log_name="cors") as srv:
+                 "--cors-origin", "http://typo.office/", "--cors-origin", "localhost",
+                 "--max-body-bytes", "2048", "--api-key", "cors-test-key-0123456789",
+                 log_name="cors") as srv:  # a key: the loopback guard stands aside for CORS
         refused = httpx.options(srv.url + "/v1/chat/completions", headers={
-            "Origin": "http://127.0.0.1:3000", "Access-Control-Request-Method": "POST"})
+            "Origin": "http://chat.other:3000", "Access-Control-Request-Method": "POST"})
         assert refused.status_code == 400
+        for loopback in ("http://localhost:5173", "http://127.0.0.1:8081", "http://[::1]:3000"):
+            allowed = httpx.options(srv.url + "/v1/chat/completions", headers={
+                "Origin": loopback, "Access-Control-Request-Method": "POST"})  # llama-server's
+            assert allowed.headers.get("access-control-allow-origin") == loopback  # shorthand
         too_big = httpx.post(srv.url + "/v1/chat/completions", headers={"Origin": origin},
                              json={"messages": [{"role": "user", "content": "x" * 5000}]})
         assert too_big.status_code == 413
         assert too_big.headers.get("access-control-allow-origin") == origin
         log = srv.log()
-    assert "refused a CORS preflight from origin 'http://127.0.0.1:3000'" in log
+    assert "refused a CORS preflight from origin 'http://chat.other:3000'" in log
     assert origin in log and "ends with '/'" in log
 
 

@@ -92,7 +92,7 @@ def test_a_second_model_waits_for_the_first_to_finish_then_loads_and_unloads_whe
     assert wide["model"] == "wide" and wide["choices"][0]["text"] == solo  # same weights, greedy
     assert states(office) == {"chat": "unloaded", "wide": "loaded", "huge": "unloaded",
                               "vectors": "unloaded"}
-    slots = httpx.get(office.url + "/slots", timeout=10).json()
+    slots = httpx.get(office.url + "/slots?view=full", timeout=10).json()
     assert slots["model"] == "wide" and slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 2048
     loaded = rss(office)
     wait_for(lambda: states(office)["wide"] == "unloaded", timeout=30, what="idle unload")

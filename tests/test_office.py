@@ -45,7 +45,7 @@ def test_keys_in_either_header_and_clear_401s(office):
 
 def test_health_is_open_but_monitoring_needs_a_key(office):
     assert httpx.get(office.url + "/health").status_code == 200
-    for path in ("/slots", "/metrics", "/props", "/v1/models"):
+    for path in ("/slots", "/slots?view=full", "/metrics", "/props", "/v1/models"):
         assert httpx.get(office.url + path).status_code == 401, path
         assert httpx.get(office.url + path, headers={"X-Api-Key": KEY}).status_code == 200, path
 
@@ -57,7 +57,7 @@ def test_key_name_is_the_identity_in_slots(office):
     worker = threading.Thread(target=post, args=(office, {"X-Api-Key": KEY}), kwargs=body)
     worker.start()
     while worker.is_alive():
-        snap = httpx.get(office.url + "/slots", headers={"X-Api-Key": KEY}).json()
+        snap = httpx.get(office.url + "/slots?view=full", headers={"X-Api-Key": KEY}).json()
         seen |= {s["user"] for s in snap["slots"] if s["user"]}
         time.sleep(0.02)
     assert seen == {"alice"}

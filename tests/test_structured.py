@@ -80,6 +80,11 @@ def test_json_object_mode_and_the_raw_grammar_field(srv):
         assert isinstance(json.loads(body["choices"][0]["message"]["content"]), dict)
     else:  # cut by max_tokens: still the start of an object
         assert body["choices"][0]["message"]["content"].lstrip().startswith("{")
+    r = httpx.post(srv.url + "/v1/chat/completions", timeout=120, json=chat_body(
+        "Pick a color.", response_format={"type": "json_object", "schema": {  # llama-server's
+            "type": "object", "properties": {"c": {"enum": ["red", "blue"]}}, "required": ["c"],
+            "additionalProperties": False}}))  # extension: the schema is followed
+    assert json.loads(r.json()["choices"][0]["message"]["content"])["c"] in ("red", "blue")
     r = httpx.post(srv.url + "/v1/completions", timeout=120, json={
         "prompt": "Is the sky blue? Answer:", "max_tokens": 5, "grammar": 'root ::= " yes" | " no"'})
     assert r.json()["choices"][0]["text"] in (" yes", " no")

@@ -42,7 +42,7 @@ def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> 
     async def fetch():
         try:
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
-                slots = await client.get("/slots")
+                slots = await client.get("/slots?view=full")
                 if slots.status_code == 401:
                     raise FetchError("wrong or missing API key (--api-key)")
                 if slots.status_code != 200:

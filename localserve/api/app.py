@@ -15,9 +15,9 @@ from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, r
                             routes_openai, routes_responses, routes_web)
 from localserve.api.admission import limit_rate
 from localserve.api.auth import KeyChecker, require_key
-from localserve.api.cors import LoggedCORS
+from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard, is_loopback
-from localserve.api.limits import BodySizeLimit, ReleaseReservations
+from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
 from localserve.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
@@ -71,14 +71,15 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
         app.include_router(routes_web.api_router, dependencies=guarded, include_in_schema=False)
     app.include_router(routes_admin.open_router)
     app.include_router(routes_admin.router, dependencies=[Depends(require_key)])  # dashboards poll
-    # Middleware order, innermost first: quota holds released, the body limit, then CORS (so that its refusals,
+    # Middleware order, innermost first: a body without a JSON content type read as JSON, quota holds released, the body limit, then CORS (so that its refusals,
     # e.g. a 413, carry CORS headers and a browser shows the error instead of "Failed to
     # fetch"), then the loopback Host guard, checked first.
+    app.add_middleware(JsonBodyByDefault)
     app.add_middleware(ReleaseReservations)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     if settings.cors_origins:
-        app.add_middleware(LoggedCORS, allow_origins=list(settings.cors_origins),
-                           allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"])
+        app.add_middleware(LoggedCORS, **cors_rules(settings.cors_origins),
+                           allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
     if is_loopback(settings.host) and not service.keys_enabled:  # outermost: checked first
         app.add_middleware(LoopbackHostGuard, allowed_hosts=settings.allowed_hosts,
                            cors_origins=settings.cors_origins)

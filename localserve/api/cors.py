@@ -20,11 +20,23 @@ def origin_warnings(origins: tuple[str, ...]) -> list[str]:
             f"never match; use {o.rstrip('/')!r}" for o in origins if o.endswith("/")]
 
 
+# `--cors-origin localhost` (llama-server's shorthand): any loopback origin, on any port.
+LOOPBACK_ORIGIN = r"https?://(localhost|127(\.\d{1,3}){3}|\[::1\])(:\d{1,5})?"
+
+
+def cors_rules(origins: tuple[str, ...]) -> dict:
+    """CORSMiddleware's origin options for the --cors-origin values."""
+    named = [o for o in origins if o != "localhost"]
+    loopback = len(named) < len(origins)
+    return {"allow_origins": named, "allow_origin_regex": LOOPBACK_ORIGIN if loopback else None}
+
+
 class LoggedCORS(CORSMiddleware):
     def preflight_response(self, request_headers):
         response = super().preflight_response(request_headers)
         if response.status_code != 200:
             log.warning("refused a CORS preflight from origin %r (%s); allowed origins: %s",
                         request_headers.get("origin"), response.body.decode(errors="replace"),
-                        ", ".join(self.allow_origins) or "none")
+                        ", ".join(self.allow_origins) or "none"
+                        + (" and any loopback origin" if self.allow_origin_regex else ""))
         return response

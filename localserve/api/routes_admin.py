@@ -47,7 +47,12 @@ def not_loaded(request: Request, service) -> JSONResponse:
 
 
 @router.get("/slots")
-async def slots(request: Request, model: str | None = None):
+async def slots(request: Request, model: str | None = None, view: str | None = None):
+    """llama-server's shape (an array, one object per slot) by default; `?view=full` is
+    localserve's whole picture (slots, queue, cache, engine counters, models) that the
+    dashboard and the page read."""
+    if view not in (None, "full"):
+        raise OpenAIError(400, "view: 'full' or nothing", param="view")
     service = shown_service(request, model)
     if service.engine is None:
         return not_loaded(request, service)
@@ -58,6 +63,11 @@ async def slots(request: Request, model: str | None = None):
         for row in (*snap["slots"], *snap["queue"]["requests"]):
             if row["user"] != me:
                 row["user"] = row["request_id"] = None
+    if view is None:
+        spec = service.settings.spec != "off"
+        return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
+                 "next_token": {"has_next_token": row["is_processing"],
+                                "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
     return {"model": service.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
             "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap,
             "models": request.app.state.models.cards()}

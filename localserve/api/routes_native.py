@@ -134,6 +134,7 @@ def _final(service, body, text, tokens_out, last, engine_request, started) -> di
 
 
 @router.post("/completion")
+@router.post("/completions")  # llama-server's alias; the OpenAI shape is /v1/completions
 async def completion(body: NativeCompletion, request: Request):
     hold_quota(request)
     async with lease(request, body.model) as service:

@@ -24,7 +24,8 @@ from localserve.engine.request import SamplingParams
 from localserve.service import Service
 
 router = APIRouter(prefix="/v1")
-# llama-server and many snippets call the OpenAI paths without /v1: the same routes there.
+# llama-server and many snippets call the OpenAI paths without /v1: the same routes there
+# (but /completions, which is llama-server's native completion: routes_native.py).
 bare_router = APIRouter()
 
 
@@ -130,8 +131,7 @@ async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: st
         return service, submit(request, service, tokens, body, grammar, endpoint), plan
 
 
-@router.post("/completions")
-@bare_router.post("/completions")
+@router.post("/completions")  # without /v1 it is llama-server's native API (routes_native)
 async def completions(body: CompletionRequest, request: Request):
     hold_quota(request)
     async with lease(request, body.model) as service:  # `model`: see chat_completions

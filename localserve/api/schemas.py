@@ -64,6 +64,8 @@ class JsonSchemaFormat(BaseModel):
 class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's extension: {"type": "json_object", "schema": {...}} follows the schema
+    schema_: dict | None = Field(None, alias="schema")
 
 
 class ToolFunction(BaseModel):

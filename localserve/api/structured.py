@@ -114,7 +114,7 @@ def request_grammar(service: Service, body: _Sampling) -> str | None:
     if body.json_schema is not None:
         return schema_constraint(service, body.json_schema, "json_schema")
     if fmt.type == "json_object":
-        return schema_constraint(service, {"type": "object"}, "response_format")
+        return schema_constraint(service, fmt.schema_ or {"type": "object"}, "response_format")
     if fmt.json_schema is None:
         raise OpenAIError(400, "response_format json_schema needs a 'json_schema' object with "
                           "a 'schema'", param="response_format.json_schema")

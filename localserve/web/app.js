@@ -166,7 +166,7 @@ function watchQueue(waiting) {
   return setInterval(async () => {
     if (!waiting()) return;
     try {
-      const slots = await api("GET", "/slots");
+      const slots = await api("GET", "/slots?view=full");
       const mine = slots.queue.requests.findIndex((r) => r.user === state.me);
       if (slots.queue.waiting > 0) {
         status(`Queued (position ${mine >= 0 ? mine + 1 : slots.queue.waiting}): all slots are busy.`);
@@ -251,7 +251,7 @@ async function showServer() {
   panel.hidden = !panel.hidden;
   while (!panel.hidden) {
     try {
-      const s = await api("GET", "/slots");
+      const s = await api("GET", "/slots?view=full");
       $("server-view").textContent = s.slots.map((r) =>
         `slot ${r.id}  ${r.state.padEnd(7)}  ${r.n_cached}/${r.n_ctx}  ${r.user || ""}`).join("\n") +
         `\n\nwaiting: ${s.queue.waiting}\nmodel: ${s.model}\n${s.split}`;

@@ -49,7 +49,7 @@ async def settled(client, url, timeout=30.0):
     """The previous wave's hang-ups processed: nothing waits, at most the reference runs."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        snap = (await client.get(url + "/slots")).json()
+        snap = (await client.get(url + "/slots?view=full")).json()
         if snap["queue"]["waiting"] == 0 and sum(s["state"] != "idle" for s in snap["slots"]) <= 1:
             return
         await asyncio.sleep(0.02)
