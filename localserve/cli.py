@@ -95,6 +95,17 @@ def _up_parser(sub) -> None:
                        help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
     sched.add_argument("--queue-timeout", type=float,
                        help="seconds a request may wait for a slot before it gets 503 (default: none)")
+    sampling = up.add_argument_group("defaults for requests that leave them out (llama-server's flags)")
+    sampling.add_argument("--temp", type=float, help="temperature (default 1.0, as OpenAI)")
+    sampling.add_argument("--top-k", type=int, help="top-k (default 0: off)")
+    sampling.add_argument("--top-p", type=float, help="top-p (default 1.0: off)")
+    sampling.add_argument("-s", "--seed", type=int, help="seed (default: random per request)")
+    sampling.add_argument("-n", "--n-predict", type=lambda v: None if int(v) < 0 else int(v),
+                          help="max_tokens (default -1: until the slot is full)")
+    sampling.add_argument("--chat-template",
+                          help="the default model's chat template instead of its GGUF's: chatml, "
+                               "llama3, gemma, or a Jinja template")
+    sampling.add_argument("--chat-template-file", help="the same, read from a Jinja file")
     net = up.add_argument_group("network and access")
     net.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = the LAN)")
     net.add_argument("--port", type=int, help="port (default 8080)")

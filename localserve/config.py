@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spells them
+CACHE_TYPES = ("f16", "q8_0", "q4_0")
+BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # api/chat_template.BUILTIN  # --cache-type-k/-v, as llama-server spells them
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -58,6 +59,16 @@ class Settings:
     body_timeout: float = 60.0  # seconds for a whole request body once its headers are in
     max_connections: int = 1000  # open connections; beyond, the slowest header-sender goes
     drain_timeout: float = 30.0
+    # Server-wide sampling defaults for requests that leave them out (llama-server's flags).
+    temp: float | None = None  # None: 1.0, as OpenAI
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    n_predict: int | None = None  # default max_tokens; None: until the slot is full
+    # The default model's chat template instead of its GGUF's: a built-in name
+    # (api/chat_template.BUILTIN), a Jinja template, or a file.
+    chat_template: str | None = None
+    chat_template_file: str | None = None
     config: str | None = None  # the TOML file these settings were read from (SIGHUP rereads it)
     state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
     ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db
@@ -159,6 +170,20 @@ class Settings:
             (self.max_loaded_models is None or self.max_loaded_models >= 1,
              "--max-loaded-models", self.max_loaded_models, "must be at least 1"),
             (self.idle_unload >= 0, "--idle-unload", self.idle_unload, "must be 0 (never) or more"),
+            (self.temp is None or 0 <= self.temp <= 2, "--temp", self.temp, "must be 0-2"),
+            (self.top_k is None or self.top_k >= 0, "--top-k", self.top_k, "must be 0 or more"),
+            (self.top_p is None or 0 < self.top_p <= 1, "--top-p", self.top_p,
+             "must be more than 0 and at most 1"),
+            (self.n_predict is None or self.n_predict >= 1, "-n/--n-predict", self.n_predict,
+             "must be at least 1 (leave it out for no limit)"),
+            (self.chat_template is None or self.chat_template_file is None, "--chat-template",
+             self.chat_template, "give it or --chat-template-file, not both"),
+            (self.chat_template is None or self.chat_template in BUILTIN_TEMPLATES
+             or "{{" in self.chat_template or "{%" in self.chat_template, "--chat-template",
+             self.chat_template, "must be a Jinja template or one of "
+             + ", ".join(BUILTIN_TEMPLATES)),
+            (self.chat_template_file is None or os.path.isfile(self.chat_template_file),
+             "--chat-template-file", self.chat_template_file, "no such file"),
             (self.model_switch_timeout > 0, "--model-switch-timeout", self.model_switch_timeout,
              "must be more than 0"),
         ]

@@ -10,7 +10,8 @@ from pathlib import Path
 from localserve.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
-TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "kind", "pin"}
+TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "kind", "pin", "chat_template",
+              "chat_template_file"}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -26,10 +27,13 @@ class ModelSpec:
     n_gpu_layers: int | None = None
     kind: str = "chat"  # "embedding": /v1/embeddings only, chat and completions refused
     pin: bool = False  # never unloaded, by idle time or to make room
+    chat_template: str | None = None  # instead of the GGUF's (a built-in name or Jinja)
+    chat_template_file: str | None = None
 
     def settings(self, server: Settings) -> Settings:
         """The server's settings with this model's file and its own overrides."""
-        changes = {"model": self.path, "model_alias": self.name}
+        changes = {"model": self.path, "model_alias": self.name,  # each model its own template
+                   "chat_template": self.chat_template, "chat_template_file": self.chat_template_file}
         for name in ("ctx_size", "parallel", "n_gpu_layers"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
@@ -96,7 +100,9 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
     specs = []
     if settings.model is not None or not named:
         path = resolve_model(settings.model)
-        specs.append(ModelSpec(settings.model_alias or path.stem, settings.model))
+        specs.append(ModelSpec(settings.model_alias or path.stem, settings.model,
+                               chat_template=settings.chat_template,
+                               chat_template_file=settings.chat_template_file))
     for name, table in named.items():
         resolve_model(table["path"])  # refuse a missing file at start-up, naming it
         specs.append(ModelSpec(name, **table))

@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from localserve.api.chat_template import ChatTemplate, PromptPart
+from localserve.api.chat_template import ChatTemplate, PromptPart, override_source
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.api.auth import load_keys
@@ -191,8 +191,9 @@ class Service:
                                        prompt_cache=self.prompt_cache,
                                        speculative=s.spec == "ngram",
                                        draft_max_streams=32 if supports_gpu_offload() else 4)
-            self.template = ChatTemplate(self.runner.chat_template, self.runner.bos_text,
-                                         self.runner.eos_text)
+            source = override_source(s.chat_template, s.chat_template_file)
+            self.template = ChatTemplate(source or self.runner.chat_template,
+                                         self.runner.bos_text, self.runner.eos_text)
             self._open_state()
             observers = [self.metrics]
             if self.keys_enabled:

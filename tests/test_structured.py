@@ -228,7 +228,8 @@ NEGATIVE = [
         "tool_choice": "required"}, "parameters"),
     ("tool_choice not offered", {"tools": [WEATHER], "tool_choice": {
         "type": "function", "function": {"name": "launch"}}}, "launch"),
-    ("logit_bias (not supported)", {"logit_bias": {"1": 5}}, "logit_bias"),
+    ("logit_bias keyed by text", {"logit_bias": {"hello": 5}}, "logit_bias"),
+    ("mirostat (not supported)", {"mirostat": 2}, "mirostat"),
 ]
 
 

@@ -21,6 +21,33 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+# Built-in formats `--chat-template NAME` selects instead of the GGUF's template (as llama-server's
+# names do), for models whose file has none or a broken one.
+BUILTIN = {
+    "chatml": CHATML,
+    "llama3": ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}"
+               "<|end_header_id|>\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+               "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n"
+               "{% endif %}"),
+    "gemma": ("{{ bos_token }}{% for m in messages %}<start_of_turn>"
+              "{{ 'model' if m['role'] == 'assistant' else 'user' }}\n{{ m['content'] | trim }}"
+              "<end_of_turn>\n{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n"
+              "{% endif %}"),
+}
+
+
+def override_source(name_or_jinja: str | None, file: str | None) -> str | None:
+    """The template --chat-template / --chat-template-file choose (None: the GGUF's own):
+    a built-in name, a Jinja template given inline, or a file's text."""
+    if file:
+        return open(file, encoding="utf-8").read()
+    if name_or_jinja is None:
+        return None
+    if name_or_jinja in BUILTIN:
+        return BUILTIN[name_or_jinja]
+    return name_or_jinja  # Settings.validate let through only names and Jinja text
+
+
 class ChatTemplateError(ValueError):
     """The messages could not be rendered (the template itself raised): a client error."""
 

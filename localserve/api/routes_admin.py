@@ -13,6 +13,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve import __version__
 from localserve.api.auth import is_admin
+from localserve.api.routes_openai import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import GROUPS
 from localserve.ledger import usage as ledger_usage
@@ -136,6 +137,10 @@ async def props(request: Request, model: str | None = None):
         "total_slots": len(pool.slots),  # llama-server's name for n_slots
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
         "chat_template": service.template.source if service.template else None,
+        "model_path": str(service.model_path) if service.model_path else None,
+        "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
+            **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
+            "speculative": s.spec != "off"}},
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": service.loop.scheduler.budget,
                       "max_num_seqs": service.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},

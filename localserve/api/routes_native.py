@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import ClassVar
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, model_validator
@@ -16,15 +17,20 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api import prompt, structured
 from localserve.api.admission import hold_quota, lease
 from localserve.api.routes_openai import submit
-from localserve.api.schemas import ChatMessage, OpenAIError, _Sampling, refuse_too_many_messages
+from localserve.api.replies import failure
+from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
+                                    refuse_too_many_messages)
 from localserve.engine.request import FinishReason
 
 router = APIRouter()
 
 
 class NativeCompletion(_Sampling):
+    refused: ClassVar[dict] = {k: v for k, v in UNSUPPORTED.items() if k != "n_probs"}
+
     prompt: str | list[int] = ""
     n_predict: int = Field(-1, ge=-1)  # -1: until the slot is full or the model stops
+    n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)  # each token's top N in completion_probabilities
     cache_prompt: bool = True  # always on here; accepted for compatibility
     return_tokens: bool = False
 
@@ -33,8 +39,8 @@ class NativeCompletion(_Sampling):
         return None if self.n_predict < 0 else max(self.n_predict, 1)
 
     @property
-    def logprob_n(self) -> None:
-        return None
+    def logprob_n(self) -> int | None:
+        return self.n_probs or None
 
 
 class Infill(NativeCompletion):
@@ -77,30 +83,33 @@ async def _run(request: Request, service, body: NativeCompletion, tokens: list[i
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(service, body, stream, started), sep="\n")
-    text, tokens_out, last = [], [], None
+    text, tokens_out, found, last = [], [], [], None
     try:
         async for _, event in stream:
-            if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
-                raise OpenAIError(503 if event.finish_reason is FinishReason.TIMEOUT else 500,
-                                  event.error or "generation failed", "server_error")
+            if (failed := failure(event)) is not None:
+                raise failed
             text.append(event.text)
             tokens_out += event.token_ids
+            found += [event.logprobs] if event.logprobs else []
             last = event
     finally:
         stream.cancel()
-    return _final(service, body, "".join(text), tokens_out, last, stream.requests[0], started)
+    final = _final(service, body, "".join(text), tokens_out, last, stream.requests[0], started)
+    return {**final, **_probabilities(service, found, body)}
 
 
 async def _sse(service, body, stream, started):
     tokens_out = []
     try:
         async for _, event in stream:
-            if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
-                yield {"data": json.dumps({"error": {"message": event.error, "code": 500}})}
+            if (failed := failure(event)) is not None:
+                yield {"data": json.dumps({"error": {"message": failed.message,
+                                                     "code": failed.status}})}
                 return
             tokens_out += event.token_ids
-            if event.text:
-                chunk = {"content": event.text, "stop": False, "id_slot": -1}
+            if event.text or event.logprobs:
+                chunk = {"content": event.text, "stop": False, "id_slot": -1,
+                         **_probabilities(service, [event.logprobs] if event.logprobs else [], body)}
                 if body.return_tokens:
                     chunk["tokens"] = list(event.token_ids)
                 yield {"data": json.dumps(chunk)}
@@ -109,6 +118,20 @@ async def _sse(service, body, stream, started):
                                                  stream.requests[0], started))}
     finally:
         stream.cancel()
+
+
+def _probabilities(service, found: list, body: NativeCompletion) -> dict:
+    """llama-server's completion_probabilities for n_probs: each token with its top N."""
+    if not body.n_probs:
+        return {}
+
+    def entry(token: int, logprob: float) -> dict:
+        raw = service.runner.piece(token)
+        return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
+                "logprob": logprob}
+    return {"completion_probabilities": [
+        {**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in top]}
+        for token, logprob, top in found]}
 
 
 def _final(service, body, text, tokens_out, last, engine_request, started) -> dict:

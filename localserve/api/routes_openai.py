@@ -21,6 +21,7 @@ from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
+from localserve.config import Settings
 from localserve.service import Service
 
 router = APIRouter(prefix="/v1")
@@ -29,15 +30,34 @@ router = APIRouter(prefix="/v1")
 bare_router = APIRouter()
 
 
-def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int,
-                    grammar: str | None = None) -> SamplingParams:
+# Request fields that fall back to the server's defaults (--temp, --top-k, --top-p, --seed).
+SERVER_DEFAULTS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "seed": "seed"}
+
+
+def server_defaults(server: Settings) -> dict:
+    """What a request that leaves these fields out gets (shown in /props)."""
+    return {field: getattr(server, flag) if getattr(server, flag) is not None
+            else _Sampling.model_fields[field].default for field, flag in SERVER_DEFAULTS.items()}
+
+
+def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
+                    server: Settings | None = None) -> SamplingParams:
+    """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's."""
     room = n_ctx - n_prompt
-    return SamplingParams(grammar=grammar, logprobs=body.logprob_n,
-        max_tokens=min(body.token_limit or room, room), temperature=body.temperature,
-        top_k=body.top_k, top_p=body.top_p, min_p=body.min_p, seed=body.seed,
-        repeat_penalty=body.repeat_penalty, presence_penalty=body.presence_penalty,
-        frequency_penalty=body.frequency_penalty, stop=tuple(body.stop or ()),
-        ignore_eos=body.ignore_eos)
+    fallback = server_defaults(server) if server is not None else {}
+    chosen = {field: getattr(body, field) if field in body.model_fields_set or not fallback
+              else fallback[field] for field in SERVER_DEFAULTS}
+    limit = body.token_limit or (server.n_predict if server is not None else None) or room
+    return SamplingParams(grammar=grammar, logprobs=body.logprob_n, max_tokens=min(limit, room),
+        min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
+        logit_bias=logit_bias(body), **chosen)
+
+
+def logit_bias(body: _Sampling) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {token id: bias} (ids checked against the vocabulary by submit)."""
+    return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
 def submit(request: Request, service: Service, tokens: list[int], body: _Sampling,
@@ -59,7 +79,8 @@ def submit(request: Request, service: Service, tokens: list[int], body: _Samplin
     if body.n > n_slots:
         raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
                           f"{n_slots} (--parallel)", param="n")
-    params = sampling_params(body, len(tokens), n_ctx, grammar)
+    params = sampling_params(body, len(tokens), n_ctx, grammar, service.settings)
+    prompt.check_token_ids(service, [t for t, _ in params.logit_bias], "logit_bias")
     reserve_tokens(request, service, len(tokens) + params.max_tokens * body.n)
     choices: list[EngineRequest] = []
     for i in range(body.n):

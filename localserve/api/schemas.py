@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -44,7 +44,6 @@ class StreamOptions(BaseModel):
 # field, never silently ignored. (Fields nobody defines are ignored and listed back in the
 # response header X-Ignored-Fields.)
 UNSUPPORTED = {
-    "logit_bias": (None, {}),
     "functions": (None, []), "function_call": (None, "none"), "audio": (None,),
     "modalities": (None, ["text"]), "prediction": (None,), "reasoning_effort": (None,),
     "web_search_options": (None,), "n_probs": (None, 0), "mirostat": (None, 0),
@@ -94,11 +93,13 @@ class _Sampling(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    refused: ClassVar[dict] = UNSUPPORTED  # a route that implements one of them narrows it
+
     @model_validator(mode="before")
     @classmethod
     def _refuse_unsupported(cls, data):
         if isinstance(data, dict):
-            for name, harmless in UNSUPPORTED.items():
+            for name, harmless in cls.refused.items():
                 if name in data and data[name] not in harmless:
                     raise OpenAIError(400, f"'{name}' is not supported by this server; send the "
                                       f"request without it (see the README's list)", param=name)
@@ -128,6 +129,17 @@ class _Sampling(BaseModel):
     n: int = Field(1, ge=1, le=128, description="choices; at most the server's slots")
     user: str | None = Field(None, max_length=256)
     ignore_eos: bool = False  # llama-server's extension: keep generating past end-of-text
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)  # token id -> -100..100
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_by_token_id(cls, value):
+        for token, bias in (value or {}).items():
+            if not token.lstrip("-").isdigit():
+                raise ValueError(f"keys are token ids (as /tokenize gives), not {token[:40]!r}")
+            if not -100 <= bias <= 100:
+                raise ValueError(f"a bias is between -100 and 100, not {bias}")
+        return value
 
     @field_validator("stop")
     @classmethod

@@ -62,6 +62,7 @@ class SamplingParams:
     ignore_eos: bool = False
     grammar: str | None = None  # GBNF the output must follow (response_format, tools, grammar)
     logprobs: int | None = None  # None: off; N: each token's log-probability and the top N
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans
 
     @property
     def greedy(self) -> bool:

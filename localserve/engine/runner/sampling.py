@@ -36,6 +36,11 @@ class Sampling:
             C.llama_sampler_free(old)
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
         add = lambda s: C.llama_sampler_chain_add(chain, s)  # noqa: E731
+        if p.logit_bias:  # llama.cpp copies the array; -100 (OpenAI's "ban") becomes -inf
+            biases = (C.llama_logit_bias * len(p.logit_bias))(*(
+                C.llama_logit_bias(token, -math.inf if bias <= -100 else bias)
+                for token, bias in p.logit_bias))
+            add(C.llama_sampler_init_logit_bias(self.n_vocab, len(p.logit_bias), biases))
         if p.penalized:
             add(C.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty))
