@@ -86,7 +86,7 @@ def test_a_grammar_too_costly_per_token_is_refused(office):
 def test_the_state_folder_and_its_files_are_private(office):
     assert stat.S_IMODE(office.state.stat().st_mode) == 0o700
     files = [p for p in office.state.iterdir() if p.suffix == ".db"]
-    assert {p.name for p in files} >= {"ledger.db", "conversations.db"}
+    assert {p.name for p in files} >= {"ledger.db", "conversations.db", "responses.db"}
     for path in files:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
 
