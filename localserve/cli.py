@@ -106,6 +106,10 @@ def _up_parser(sub) -> None:
                           help="the default model's chat template instead of its GGUF's: chatml, "
                                "llama3, gemma, or a Jinja template")
     sampling.add_argument("--chat-template-file", help="the same, read from a Jinja file")
+    sampling.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"],
+                          help="a <think> block at the start of an answer goes to "
+                               "reasoning_content: auto (when the chat template writes them; "
+                               "default), deepseek (always), none (left in the text)")
     net = up.add_argument_group("network and access")
     net.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = the LAN)")
     net.add_argument("--port", type=int, help="port (default 8080)")

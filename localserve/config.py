@@ -65,6 +65,7 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     n_predict: int | None = None  # default max_tokens; None: until the slot is full
+    reasoning_format: str = "auto"  # <think> blocks to reasoning_content: auto, deepseek (always), none
     # The default model's chat template instead of its GGUF's: a built-in name
     # (api/chat_template.BUILTIN), a Jinja template, or a file.
     chat_template: str | None = None
@@ -170,6 +171,8 @@ class Settings:
             (self.max_loaded_models is None or self.max_loaded_models >= 1,
              "--max-loaded-models", self.max_loaded_models, "must be at least 1"),
             (self.idle_unload >= 0, "--idle-unload", self.idle_unload, "must be 0 (never) or more"),
+            (self.reasoning_format in ("auto", "deepseek", "none"), "--reasoning-format",
+             self.reasoning_format, "must be auto, deepseek or none"),
             (self.temp is None or 0 <= self.temp <= 2, "--temp", self.temp, "must be 0-2"),
             (self.top_k is None or self.top_k >= 0, "--top-k", self.top_k, "must be 0 or more"),
             (self.top_p is None or 0 < self.top_p <= 1, "--top-p", self.top_p,

@@ -25,19 +25,21 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
+from localserve.api.reasoning import ThinkSplitter
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import FinishReason, TokenEvent
 
 
-def usage(last: dict[int, TokenEvent]) -> dict:
+def usage(last: dict[int, TokenEvent], reasoning_tokens: int = 0) -> dict:
     """Every choice's final event, by index: the prompt counted once, as OpenAI counts n > 1."""
     first = last[0]
     completion = sum(e.completion_tokens for e in last.values())
     return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
             "total_tokens": first.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": first.cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
 
 def error_payload(event: TokenEvent) -> dict:
@@ -71,10 +73,21 @@ async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
             return
 
 
+def think(splitter: ThinkSplitter, event: TokenEvent) -> tuple[str, str, int]:
+    """(reasoning, answer, tokens spent reasoning) of one event's text (api/reasoning.py)."""
+    thought, text = splitter.feed(event.text)
+    if event.finished:
+        rest = splitter.flush()
+        thought, text = thought + rest[0], text + rest[1]
+    return thought, text, len(event.token_ids) if thought and not text else 0
+
+
 class Reply:
     def __init__(self, kind: str, model: str, body: _Sampling, fingerprint: str,
-                 tools: ToolPlan | None = None, piece=None):
+                 tools: ToolPlan | None = None, piece=None, reasoning: bool = False):
         self.kind, self.model, self.body, self.tools = kind, model, body, tools
+        # <think> blocks to reasoning_content (api/reasoning.py); not in tool answers (JSON)
+        self.reasoning = reasoning and tools is None and kind == "chat.completion"
         self.piece = piece  # token id -> bytes, for logprobs entries
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
@@ -134,6 +147,8 @@ class Reply:
         n = len(stream.requests)
         held = {i: [] for i in range(n)}  # with tools, each JSON answer is parsed once complete
         last: dict[int, TokenEvent] = {}
+        thinking = {i: ThinkSplitter() for i in range(n)} if self.reasoning else None
+        reasoning_tokens = 0
         offsets = {i: len(self.prefix) for i in range(n)}  # text sent so far: text_offset
         try:
             for i in range(n):
@@ -147,6 +162,13 @@ class Reply:
                     break
                 if event.text and self.tools is not None:
                     held[i].append(event.text)
+                elif thinking is not None:
+                    thought, text, spent = think(thinking[i], event)
+                    reasoning_tokens += spent
+                    if thought:
+                        yield self._chunk([self._delta(i, {"reasoning_content": thought})])
+                    if text:
+                        yield self._chunk([self._delta(i, {"content": text})])
                 elif event.text or event.logprobs:
                     found = [event.logprobs] if event.logprobs else None
                     yield self._chunk([self._delta(i, {"content": event.text}, logprobs=found,
@@ -160,7 +182,7 @@ class Reply:
                     yield self._chunk([self._delta(i, {}, finish)])
                     last[i] = event
             if self.body.include_usage and len(last) == n:
-                yield self._chunk([], usage=usage(last))
+                yield self._chunk([], usage=usage(last, reasoning_tokens))
             yield {"data": "[DONE]"}
         finally:
             stream.cancel()
@@ -179,10 +201,19 @@ class Reply:
         parts = {i: [self.prefix] for i in range(n)}
         found: dict[int, list] = {i: [] for i in range(n)}
         last: dict[int, TokenEvent] = {}
+        thinking = {i: ThinkSplitter() for i in range(n)} if self.reasoning else None
+        thoughts: dict[int, list] = {i: [] for i in range(n)}
+        reasoning_tokens = 0
         watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
         try:
             async for i, event in stream:
-                parts[i].append(event.text)
+                if thinking is not None:
+                    thought, text, spent = think(thinking[i], event)
+                    reasoning_tokens += spent
+                    thoughts[i].append(thought)
+                    parts[i].append(text)
+                else:
+                    parts[i].append(event.text)
                 if event.logprobs:
                     found[i].append(event.logprobs)
                 if (failed := failure(event)) is not None:
@@ -196,16 +227,18 @@ class Reply:
             raise OpenAIError(499, "the client closed the request", code="client_closed")
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,
-                "choices": [self._choice(i, "".join(parts[i]), str(last[i].finish_reason), found[i])
-                            for i in range(n)],
-                "usage": usage(last)}
+                "choices": [self._choice(i, "".join(parts[i]), str(last[i].finish_reason), found[i],
+                                         "".join(thoughts[i])) for i in range(n)],
+                "usage": usage(last, reasoning_tokens)}
 
-    def _choice(self, index: int, text: str, finish: str, found: list) -> dict:
+    def _choice(self, index: int, text: str, finish: str, found: list, thought: str = "") -> dict:
         wanted = self.body.logprob_n is not None
         shaped = self._logprobs(found, offset=len(self.prefix)) if wanted else None
         if not self.chat:
             return {"index": index, "text": text, "logprobs": shaped, "finish_reason": finish}
         message = {"role": "assistant", "content": text, "refusal": None}
+        if thought:
+            message["reasoning_content"] = thought
         if self.tools is not None:
             content, calls = parse_tool_answer(text, self.tools)
             message["content"] = content

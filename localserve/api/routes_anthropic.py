@@ -24,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sse_starlette.sse import EventSourceResponse
 
 from localserve.api.admission import lease
-from localserve.api.replies import cancel_on_disconnect, failure, ignored_header
-from localserve.api.routes_openai import chat_tokens, start_chat
-from localserve.api.schemas import ChatCompletionRequest, OpenAIError
+from localserve.api.reasoning import ThinkSplitter, split_reasoning
+from localserve.api.replies import cancel_on_disconnect, failure, ignored_header, think
+from localserve.api.routes_openai import chat_tokens, reasons, start_chat
+from localserve.api.schemas import EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions
 from localserve.api.structured import parse_tool_answer, tool_finish
 from localserve.engine.request import FinishReason
 
@@ -147,6 +148,7 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
         if getattr(body, name) is not None:
             chat[name] = getattr(body, name)
     chat.update(_output_format(body.output_config))
+    chat.update(extensions(body.model_extra))
     if body.tools:
         chat["tools"] = [{"type": "function", "function": {
             "name": t.get("name"), "description": t.get("description"),
@@ -167,8 +169,9 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
 async def messages(body: MessagesRequest, request: Request):
     chat = as_chat(body)
     service, stream, plan = await start_chat(request, chat, "/v1/messages")
-    message = MessageReply(service.model_id, stream.requests[0].num_prompt_tokens, plan)
-    headers = ignored_header(sorted(body.model_extra or {}))
+    message = MessageReply(service.model_id, stream.requests[0].num_prompt_tokens, plan,
+                           reasons(service))
+    headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
     if not body.stream:
         return JSONResponse(await message.collect(stream, request), headers=headers)
     try:
@@ -187,14 +190,17 @@ async def count_tokens(body: CountTokensRequest, request: Request):
 
 
 class MessageReply:
-    def __init__(self, model: str, input_tokens: int, tools):
+    def __init__(self, model: str, input_tokens: int, tools, reasoning: bool = False):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model, self.input_tokens, self.tools = model, input_tokens, tools
+        self.reasoning = reasoning and tools is None  # <think> blocks become thinking blocks
 
     def _blocks(self, text: str) -> tuple[list[dict], bool]:
         """Content blocks of a finished answer; True when it called tools."""
         if self.tools is None:
-            return [{"type": "text", "text": text}], False
+            thought, text = split_reasoning(text) if self.reasoning else ("", text)
+            thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
+            return thinking + [{"type": "text", "text": text}], False
         content, calls = parse_tool_answer(text, self.tools)
         blocks = [{"type": "text", "text": content}] if content else []
         blocks += [{"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
@@ -232,8 +238,10 @@ class MessageReply:
         return {"event": kind, "data": json.dumps({"type": kind, **data})}
 
     async def events(self, stream):
-        """Text streams as it comes (tool answers are parsed once complete, as in chat)."""
-        held, index, open_text = [], 0, False
+        """Text streams as it comes, after a thinking block when the model reasons (tool
+        answers are parsed once complete, as in chat)."""
+        held, index, opened = [], 0, None  # opened: the kind of block being streamed
+        splitter = ThinkSplitter() if self.reasoning else None
         try:
             yield self._event("message_start", message=self._message([], None, 0))
             async for _, event in stream:
@@ -242,16 +250,29 @@ class MessageReply:
                     return
                 if event.text and self.tools is not None:
                     held.append(event.text)
-                elif event.text:
-                    if not open_text:
-                        yield self._event("content_block_start", index=index,
-                                          content_block={"type": "text", "text": ""})
-                        open_text = True
-                    yield self._event("content_block_delta", index=index,
-                                      delta={"type": "text_delta", "text": event.text})
+                    pieces = ()
+                elif splitter is not None:
+                    thought, text, _ = think(splitter, event)
+                    pieces = (("thinking", thought), ("text", text))
+                else:
+                    pieces = (("text", event.text),)
+                for kind, piece in pieces:
+                    if not piece:
+                        continue
+                    if opened not in (None, kind):
+                        yield self._event("content_block_stop", index=index)
+                        index, opened = index + 1, None
+                    if opened is None:
+                        yield self._event("content_block_start", index=index, content_block=(
+                            {"type": "text", "text": ""} if kind == "text"
+                            else {"type": "thinking", "thinking": "", "signature": ""}))
+                        opened = kind
+                    yield self._event("content_block_delta", index=index, delta=(
+                        {"type": "text_delta", "text": piece} if kind == "text"
+                        else {"type": "thinking_delta", "thinking": piece}))
                 if not event.finished:
                     continue
-                if open_text:
+                if opened is not None:
                     yield self._event("content_block_stop", index=index)
                     index += 1
                 called = False

@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import hold_quota, identity, lease, reserve_tokens
+from localserve.api.reasoning import uses_reasoning
 from localserve.api.replies import Reply, fingerprint
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError, _Sampling
 from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
@@ -127,8 +128,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request):
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
     service, stream, plan = await start_chat(request, body, "/v1/chat/completions")
     reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
-                  piece=service.runner.piece)
+                  piece=service.runner.piece, reasoning=reasons(service))
     return await reply.respond(stream, request)
+
+
+def reasons(service: Service) -> bool:
+    """Whether this model's answers may open with a <think> block to split off."""
+    return uses_reasoning(service.settings.reasoning_format,
+                          service.template.source if service.template else None)
 
 
 async def chat_tokens(service: Service, body: ChatCompletionRequest):

@@ -53,6 +53,17 @@ UNSUPPORTED = {
 }
 
 
+# llama-server's sampling extensions, which the Messages and Responses adapters pass on to the
+# chat request they become (as llama-server does) instead of ignoring them.
+EXTENSIONS = ("grammar", "json_schema", "seed", "min_p", "repeat_penalty", "presence_penalty",
+              "frequency_penalty", "logit_bias", "ignore_eos")
+
+
+def extensions(extra: dict | None) -> dict:
+    """The extension fields among a request's undeclared ones."""
+    return {name: value for name, value in (extra or {}).items() if name in EXTENSIONS}
+
+
 class JsonSchemaFormat(BaseModel):
     name: str = Field("response", max_length=64)
     description: str | None = None

@@ -1,0 +1,75 @@
+"""Reasoning separated from the answer: what a reasoning model writes inside <think>...</think>
+before its answer goes to `reasoning_content` (chat), `thinking` blocks (Messages) or a
+reasoning item (Responses), never into the answer's text, as llama-server's
+`--reasoning-format` does.
+
+Only a block at the very start of the answer counts (after whitespace): a <think> written later
+is part of the answer. The text is split as it streams; a tag cut between two pieces is held
+back until the next piece says what it is.
+"""
+
+from __future__ import annotations
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+def uses_reasoning(format_: str, template_source: str | None) -> bool:
+    """--reasoning-format: auto splits when the model's chat template writes <think> blocks,
+    deepseek always, none never."""
+    return format_ == "deepseek" or (format_ == "auto" and OPEN in (template_source or ""))
+
+
+def _partial_tag(text: str, tag: str) -> int:
+    """How many characters at the end of text could be the start of tag."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if text.endswith(tag[:n]):
+            return n
+    return 0
+
+
+class ThinkSplitter:
+    """feed(piece) -> (reasoning, answer) text of one streamed piece; flush() at the end."""
+
+    def __init__(self):
+        self.state = "start"  # -> "reasoning" -> "answer"; or "start" -> "answer"
+        self.held = ""
+        self.after_close = False  # strip the blank lines a model writes after </think>
+
+    def feed(self, piece: str) -> tuple[str, str]:
+        text, self.held = self.held + piece, ""
+        if self.state == "start":
+            stripped = text.lstrip()
+            if stripped.startswith(OPEN):
+                self.state, text = "reasoning", stripped[len(OPEN):]
+            elif OPEN.startswith(stripped):  # nothing yet, or a cut "<thi"
+                self.held = text
+                return "", ""
+            else:
+                self.state = "answer"
+        if self.state == "reasoning":
+            at = text.find(CLOSE)
+            if at < 0:
+                keep = _partial_tag(text, CLOSE)
+                self.held = text[len(text) - keep:]
+                return text[:len(text) - keep], ""
+            self.state, self.after_close = "answer", True
+            return text[:at], self._answer(text[at + len(CLOSE):])
+        return "", self._answer(text)
+
+    def _answer(self, text: str) -> str:
+        if self.after_close:
+            text = text.lstrip()
+            self.after_close = not text
+        return text
+
+    def flush(self) -> tuple[str, str]:
+        """What is held back when the answer ends: an unclosed block stays reasoning."""
+        held, self.held = self.held, ""
+        return (held, "") if self.state == "reasoning" else ("", held)
+
+
+def split_reasoning(text: str) -> tuple[str, str]:
+    """(reasoning, answer) of a whole text."""
+    splitter = ThinkSplitter()
+    first, second = splitter.feed(text), splitter.flush()
+    return first[0] + second[0], first[1] + second[1]
