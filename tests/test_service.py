@@ -6,6 +6,7 @@ import shlex
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 
@@ -97,3 +98,21 @@ def test_sighup_rereads_quotas_and_usage_names_its_ledger(tmp_path):
                           str(tmp_path / "state")], cwd=ROOT, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 0 and f"ledger: {tmp_path / 'state' / 'ledger.db'}" in run.stderr
+
+
+def test_the_readmes_office_toml_loads_as_shown(tmp_path):
+    """The five-minute section's settings file is valid: every key known, quotas parsed."""
+    import re
+
+    from localserve.config import default_model_path
+    from localserve.settings_loader import load_settings
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Serve your team in five minutes", 1)[1]
+    toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
+    toml = re.sub(r"(?m)^\s+", "", toml)  # the block is indented inside a list item
+    toml = re.sub(r'path = "[^"]*"', f'path = "{default_model_path()}"', toml)
+    (tmp_path / "office.toml").write_text(toml)
+    settings = load_settings({}, environ={}, config_path=str(tmp_path / "office.toml"))
+    assert settings.host == "0.0.0.0" and settings.parallel == 8
+    assert set(settings.models) == {"coder"} and set(settings.quotas) == {"default", "bob"}
