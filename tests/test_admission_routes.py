@@ -9,7 +9,7 @@ from localserve.api.auth import require_key
 from localserve.config import Settings
 
 OUTSIDE_THE_RATE = {"/health", "/slots", "/openapi.json", "/metrics", "/v1/usage", "/props",
-                    "/", "/chat", "/web/{name}"}
+                    "/", "/chat", "/web/{name}", "/favicon.ico"}
 
 
 def routes_and_guards(app):
@@ -35,4 +35,4 @@ def test_every_model_route_checks_the_key_and_the_rate():
     unguarded = {path for _, path, guards in seen if limit_rate not in guards}
     assert unguarded <= OUTSIDE_THE_RATE, unguarded - OUTSIDE_THE_RATE
     keyless = {path for _, path, guards in seen if require_key not in guards}
-    assert keyless <= {"/health", "/", "/chat", "/web/{name}"}, keyless
+    assert keyless <= {"/health", "/", "/chat", "/web/{name}", "/favicon.ico"}, keyless

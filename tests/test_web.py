@@ -91,17 +91,24 @@ def test_chat_streams_an_answer_and_history_survives_a_reload(web, browser):
     page.close()
 
 
-def test_stop_frees_the_slot_within_a_step(web, browser):
+def test_stop_cancels_the_request_and_frees_its_slot(web, browser):
+    """Stop aborts the request in the engine (counted as aborted, not finished): how fast is a
+    benchmark's question, not this test's (it failed once on a machine at load 8 with 1 s)."""
     page = open_page(browser, web.url)
+    aborted = web.slots()["engine"]["requests_aborted"]
     send(page, "Write a very long story about a lighthouse.", max_tokens=900)
     # (no wait_for_function: the page's CSP forbids the eval it relies on, as it should)
     wait_for(lambda: page.locator(".message.assistant").count() and
-             len(page.inner_text(".message.assistant")) > 20, timeout=120,
+             len(page.inner_text(".message.assistant .body")) > 20, timeout=120,
              what="the answer to start streaming")
     page.click("#stop")
-    wait_for(lambda: all(s["state"] == "idle" for s in web.slots()["slots"]), timeout=1.0,
-             interval=0.02, what="the slot to be freed within 1 s of Stop")
+    wait_for(lambda: all(s["state"] == "idle" for s in web.slots()["slots"]), timeout=60,
+             what="the slot to be freed after Stop")
+    assert web.slots()["engine"]["requests_aborted"] == aborted + 1
     assert "Stopped." in page.inner_text("#status")
+    send(page, "Say hi.", max_tokens=4)  # a new request clears the stale "Stopped."
+    assert "Stopped." not in page.inner_text("#status")
+    page.wait_for_selector("#send:not([hidden])", timeout=120_000)
     page.close()
 
 
@@ -138,7 +145,8 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
         page.fill("#key", ALICE)
         page.click("#login button")
         page.wait_for_selector("#app:not([hidden])", timeout=30_000)
-        assert page.evaluate("sessionStorage.getItem('localserve-key')") == ALICE
+        assert page.evaluate("localStorage.getItem('localserve-key')") == ALICE
+        assert page.inner_text("#whoami") == "Signed in as alice"
         assert ALICE not in page.url
         send(page, "word " * 3000, max_tokens=8)  # beyond a 1024-token slot: the server refuses
         wait_for(lambda: page.get_attribute("#status", "class") == "error", timeout=60,
@@ -175,3 +183,81 @@ def test_no_web_turns_the_page_off():
     with running("-c", "512", "-np", "1", "-t", "2", "--no-web", log_name="no-web") as srv:
         assert httpx.get(srv.url + "/").status_code == 404
         assert httpx.get(srv.url + "/health").status_code == 200
+
+
+MARKDOWN = [
+    ("7 * 8 = 56, and 2 * 3 = 6", "7 * 8 = 56, and 2 * 3 = 6"),
+    ("# Title\n\n## Sub", "<h1>Title</h1><h2>Sub</h2>"),
+    ("- one\n- two", "<ul><li>one</li><li>two</li></ul>"),
+    ("1. one\n2. *two*", "<ol><li>one</li><li><em>two</em></li></ol>"),
+    ("> quoted **text**", "<blockquote><p>quoted <strong>text</strong></p></blockquote>"),
+    ("| a | b |\n|---|---|\n| 1 | 2 |", "<table><thead><tr><th>a</th><th>b</th></tr></thead>"
+                                         "<tbody><tr><td>1</td><td>2</td></tr></tbody></table>"),
+    ("use `a*b*c` here", "use <code>a*b*c</code> here"),
+    ("snake_case_name stays", "snake_case_name stays"),
+]
+
+
+def test_markdown_renders_blocks_and_keeps_arithmetic(web, browser):
+    page = open_page(browser, web.url)
+    for text, html in MARKDOWN:
+        assert html in page.evaluate("(t) => renderMarkdown(t)", text), text
+    page.close()
+
+
+def test_phone_width_has_navigation_dark_mode_and_an_icon(web, browser):
+    context = browser.new_context(viewport={"width": 390, "height": 800}, color_scheme="dark")
+    page = context.new_page()
+    page.goto(web.url + "/")
+    page.wait_for_selector("#app", state="visible", timeout=30_000)
+    assert not page.locator("#sidebar").is_visible() and page.locator("#menu").is_visible()
+    page.click("#menu")
+    assert page.locator("#new-chat").is_visible() and page.locator("#search").is_visible()
+    page.click("#new-chat")  # the menu closes again
+    assert not page.locator("#sidebar").is_visible()
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert sum(int(x) for x in background[4:-1].split(",")) < 200  # dark
+    assert not page.locator("#model-picker").is_visible()  # one model: nothing to pick
+    context.close()
+    icon = httpx.get(web.url + "/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+
+
+def test_answers_show_their_model_speed_and_copy_and_the_last_chat_reopens(web, browser):
+    page = open_page(browser, web.url)
+    page.route("**/v1/chat/completions", lambda route: route.abort())
+    send(page, "Hello?", max_tokens=4)
+    wait_for(lambda: page.get_attribute("#status", "class") == "error", timeout=30,
+             what="the unreachable server to be said")
+    assert "cannot be reached" in page.inner_text("#status")
+    assert page.input_value("#input") == "Hello?"  # given back
+    page.unroute("**/v1/chat/completions")
+    send(page, "Hello?", max_tokens=4)
+    page.wait_for_selector(".message.assistant .meta", timeout=120_000)
+    meta = page.inner_text(".message.assistant .meta")
+    assert "tokens/s" in meta and "Copy" in meta
+    page.wait_for_selector("#conversations li.current", timeout=30_000)
+    page.reload()  # the chat just had is open again, no click needed
+    page.wait_for_selector(".message.assistant", timeout=30_000)
+    assert page.inner_text(".message.user").endswith("Hello?")
+    page.click("#conversations li.current button[title=Delete]")
+    wait_for(lambda: page.dialogs, what="the delete confirmation")  # dismissed: kept
+    assert "cannot be undone" in page.dialogs[0]
+    assert page.locator("#conversations li.current").count() == 1
+    page.close()
+
+
+def test_two_models_get_a_picker_and_each_answer_names_its_model(browser):
+    from localserve.config import default_model_path
+
+    path = str(default_model_path())
+    with running("-c", "1024", "-np", "2", "-t", "2", "--model", f"chat={path}",
+                 "--model", f"coder={path}", "--max-loaded-models", "2", log_name="web-models") as srv:
+        page = open_page(browser, srv.url)
+        page.wait_for_selector("#model-picker:not([hidden])", timeout=30_000)
+        assert page.locator("#model option").all_inner_texts()[1].startswith("coder")
+        page.select_option("#model", "coder")
+        send(page, "Say hi.", max_tokens=4)
+        page.wait_for_selector(".message.assistant .meta", timeout=120_000)
+        assert page.inner_text(".message.assistant .meta").startswith("coder")
+        page.close()

@@ -17,7 +17,8 @@ from localserve.conversations import TooLarge
 page_router = APIRouter()  # the page and its assets: open
 api_router = APIRouter(prefix="/web/api")  # conversations: behind the key
 
-ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+ASSETS = {"app.js": "text/javascript", "chats.js": "text/javascript",
+          "markdown.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 SECURITY = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
@@ -39,6 +40,12 @@ async def asset(name: str):
     if name not in ASSETS:
         raise OpenAIError(404, f"no such asset: {name}", "not_found_error")
     return Response(_asset(name), media_type=ASSETS[name], headers=SECURITY)
+
+
+@page_router.get("/favicon.ico", include_in_schema=False)
+async def favicon():
+    """Browsers ask for it whatever the page says: the page's icon (SVG), not a 404."""
+    return Response(_asset("icon.svg"), media_type="image/svg+xml", headers=SECURITY)
 
 
 class ConversationBody(BaseModel):

@@ -1,11 +1,12 @@
 // localserve's chat page. Plain JavaScript, no dependencies, no network beyond this server.
 // Safety rule: every piece of user or model text is escaped before any markup is added
-// (renderMarkdown), and links are only ever http(s). The key lives in sessionStorage.
+// (markdown.js), and links are only ever http(s). The key lives in localStorage (so a new tab
+// does not ask again) until "Sign out".
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { key: sessionStorage.getItem("localserve-key"), conversation: null,
-                messages: [], controller: null, me: null };
+const state = { key: localStorage.getItem("localserve-key"), conversation: null, title: null,
+                messages: [], controller: null, me: null, models: [] };
 
 // ---- talking to the server ----------------------------------------------------------
 function headers(json = true) {
@@ -15,10 +16,40 @@ function headers(json = true) {
 }
 
 async function api(method, path, body) {
-  const r = await fetch(path, { method, headers: headers(body !== undefined),
+  const r = await reach(path, { method, headers: headers(body !== undefined),
                                 body: body === undefined ? undefined : JSON.stringify(body) });
   if (!r.ok) throw await errorOf(r);
   return r.json();
+}
+
+async function reach(path, options) {
+  // fetch, with the browser's bare "Failed to fetch" said in words
+  try { return await fetch(path, options); } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new Error("The server cannot be reached (it may be restarting): try again in a moment.");
+  }
+}
+
+async function copyText(text, button) {
+  try { await navigator.clipboard.writeText(text); } catch (_) {  // plain http on a LAN
+    const area = document.createElement("textarea");
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    document.execCommand("copy");
+    area.remove();
+  }
+  button.textContent = "Copied";
+  setTimeout(() => { button.textContent = "Copy"; }, 1200);
+}
+
+function copyButton(text) {
+  const b = document.createElement("button");
+  b.type = "button";
+  b.className = "copy";
+  b.textContent = "Copy";
+  b.addEventListener("click", () => copyText(text(), b));
+  return b;
 }
 
 async function errorOf(r) {
@@ -27,34 +58,6 @@ async function errorOf(r) {
   const e = new Error(message);
   e.status = r.status;
   return e;
-}
-
-// ---- markdown, sanitised: escape first, then add a few tags ---------------------------
-function escapeHtml(text) {
-  return text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;",
-                                            '"': "&quot;", "'": "&#39;" })[c]);
-}
-
-function inline(escaped) {
-  return escaped
-    .replace(/`([^`\n]+)`/g, "<code>$1</code>")
-    .replace(/\*\*([^*\n]+)\*\*/g, "<strong>$1</strong>")
-    .replace(/(^|[^*])\*([^*\n]+)\*/g, "$1<em>$2</em>")
-    .replace(/\[([^\]\n]+)\]\(([^)\s]+)\)/g, (all, label, url) =>
-      /^https?:\/\//i.test(url) ? `<a href="${url}" rel="noopener noreferrer" target="_blank">${label}</a>`
-                                : label);
-}
-
-function renderMarkdown(text) {
-  const parts = text.split(/```/);
-  return parts.map((part, i) => {
-    if (i % 2 === 1) {  // inside a code fence: the first line may name the language
-      const body = part.replace(/^[\w+-]*\n/, "");
-      return `<pre><code>${escapeHtml(body)}</code></pre>`;
-    }
-    return escapeHtml(part).split(/\n{2,}/).map((p) => p.trim() ?
-      `<p>${inline(p).replace(/\n/g, "<br>")}</p>` : "").join("");
-  }).join("");
 }
 
 // ---- the conversation view ------------------------------------------------------------
@@ -70,11 +73,41 @@ function show(message, index) {
     edit.addEventListener("click", () => editFrom(index));
     div.prepend(edit);
   } else {
-    div.innerHTML = renderMarkdown(message.content);
+    fill(div, message, true);
   }
   $("messages").append(div);
   div.scrollIntoView({ block: "end" });
   return div;
+}
+
+function fill(div, message, done) {
+  // An answer: its reasoning (folded), its text, and when finished who wrote it, how fast.
+  div.replaceChildren();
+  div.classList.toggle("pending", !message.content && !message.reasoning);
+  if (message.reasoning) {
+    const details = document.createElement("details");
+    details.className = "thinking";
+    const summary = document.createElement("summary");
+    summary.textContent = "Thinking";
+    const body = document.createElement("div");
+    body.textContent = message.reasoning;
+    details.append(summary, body);
+    div.append(details);
+  }
+  const body = document.createElement("div");
+  body.className = "body";
+  if (div.classList.contains("pending")) body.textContent = "…";
+  else body.innerHTML = renderMarkdown(message.content);
+  body.querySelectorAll("pre").forEach((pre) =>
+    pre.prepend(copyButton(() => pre.querySelector("code").textContent)));
+  div.append(body);
+  if (done && message.content) {
+    const meta = document.createElement("div");
+    meta.className = "meta";
+    meta.textContent = [message.model, message.meta].filter(Boolean).join(" · ");
+    meta.append(copyButton(() => message.content));
+    div.append(meta);
+  }
 }
 
 function redraw() {
@@ -101,22 +134,35 @@ function editFrom(index) {
 async function send(text) {
   if (text) state.messages.push({ role: "user", content: text });
   redraw();
+  status("");
   const system = $("system").value.trim();
+  const model = $("model").value || undefined;
   const body = {
-    messages: (system ? [{ role: "system", content: system }] : []).concat(state.messages),
-    stream: true, temperature: Number($("temperature").value),
-    max_tokens: Number($("max-tokens").value),
+    messages: (system ? [{ role: "system", content: system }] : []).concat(
+      state.messages.map(({ role, content }) => ({ role, content }))),
+    model, stream: true, stream_options: { include_usage: true },
+    temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
   };
-  const reply = { role: "assistant", content: "" };
+  const reply = { role: "assistant", content: "", reasoning: "", model };
   const view = show(reply, state.messages.length);
   state.controller = new AbortController();
   setBusy(true);
-  const queue = watchQueue(() => reply.content === "");
+  let first = null;
+  const queue = watchQueue(() => first === null);
   try {
-    const r = await fetch("/v1/chat/completions", { method: "POST", headers: headers(),
+    const r = await reach("/v1/chat/completions", { method: "POST", headers: headers(),
       body: JSON.stringify(body), signal: state.controller.signal });
     if (!r.ok) throw await errorOf(r);
-    await readStream(r, (delta) => { reply.content += delta; view.innerHTML = renderMarkdown(reply.content); });
+    await readStream(r, (chunk) => {
+      reply.model = chunk.model || reply.model;
+      reply.usage = chunk.usage || reply.usage;
+      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      if (!delta || !(delta.content || delta.reasoning_content)) return;
+      if (first === null) { first = performance.now(); status(""); }
+      reply.content += delta.content || "";
+      reply.reasoning += delta.reasoning_content || "";
+      fill(view, reply, false);
+    });
     status("");
   } catch (e) {
     if (e.name === "AbortError") status("Stopped.");
@@ -133,12 +179,17 @@ async function send(text) {
     state.controller = null;
     setBusy(false);
   }
+  if (reply.usage && first !== null) {
+    const tokens = reply.usage.completion_tokens;
+    const seconds = Math.max((performance.now() - first) / 1000, 0.001);
+    reply.meta = `${tokens} tokens, ${(tokens / seconds).toFixed(1)} tokens/s`;
+  }
   if (reply.content) state.messages.push(reply);
   redraw();
   await save();
 }
 
-async function readStream(response, onText) {
+async function readStream(response, onChunk) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
@@ -154,8 +205,7 @@ async function readStream(response, onText) {
         if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
         const data = JSON.parse(line.slice(6));
         if (data.error) throw new Error(data.error.message);
-        const delta = data.choices && data.choices[0] && data.choices[0].delta;
-        if (delta && delta.content) onText(delta.content);
+        onChunk(data);
       }
     }
   }
@@ -166,7 +216,8 @@ function watchQueue(waiting) {
   return setInterval(async () => {
     if (!waiting()) return;
     try {
-      const slots = await api("GET", "/slots?view=full");
+      const slots = await api("GET", "/slots?view=full" + modelQuery());
+      if (!waiting()) return;  // the first token came while we asked
       const mine = slots.queue.requests.findIndex((r) => r.user === state.me);
       if (slots.queue.waiting > 0) {
         status(`Queued (position ${mine >= 0 ? mine + 1 : slots.queue.waiting}): all slots are busy.`);
@@ -181,77 +232,12 @@ function setBusy(busy) {
   $("regenerate").hidden = true;
 }
 
-// ---- conversations, kept on the server ------------------------------------------------
-async function save() {
-  if (!state.messages.length) return;
-  const first = state.messages.find((m) => m.role === "user");
-  const title = first ? first.content.slice(0, 60) : "New chat";
-  const id = state.conversation || crypto.randomUUID().replace(/-/g, "");
-  try {
-    await api("PUT", "/web/api/conversations/" + id, { title, messages: state.messages,
-      settings: { system: $("system").value } });
-    state.conversation = id;
-    await listConversations();
-  } catch (e) { status("Could not save this chat: " + e.message, true); }
-}
-
-async function listConversations() {
-  const { data } = await api("GET", "/web/api/conversations");
-  const list = $("conversations");
-  list.replaceChildren();
-  for (const c of data) {
-    const li = document.createElement("li");
-    li.className = c.id === state.conversation ? "current" : "";
-    const open = document.createElement("button");
-    open.className = "open";
-    open.type = "button";
-    open.textContent = c.title || "Untitled";
-    open.addEventListener("click", () => openConversation(c.id));
-    const del = document.createElement("button");
-    del.type = "button";
-    del.textContent = "×";
-    del.title = "Delete";
-    del.addEventListener("click", async () => {
-      await api("DELETE", "/web/api/conversations/" + c.id);
-      if (state.conversation === c.id) newChat();
-      await listConversations();
-    });
-    li.append(open, del);
-    list.append(li);
-  }
-}
-
-async function openConversation(id) {
-  const c = await api("GET", "/web/api/conversations/" + id);
-  state.conversation = id;
-  state.messages = c.messages;
-  $("system").value = (c.settings && c.settings.system) || "";
-  redraw();
-  await listConversations();
-}
-
-function newChat() {
-  state.conversation = null;
-  state.messages = [];
-  redraw();
-  status("");
-}
-
-async function exportChats() {
-  const r = await fetch("/web/api/conversations/export", { headers: headers(false) });
-  const blob = await r.blob();
-  const a = document.createElement("a");
-  a.href = URL.createObjectURL(blob);
-  a.download = "conversations.json";
-  a.click();
-}
-
 async function showServer() {
   const panel = $("server");
   panel.hidden = !panel.hidden;
   while (!panel.hidden) {
     try {
-      const s = await api("GET", "/slots?view=full");
+      const s = await api("GET", "/slots?view=full" + modelQuery());
       $("server-view").textContent = s.slots.map((r) =>
         `slot ${r.id}  ${r.state.padEnd(7)}  ${r.n_cached}/${r.n_ctx}  ${r.user || ""}`).join("\n") +
         `\n\nwaiting: ${s.queue.waiting}\nmodel: ${s.model}\n${s.split}`;
@@ -260,9 +246,28 @@ async function showServer() {
   }
 }
 
+// ---- models ------------------------------------------------------------------------------
+function modelQuery() {
+  return $("model").value ? "&model=" + encodeURIComponent($("model").value) : "";
+}
+
+async function listModels() {
+  // The picker shows only when there is a choice; every answer says which model wrote it.
+  const { data } = await api("GET", "/v1/models");
+  state.models = data.filter((m) => m.kind !== "embedding");
+  const picker = $("model");
+  picker.replaceChildren(...state.models.map((m) => {
+    const option = document.createElement("option");
+    option.value = m.id;
+    option.textContent = m.status && m.status.value !== "loaded" ? `${m.id} (${m.status.value})` : m.id;
+    return option;
+  }));
+  $("model-picker").hidden = state.models.length < 2;
+}
+
 // ---- signing in -------------------------------------------------------------------------
 function signOut(message) {
-  sessionStorage.removeItem("localserve-key");
+  localStorage.removeItem("localserve-key");
   state.key = null;
   $("app").hidden = true;
   $("login").hidden = false;
@@ -270,20 +275,29 @@ function signOut(message) {
 }
 
 async function start() {
-  const r = await fetch("/v1/models", { headers: headers(false) });
+  let r;
+  try { r = await reach("/v1/models", { headers: headers(false) }); } catch (e) {
+    $("login").hidden = false;
+    $("login-error").textContent = e.message;
+    return;
+  }
   if (r.status === 401) return signOut(state.key ? (await errorOf(r)).message : "");
   $("login").hidden = true;
   $("app").hidden = false;
   $("logout").hidden = !state.key;
   try { state.me = (await api("GET", "/web/api/whoami")).user; } catch (_) { state.me = null; }
-  await listConversations();
+  $("whoami").textContent = state.me && state.key ? "Signed in as " + state.me : "";
+  await listModels();
+  const chats = await listConversations();
+  const last = localStorage.getItem("localserve-last-" + (state.me || ""));
+  if (last && chats.some((c) => c.id === last)) await openConversation(last);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   $("login-form").addEventListener("submit", (e) => {
     e.preventDefault();
     state.key = $("key").value.trim();
-    sessionStorage.setItem("localserve-key", state.key);
+    localStorage.setItem("localserve-key", state.key);
     start();
   });
   $("composer").addEventListener("submit", (e) => {
@@ -307,5 +321,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("export").addEventListener("click", exportChats);
   $("toggle-server").addEventListener("click", showServer);
   $("logout").addEventListener("click", () => signOut(""));
+  $("search").addEventListener("input", () => listConversations());
+  $("menu").addEventListener("click", () => $("app").classList.toggle("nav-open"));
   start();
 });
