@@ -13,7 +13,7 @@ def scripted(payloads):
     """A fetch that replays fixed payloads (then repeats the last), and a clock that ticks 2 s."""
     state = {"i": 0, "t": 0.0}
 
-    async def fetch():
+    async def fetch(model=None):
         item = payloads[min(state["i"], len(payloads) - 1)]
         state["i"] += 1
         if isinstance(item, Exception):
@@ -161,5 +161,46 @@ def test_admins_see_todays_tokens_per_key_from_the_ledger():
         async with app.run_test(size=(110, 30)) as pilot:
             await poll_done(pilot)
             assert "tokens today: alice 120, [bob] 10" in str(app.query_one("#system").render())
+
+    asyncio.run(run())
+
+
+def two_model_payload(model, generated):
+    shown = model or "a"
+    payload = slots(10)
+    payload["model"] = shown
+    payload["models"] = [{"id": "a", "status": {"value": "loaded"}},
+                         {"id": "b", "status": {"value": "loaded"}}]
+    metrics = ('# TYPE localserve:generation_tokens counter\n'
+               f'localserve:generation_tokens_total{{model="a"}} {generated}\n'
+               f'localserve:generation_tokens_total{{model="b"}} {generated * 3}\n')
+    return payload, metrics, PROPS
+
+
+def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
+    polls = {"n": 0}
+
+    async def fetch(model=None):
+        polls["n"] += 1
+        return two_model_payload(model, 100 * polls["n"])
+
+    ticks = {"t": 0.0}
+
+    def clock():
+        ticks["t"] += 2.0
+        return ticks["t"]
+
+    async def run():
+        app = Dashboard(fetch, url="http://office:8080", interval=3600, clock=clock)
+        async with app.run_test(size=(110, 30)) as pilot:
+            await poll_twice(pilot)
+            assert app.view.model == "a" and app.view.tok_s == 50.0  # 100 tokens in 2 s
+            await pilot.press("m")
+            await poll_done(pilot)
+            pilot.app.poll()
+            await poll_done(pilot)
+            assert app.model == "b" and app.view.model == "b"
+            assert app.view.tok_s == 150.0  # b's counter: 300 more tokens in 2 s
+            assert "sorted by id" in str(app.query_one("#status").render())
 
     asyncio.run(run())

@@ -69,3 +69,17 @@ def test_prompt_cache_hit_rate_and_drafts_kept_come_from_the_metrics():
     assert view.drafts_kept == pytest.approx(0.7)
     plain = Tracker().update(slots(1), METRICS.format(gen=0, b1=0, b2=0), now=1.0)
     assert plain.cache_hit_rate is None and plain.drafts_kept is None
+
+
+def test_a_server_with_several_models_is_read_for_the_model_shown():
+    """Every sample is labelled with its model there: the shown model's are read, not none."""
+    from tui.model import parse_metrics
+
+    text = ('# TYPE localserve:generation_tokens counter\n'
+            'localserve:generation_tokens_total{model="a"} 5\n'
+            'localserve:generation_tokens_total{model="b"} 70\n'
+            '# TYPE localserve:process_cpu_percent gauge\n'
+            'localserve:process_cpu_percent{model="b"} 130\n')
+    assert parse_metrics(text, "b") == {"localserve:generation_tokens_total": 70.0,
+                                        "localserve:process_cpu_percent": 130.0}
+    assert parse_metrics(text, "a")["localserve:generation_tokens_total"] == 5.0

@@ -26,9 +26,13 @@ from textual.widgets import Footer, Static
 from tui.model import Tracker, View
 from tui.widgets import LabeledSparkline, QueuePanel, SlotTable, SystemPanel
 
-# fetch() -> (slots JSON, metrics text, props JSON or None); raises FetchError
-Fetch = Callable[[], Awaitable[tuple[dict, str, dict | None]]]
+# fetch(model or None) -> (slots JSON, metrics text, props JSON or None); raises FetchError
+Fetch = Callable[[str | None], Awaitable[tuple[dict, str, dict | None]]]
 SORTS = ("id", "state", "age")
+LEGEND = ("context: tokens in the slot / its size (dim: a kept prefix, reused when its "
+          "conversation returns) · prefill: reading the prompt · decode: writing the answer · "
+          "TTFT: time to first token over the last minute · preemptions: answers paused "
+          "because the cache ran short")
 
 
 class FetchError(Exception):
@@ -37,12 +41,13 @@ class FetchError(Exception):
 
 def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> Fetch:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    props_cache: dict = {}
+    props_cache: dict = {}  # model (None: the default) -> its /props
 
-    async def fetch():
+    async def fetch(model: str | None = None):
+        which = {"model": model} if model else {}
         try:
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
-                slots = await client.get("/slots?view=full")
+                slots = await client.get("/slots", params={"view": "full", **which})
                 if slots.status_code == 401:
                     raise FetchError("wrong or missing API key (--api-key)")
                 if slots.status_code != 200:
@@ -53,11 +58,11 @@ def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> 
                 slots_json = slots.json()
                 if usage.status_code == 200:  # an admin key sees every key, a user key its own
                     slots_json["usage_today"] = usage.json()["data"]
-                if not props_cache:
-                    props = await client.get("/props")
+                if model not in props_cache:
+                    props = await client.get("/props", params=which)
                     if props.status_code == 200:
-                        props_cache.update(props.json())
-                return slots_json, metrics.text, props_cache or None
+                        props_cache[model] = props.json()
+                return slots_json, metrics.text, props_cache.get(model)
         except httpx.HTTPError as exc:
             props_cache.clear()  # the server may come back as another model
             raise FetchError(f"unreachable, retrying ({type(exc).__name__})") from exc
@@ -72,6 +77,7 @@ class Dashboard(App):
         Binding("q", "quit", "quit"),
         Binding("p", "toggle_pause", "pause"),
         Binding("s", "cycle_sort", "sort"),
+        Binding("m", "next_model", "model"),
     ]
 
     def __init__(self, fetch: Fetch, url: str = "", interval: float = 1.0,
@@ -81,6 +87,7 @@ class Dashboard(App):
         self.tracker = Tracker()
         self.paused = False
         self.sort_key = "id"
+        self.model: str | None = None  # None: the server's default (first loaded) model
         self.view: View | None = None
         self.status = "connecting…"
         self.polls = 0
@@ -94,6 +101,7 @@ class Dashboard(App):
             yield LabeledSparkline("tokens/s", id="throughput")
             yield LabeledSparkline("time to first token", id="ttft")
         yield SystemPanel(id="system")
+        yield Static(LEGEND, id="legend", markup=False)
         yield Footer()
 
     def on_mount(self) -> None:
@@ -103,7 +111,7 @@ class Dashboard(App):
     @work(exclusive=True)
     async def poll(self) -> None:
         try:
-            slots, metrics, props = await self.fetch()
+            slots, metrics, props = await self.fetch(self.model)
             self.view = self.tracker.update(slots, metrics, self.clock(), props)
             self.status = "paused" if self.paused else "live"
         except FetchError as exc:
@@ -130,16 +138,17 @@ class Dashboard(App):
 
     def _render_view(self) -> None:
         status = self.query_one("#status", Static)
-        status.update(self.status)
-        status.set_class(self.status not in ("live", "paused"), "error")
+        live = self.status in ("live", "paused")
+        status.update(f"{self.status} · sorted by {self.sort_key}" if live else self.status)
+        status.set_class(not live, "error")
         view = self.view
         if view is None:
             return
         backend = f" · {view.backend}" if view.backend else ""
         header = Text.assemble((view.model, "bold"),
                                f"{backend} · {view.split.split(' (')[0]} · {self.url}")
-        if len(view.models) > 1:  # several models: the slots shown are the first loaded one's
-            header.append(" · " + ", ".join(f"{name} ({state})" for name, state in view.models))
+        if len(view.models) > 1:  # several models: m shows the next one's slots and numbers
+            header.append(" · models: " + ", ".join(f"{name} ({state})" for name, state in view.models))
         self.query_one("#header", Static).update(header)
         self.query_one(SlotTable).show(self._sorted(view))
         self.query_one(QueuePanel).show(view)
@@ -165,6 +174,18 @@ class Dashboard(App):
         if not self.paused:
             self.poll()
         self.render_view()
+
+    def action_next_model(self) -> None:
+        """Show the next model's slots and numbers (a fresh tracker: rates are per model)."""
+        names = [name for name, _ in self.view.models] if self.view else []
+        if len(names) < 2:
+            self.notify("this server has one model", timeout=1.5)
+            return
+        current = self.view.model if self.view.model in names else names[0]
+        self.model = names[(names.index(current) + 1) % len(names)]
+        self.tracker = Tracker()
+        self.notify(f"model {self.model}", timeout=1.5)
+        self.poll()
 
     def action_cycle_sort(self) -> None:
         self.sort_key = SORTS[(SORTS.index(self.sort_key) + 1) % len(SORTS)]

@@ -15,14 +15,19 @@ from prometheus_client.parser import text_string_to_metric_families
 WINDOW_S = 60.0  # sparklines and percentiles cover about the last minute
 
 
-def parse_metrics(text: str) -> dict:
-    """{sample name: value} for plain samples; {name: [(le, count), ...]} for histogram buckets."""
+def parse_metrics(text: str, model: str | None = None) -> dict:
+    """{sample name: value} for plain samples; {name: [(le, count), ...]} for histogram buckets.
+    A server with several models labels every sample with its `model`: only that model's
+    samples are read (and unlabelled ones)."""
     out: dict = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
+            labels = {k: v for k, v in s.labels.items() if k != "le"}
+            if labels and labels != {"model": model}:
+                continue
             if s.name.endswith("_bucket"):
                 out.setdefault(s.name, []).append((float(s.labels["le"]), s.value))
-            elif not s.labels:
+            else:
                 out[s.name] = s.value
     return out
 
@@ -98,7 +103,7 @@ class Tracker:
         self.ttft_history: deque[float] = deque(maxlen=60)
 
     def update(self, slots: dict, metrics_text: str, now: float, props: dict | None = None) -> View:
-        m = parse_metrics(metrics_text)
+        m = parse_metrics(metrics_text, slots.get("model"))
         generated = m.get("localserve:generation_tokens_total", 0.0)
         ttft_buckets = m.get("localserve:time_to_first_token_seconds_bucket", [])
         decoded = {s["request_id"]: s["n_decoded"] for s in slots["slots"] if s["request_id"]}

@@ -72,9 +72,9 @@ class LabeledSparkline(Vertical):
 
     def show(self, caption: str, values: list[float]) -> None:
         self.query_one(".caption", Static).update(caption)
-        # Textual draws a single value (or none) as full bars; anchor the scale at zero so an
-        # idle server shows empty bars, not full ones.
-        self.query_one(Sparkline).data = [0.0, *values] if len(values) < 2 else values
+        # Textual draws data whose values are all equal (one value, or all zeros) as full bars:
+        # anchor the scale at zero, and draw nothing until there is something to draw.
+        self.query_one(Sparkline).data = [0.0, *values] if any(values) else []
 
 
 class QueuePanel(Static):
