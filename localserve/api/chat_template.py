@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass
 
 from jinja2 import TemplateError
+from jinja2.utils import htmlsafe_json_dumps
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used only when a GGUF carries no template: ChatML, the most common format.
@@ -66,7 +67,8 @@ class PromptPart:
 
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         self.source = source or CHATML
         self.template = env.from_string(self.source)
@@ -77,19 +79,24 @@ class ChatTemplate:
         """The prompt as one string (for /apply-template-style display, not for tokenizing)."""
         return "".join(p.text for p in self.render_parts(messages, add_generation_prompt))
 
-    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True
-                     ) -> list[PromptPart]:
+    def render_parts(self, messages: list[dict], add_generation_prompt: bool = True,
+                     tools: list[dict] | None = None) -> list[PromptPart]:
         """The prompt as template parts and caller parts, in order (see the module doc)."""
         nonce = secrets.token_hex(8)
         contents = {}
         masked = []
         for i, message in enumerate(messages):
             marker = f"\ue000{nonce}-{i}\ue001"
-            contents[marker] = message.get("content") or ""
+            text = message.get("content") or ""
+            contents[marker] = text
+            # a template that writes content with `| tojson` (Llama 3.1's tool results) shows
+            # the marker escaped: the caller's text goes there, escaped the same way
+            contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(text))
             masked.append({**message, "content": marker})
-        rendered = self._render(masked, add_generation_prompt)
+        rendered = self._render(masked, add_generation_prompt, tools)
         parts = []
-        pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001)")
+        pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001|" + '"\\\\ue000' + nonce
+                             + r'-\d+\\ue001")')
         for piece in pattern.split(rendered):
             if piece in contents:
                 if contents[piece]:
@@ -98,10 +105,12 @@ class ChatTemplate:
                 parts.append(PromptPart(piece, trusted=True))
         return parts
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def _render(self, messages: list[dict], add_generation_prompt: bool,
+                tools: list[dict] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}  # a template's own tool format (tool_formats.py)
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                        bos_token=self.bos_token, eos_token=self.eos_token)
+                                        bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise
         except TemplateError as exc:

@@ -49,19 +49,21 @@ def check_token_ids(service: Service, ids: list[int], param: str) -> list[int]:
     return list(ids)
 
 
-def _chat_tokens(service: Service, messages: list[dict]) -> list[int]:
+def _chat_tokens(service: Service, messages: list[dict], tools: list[dict] | None) -> list[int]:
     try:
-        parts = service.template.render_parts(messages)
+        parts = service.template.render_parts(messages, tools=tools)
     except ChatTemplateError as exc:
         raise OpenAIError(400, str(exc), param="messages")
     return service.tokenize_parts(parts)
 
 
-async def chat_prompt(service: Service, rendered: list[dict]) -> list[int]:
-    """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt)."""
-    check_size(service, len(rendered), sum(len(m["content"].encode()) for m in rendered),
-               "messages")
-    return await run_in_threadpool(_chat_tokens, service, rendered)
+async def chat_prompt(service: Service, rendered: list[dict],
+                      tools: list[dict] | None = None) -> list[int]:
+    """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt);
+    tools for a template that renders them itself."""
+    size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
+    check_size(service, len(rendered), size, "messages")
+    return await run_in_threadpool(_chat_tokens, service, rendered, tools)
 
 
 async def text_prompt(service: Service, prompt: str) -> list[int]:

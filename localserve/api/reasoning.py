@@ -19,7 +19,7 @@ def uses_reasoning(format_: str, template_source: str | None) -> bool:
     return format_ == "deepseek" or (format_ == "auto" and OPEN in (template_source or ""))
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """How many characters at the end of text could be the start of tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):
@@ -49,7 +49,7 @@ class ThinkSplitter:
         if self.state == "reasoning":
             at = text.find(CLOSE)
             if at < 0:
-                keep = _partial_tag(text, CLOSE)
+                keep = partial_tag(text, CLOSE)
                 self.held = text[len(text) - keep:]
                 return text[:len(text) - keep], ""
             self.state, self.after_close = "answer", True

@@ -28,6 +28,7 @@ from localserve import __version__
 from localserve.api.reasoning import ThinkSplitter
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
+from localserve.api.tool_formats import ProseThenCalls
 from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import FinishReason, TokenEvent
 
@@ -149,6 +150,9 @@ class Reply:
         last: dict[int, TokenEvent] = {}
         thinking = {i: ThinkSplitter() for i in range(n)} if self.reasoning else None
         reasoning_tokens = 0
+        native = self.tools is not None and self.tools.native is not None \
+            and self.tools.allow_text_response  # prose streams until the model calls
+        prose = {i: ProseThenCalls(self.tools.native) for i in range(n)} if native else None
         offsets = {i: len(self.prefix) for i in range(n)}  # text sent so far: text_offset
         try:
             for i in range(n):
@@ -160,7 +164,10 @@ class Reply:
                 if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
                     yield {"data": json.dumps(error_payload(event))}
                     break
-                if event.text and self.tools is not None:
+                if event.text and prose is not None:
+                    if text := prose[i].feed(event.text):
+                        yield self._chunk([self._delta(i, {"content": text})])
+                elif event.text and self.tools is not None:
                     held[i].append(event.text)
                 elif thinking is not None:
                     thought, text, spent = think(thinking[i], event)
@@ -177,7 +184,9 @@ class Reply:
                 if event.finished:
                     finish = str(event.finish_reason)
                     if self.tools is not None:
-                        for chunk, finish in self._tool_chunks(i, "".join(held[i]), finish):
+                        content, calls = (prose[i].finish() if prose is not None else
+                                          parse_tool_answer("".join(held[i]), self.tools))
+                        for chunk, finish in self._tool_chunks(i, content, calls, finish):
                             yield chunk
                     yield self._chunk([self._delta(i, {}, finish)])
                     last[i] = event
@@ -187,8 +196,7 @@ class Reply:
         finally:
             stream.cancel()
 
-    def _tool_chunks(self, i: int, text: str, finish: str):
-        content, calls = parse_tool_answer(text, self.tools)
+    def _tool_chunks(self, i: int, content: str | None, calls: list[dict], finish: str):
         if content:
             yield self._chunk([self._delta(i, {"content": content})]), finish
         for index, call in enumerate(calls):

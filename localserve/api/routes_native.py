@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field, model_validator
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
-from localserve.api import prompt, structured
+from localserve.api import prompt, structured, tool_formats
 from localserve.api.admission import hold_quota, lease
 from localserve.api.routes_openai import submit
 from localserve.api.replies import failure
@@ -210,8 +210,10 @@ async def detokenize(body: DetokenizeBody, request: Request):
 @router.post("/apply-template")
 async def apply_template(body: TemplateBody, request: Request):
     async with lease(request, body.model) as service:
+        native = tool_formats.detect(service.template.source)  # tool history in its own words
+        messages = (tool_formats.template_messages(body.messages, native) if native
+                    else [m.as_template_dict() for m in body.messages])
         try:
-            return {"prompt": await run_in_threadpool(
-                service.template.render, [m.as_template_dict() for m in body.messages])}
+            return {"prompt": await run_in_threadpool(service.template.render, messages)}
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None

@@ -147,7 +147,8 @@ async def chat_tokens(service: Service, body: ChatCompletionRequest):
     else:
         messages, plan = [m.as_template_dict() for m in body.messages], None
         grammar = await run_in_threadpool(structured.request_grammar, service, body)
-    return await prompt.chat_prompt(service, messages), grammar, plan
+    tools_for_template = plan.template_tools if plan is not None else None
+    return await prompt.chat_prompt(service, messages, tools_for_template), grammar, plan
 
 
 async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):

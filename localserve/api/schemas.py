@@ -215,11 +215,23 @@ class ChatMessage(BaseModel):
     def _utf8(cls, value):
         return _valid_text(value, "content") if isinstance(value, str) else value
 
-    def as_template_dict(self) -> dict:
+    def as_template_dict(self, native: bool = False) -> dict:
+        """The message as the chat template reads it. Tool calls: written into the text in
+        the generic JSON format (structured.py), or kept as structure for a template that
+        renders them itself (native: tool_formats.py)."""
         content = self.content
         if isinstance(content, list):
             content = "".join(part.text for part in content)
         role = "system" if self.role == "developer" else self.role
+        if native:
+            out = {"role": role, "content": content or ""}
+            if self.tool_calls:
+                out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
+                    "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+                    for c in self.tool_calls]
+            if self.tool_call_id:
+                out["tool_call_id"] = self.tool_call_id
+            return out
         if self.tool_calls:  # the generic tool format (structured.py): the calls as JSON
             calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
                      for c in self.tool_calls]

@@ -21,7 +21,9 @@ import re
 import uuid
 from dataclasses import dataclass
 
+from localserve.api import tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
+from localserve.api.tool_formats import NativeFormat
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
 from localserve.service import Service
 
@@ -34,9 +36,11 @@ MAX_CALLS_PER_ANSWER = 8
 
 @dataclass(frozen=True)
 class ToolPlan:
-    """What a tools request needs after generation: parse the JSON answer into calls."""
+    """What a tools request needs after generation: parse the answer into calls."""
 
-    allow_text_response: bool  # tool_choice "auto": {"response": "..."} is allowed too
+    allow_text_response: bool  # tool_choice "auto": text instead of calls is allowed too
+    native: NativeFormat | None = None  # the model's own format (tool_formats.py), else generic
+    template_tools: list | None = None  # the tools, for a template that renders them
 
 
 def depth(value) -> int:
@@ -144,11 +148,14 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
             raise OpenAIError(400, f"tool_choice names '{wanted}', which is not among the tools "
                               f"offered ({', '.join(t.function.name for t in body.tools)})",
                               param="tool_choice")
+    for i, t in enumerate(tools):  # each alone first, so that an error names its tool
+        schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
+    native = tool_formats.detect(service.template.source if service.template else None)
+    if native is not None:
+        return native_tool_setup(service, body, tools, native)
     calls = [{"type": "object", "properties": {
         "name": {"const": t.function.name}, "arguments": t.function.parameters},
         "required": ["name", "arguments"]} for t in tools]
-    for i, t in enumerate(tools):  # each alone first, so that an error names its tool
-        schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
     call_list = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
                  "minItems": 1}
     # One list of calls, then the answer ends: a weak model would otherwise repeat a call
@@ -169,6 +176,21 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     return messages, grammar, ToolPlan(allow_text_response=auto)
 
 
+def native_tool_setup(service: Service, body: ChatCompletionRequest, tools, fmt: NativeFormat):
+    """The model's own format: the template renders the tools and the history; "auto" leaves
+    the answer free (prose, then calls in the format), otherwise the whole answer is calls."""
+    auto = body.tool_choice in (None, "auto")
+    plan = ToolPlan(allow_text_response=auto, native=fmt,
+                    template_tools=tool_formats.template_tools(body.tools))
+    messages = tool_formats.template_messages(body.messages, fmt)
+    if auto:
+        return messages, None, plan
+    most = 1 if body.parallel_tool_calls is False or fmt.name == "llama3" else MAX_CALLS_PER_ANSWER
+    call = schema_grammar(service, tool_formats.call_schema(tools, fmt), "tools")
+    grammar = checked_grammar(service, tool_formats.wrap_grammar(call, fmt, most), "tools")
+    return messages, grammar, plan
+
+
 def tool_prompt(tools, auto: bool) -> str:
     listing = json.dumps([{"name": t.function.name, "description": t.function.description or "",
                            "parameters": t.function.parameters} for t in tools], indent=1)
@@ -183,6 +205,9 @@ def parse_tool_answer(text: str, plan: ToolPlan) -> tuple[str | None, list[dict]
     """(content, tool_calls) from the constrained JSON answer. An answer cut by max_tokens
     gives the calls it completed, or the text so far of its {"response": ...}: the JSON
     format itself never reaches the client."""
+    if plan.native is not None:
+        content, calls = tool_formats.parse(text, plan.native)
+        return (None if not calls and not plan.allow_text_response else content), calls
     try:
         answer = json.loads(text)
     except ValueError:

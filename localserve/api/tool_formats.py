@@ -1,0 +1,212 @@
+"""Models' own tool-call formats: a model whose chat template renders `tools` was trained to
+call them in its own words, so tools and tool history go through that template, and its
+answer is read in that format:
+
+    hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated  (Qwen 2.5/3, Hermes)
+    mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]   (Mistral, Devstral)
+    granite  <|tool_call|>[{"name": ..., "arguments": {...}}]                    (Granite 3.x)
+    llama3   {"name": ..., "parameters": {...}}, maybe after <|python_tag|>     (Llama 3.1-3.3)
+
+Templates without tools (SmolLM2, Gemma 2) keep the generic JSON format (structured.py).
+
+With tool_choice "auto" the answer is not constrained: prose streams until the format's
+trigger appears, the calls after it are parsed once complete. (llama.cpp's lazy grammar, which
+would constrain only from the trigger on, throws a C++ exception through the C API when the
+text replayed at the trigger does not fit the grammar: that aborts the whole process, so it
+is not used.) "required" or a named tool constrains the whole answer to the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import uuid
+from dataclasses import dataclass
+
+from localserve.api.reasoning import partial_tag
+
+
+@dataclass(frozen=True)
+class NativeFormat:
+    name: str
+    trigger: str  # where calls begin in an answer
+    marker: str  # what in a chat template says it is this format
+    args_key: str = "arguments"
+    as_list: bool = False  # one JSON list after the trigger (else one object per block)
+    close: str = ""  # what ends one block
+    triggers: tuple[str, ...] = ()  # other openings of the same calls
+
+    def call_id(self) -> str:
+        return uuid.uuid4().hex[:9] if self.name == "mistral" else "call_" + uuid.uuid4().hex[:24]
+
+
+FORMATS = (
+    NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
+    NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
+    NativeFormat("granite", "<|tool_call|>", "<|tool_call|>", as_list=True),
+    NativeFormat("llama3", '{"name"', "<|start_header_id|>", args_key="parameters",
+                 triggers=("<|python_tag|>",)),
+)
+
+
+def detect(template_source: str | None) -> NativeFormat | None:
+    """The template's own format, when it renders `tools` and it is one of the known ones."""
+    source = template_source or ""
+    if not re.search(r"\btools\b", source):
+        return None
+    return next((f for f in FORMATS if f.marker in source), None)
+
+
+# ---- rendering --------------------------------------------------------------------------
+
+def template_tools(tools) -> list[dict]:
+    """OpenAI's tool list, as the templates read it."""
+    return [{"type": "function", "function": {"name": t.function.name,
+             "description": t.function.description or "", "parameters": t.function.parameters}}
+            for t in tools]
+
+
+def template_messages(messages, fmt: NativeFormat) -> list[dict]:
+    """Chat messages with their tool calls and results kept as structure for the template
+    (arguments as objects, which every template serialises itself)."""
+    out = []
+    for m in messages:
+        plain = m.as_template_dict(native=True)
+        if fmt.name == "mistral":  # its template insists on 9-character ids
+            plain = _short_ids(plain)
+        out.append(plain)
+    return out
+
+
+def _short_ids(message: dict) -> dict:
+    short = lambda i: i if len(i) == 9 and i.isalnum() else hashlib.sha1(i.encode()).hexdigest()[:9]  # noqa: E731
+    if message.get("tool_call_id"):
+        message = {**message, "tool_call_id": short(message["tool_call_id"])}
+    if message.get("tool_calls"):
+        message = {**message, "tool_calls": [{**c, "id": short(c["id"])} for c in message["tool_calls"]]}
+    return message
+
+
+# ---- the constrained form ("required" or a named tool) ------------------------------------
+
+def call_schema(tools, fmt: NativeFormat) -> dict:
+    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+                                               fmt.args_key: t.function.parameters},
+              "required": ["name", fmt.args_key]} for t in tools]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def wrap_grammar(call_gbnf: str, fmt: NativeFormat, most: int) -> str:
+    """The whole answer in the format, around a converted JSON schema grammar (its `root`
+    renamed): a list of 1..most calls, or 1..most blocks."""
+    body = rename_rule(call_gbnf, "root", "tool-call")
+    trigger = json.dumps(fmt.trigger)
+    if fmt.as_list:
+        more = f' ("," space tool-call){{0,{most - 1}}}' if most > 1 else ""
+        root = f'root ::= {trigger} "[" space tool-call{more} "]" space'
+    elif fmt.close:
+        block = f'{trigger} space tool-call space {json.dumps(fmt.close)}'
+        more = f' ("\\n" {block}){{0,{most - 1}}}' if most > 1 else ""
+        root = f"root ::= {block}{more}"
+    else:
+        root = "root ::= tool-call"
+    if "space ::=" not in body:
+        body += '\nspace ::= | " " | "\\n"'
+    return root + "\n" + body
+
+
+LITERAL = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
+
+
+def rename_rule(gbnf: str, old: str, new: str) -> str:
+    """Rename a rule everywhere it is defined or used, never inside a literal or a class."""
+    out, at = [], 0
+    word = re.compile(rf"(?<![\w-]){re.escape(old)}(?![\w-])")
+    for found in LITERAL.finditer(gbnf):
+        out.append(word.sub(new, gbnf[at:found.start()]))
+        out.append(found.group())
+        at = found.end()
+    out.append(word.sub(new, gbnf[at:]))
+    return "".join(out)
+
+
+# ---- reading an answer -----------------------------------------------------------------
+
+def _first_trigger(text: str, fmt: NativeFormat) -> int:
+    found = [i for i in (text.find(t) for t in (fmt.trigger, *fmt.triggers)) if i >= 0]
+    return min(found) if found else -1
+
+
+def parse(text: str, fmt: NativeFormat) -> tuple[str | None, list[dict]]:
+    """(content, tool calls in OpenAI's shape). Calls that do not parse are left out; if none
+    parses, the whole text is the content (what the model wrote, in its own words)."""
+    start = _first_trigger(text, fmt)
+    if start < 0:
+        return text, []
+    calls = [_openai_call(c, fmt) for c in _calls_in(text[start:], fmt)]
+    calls = [c for c in calls if c is not None]
+    if not calls:
+        return text, []
+    content = text[:start].strip()
+    return content or None, calls
+
+
+def _calls_in(text: str, fmt: NativeFormat) -> list:
+    """The call objects written from the trigger on (complete ones only)."""
+    if fmt.close:  # one object per block
+        return [v for block in text.split(fmt.trigger)[1:] for v in _objects(block.split(fmt.close)[0])]
+    for opening in fmt.triggers + ((fmt.trigger,) if fmt.as_list else ()):
+        text = text.replace(opening, "")
+    return _objects(text)
+
+
+def _objects(text: str) -> list:
+    """The JSON values at the start of text, one after another (a list opens into its items;
+    separators: whitespace , ;), up to the first that does not parse (a cut answer)."""
+    decoder, found = json.JSONDecoder(), []
+    text = text.strip()
+    at = 1 if text.startswith("[") else 0
+    while True:
+        at = len(text) - len(text[at:].lstrip(" \t\n\r;,"))
+        try:
+            value, at = decoder.raw_decode(text, at)
+        except ValueError:
+            return found
+        found.append(value)
+
+
+def _openai_call(call, fmt: NativeFormat) -> dict | None:
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return None
+    args = call.get(fmt.args_key, call.get("arguments", {}))
+    return {"id": fmt.call_id(), "type": "function", "function": {
+        "name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+class ProseThenCalls:
+    """While an answer streams: the prose before the format's trigger goes out as it comes
+    (a cut trigger held back until the next piece), everything from the trigger is held."""
+
+    def __init__(self, fmt: NativeFormat):
+        self.fmt, self.held, self.calling = fmt, "", False
+
+    def feed(self, piece: str) -> str:
+        if self.calling:
+            self.held += piece
+            return ""
+        text = self.held + piece
+        start = _first_trigger(text, self.fmt)
+        if start >= 0:
+            self.calling, self.held = True, text[start:]
+            return text[:start]
+        keep = max(partial_tag(text, t) for t in (self.fmt.trigger, *self.fmt.triggers))
+        self.held = text[len(text) - keep:]
+        return text[:len(text) - keep]
+
+    def finish(self) -> tuple[str | None, list[dict]]:
+        """(prose still held, calls) once the answer is complete."""
+        if not self.calling:
+            return self.held or None, []
+        content, calls = parse(self.held, self.fmt)
+        return (None, calls) if calls else (content, [])

@@ -1,0 +1,146 @@
+"""Models' own tool-call formats (api/tool_formats.py), tested without a large model: real chat
+templates (tests/templates/) render tools and tool history; each family's answers are read into
+OpenAI tool calls, whole and streamed in fragments; on the real server, the embedded model with a
+Qwen template override calls tools in Qwen's <tool_call> format."""
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import running
+from localserve.api.chat_template import ChatTemplate
+from localserve.api.schemas import ChatCompletionRequest
+from localserve.api.tool_formats import ProseThenCalls, detect, parse, rename_rule, template_messages, template_tools
+
+TEMPLATES = Path(__file__).parent / "templates"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+HISTORY = [
+    {"role": "system", "content": "You are helpful."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "call_abc123", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_abc123", "content": "Sunny, 21 C"},
+]
+FAMILIES = {
+    "Qwen-Qwen2.5-7B-Instruct": "hermes", "NousResearch-Hermes-3-Llama-3.1-8B-tool_use": "hermes",
+    "Qwen-Qwen3-0.6B": "hermes", "meta-llama-Llama-3.1-8B-Instruct": "llama3",
+    "meta-llama-Llama-3.2-3B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
+    "ibm-granite-granite-3.3-2B-Instruct": "granite", "google-gemma-2-2b-it": None,
+}
+
+
+@pytest.mark.parametrize("name, family", FAMILIES.items())
+def test_real_templates_render_tools_and_tool_history(name, family):
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    fmt = detect(source)
+    assert (fmt.name if fmt else None) == family
+    if fmt is None:
+        return  # no tools in this template: the generic format applies
+    body = ChatCompletionRequest(messages=HISTORY, tools=[WEATHER])
+    rendered = "".join(p.text for p in ChatTemplate(source, "<s>", "</s>").render_parts(
+        template_messages(body.messages, fmt), tools=template_tools(body.tools)))
+    assert "get_weather" in rendered and "Sunny, 21 C" in rendered and "Paris" in rendered
+    assert "Current weather of a city" in rendered  # the tool list itself reached the prompt
+
+
+CANNED = [  # (format, the model's answer, expected content, expected calls)
+    ("hermes", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+     None, [("get_weather", {"city": "Paris"})]),
+    ("hermes", 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'
+               '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}}</tool_call>',
+     "Let me check.", [("get_weather", {"city": "Oslo"}), ("get_time", {"zone": "UTC"})]),
+    ("mistral", '[TOOL_CALLS][{"name": "special_function", "arguments": {"arg1": 1}, "id": "123456789"}]',
+     None, [("special_function", {"arg1": 1})]),
+    ("granite", '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Rome"}}]',
+     None, [("get_weather", {"city": "Rome"})]),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Lima"}}',
+     None, [("get_weather", {"city": "Lima"})]),
+    ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Kyiv"}}',
+     None, [("get_weather", {"city": "Kyiv"})]),
+    ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
+    ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
+]
+
+
+def formats():
+    return {f.name: f for f in (detect((TEMPLATES / f"{n}.jinja").read_text()) for n in FAMILIES) if f}
+
+
+@pytest.mark.parametrize("family, answer, content, calls", CANNED)
+def test_canned_answers_are_read_whole_and_streamed(family, answer, content, calls):
+    fmt = formats()[family]
+    got_content, got_calls = parse(answer, fmt)
+    shaped = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls]
+    assert (got_content, shaped) == (content, calls)
+    assert all(c["id"] and c["type"] == "function" for c in got_calls)
+    if family == "mistral":
+        assert all(len(c["id"]) == 9 for c in got_calls)  # its template insists
+    for cut in range(0, len(answer) + 1, 3):  # streamed: prose out as it comes, calls at the end
+        stream = ProseThenCalls(fmt)
+        prose = stream.feed(answer[:cut]) + stream.feed(answer[cut:])
+        rest, streamed_calls = stream.finish()
+        text = prose + (rest or "")
+        assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                for c in streamed_calls] == calls, cut
+        assert (text.strip() or None) == (content if calls else answer), cut
+
+
+def test_renaming_a_rule_leaves_literals_alone():
+    gbnf = 'root ::= "{" space "\\"root\\"" space [root] root-x\nroot-x ::= root'
+    assert rename_rule(gbnf, "root", "tool-call") == (
+        'tool-call ::= "{" space "\\"root\\"" space [root] root-x\nroot-x ::= tool-call')
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    with running("-c", "2048", "-np", "2", "-t", "2", "--chat-template-file",
+                 str(TEMPLATES / "Qwen-Qwen2.5-7B-Instruct.jinja"), log_name="tool-formats") as srv:
+        yield srv
+
+
+def ask(srv, **extra):
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [WEATHER], "temperature": 0, "max_tokens": 60, **extra}
+    r = httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]
+
+
+def test_the_model_is_prompted_in_its_own_format_and_called_tools_parse(qwen):
+    shown = httpx.post(qwen.url + "/apply-template", json={"messages": HISTORY}).json()["prompt"]
+    assert "<tool_call>" in shown  # the history's call, in Qwen's own words
+    choice = ask(qwen, tool_choice="required", parallel_tool_calls=False)  # one <tool_call> block
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    call = choice["message"]["tool_calls"][0]
+    assert call["function"]["name"] == "get_weather" and "city" in json.loads(call["function"]["arguments"])
+    follow = ask(qwen, messages=HISTORY, tool_choice="none")  # the result goes back through the template
+    assert follow["message"]["content"]
+
+
+def test_auto_streams_prose_and_never_leaks_a_cut_call(qwen):
+    for max_tokens in (3, 60):
+        choice = ask(qwen, tool_choice="auto", max_tokens=max_tokens)
+        content = choice["message"]["content"] or ""
+        assert "</tool_call>" not in content
+        if choice["message"].get("tool_calls"):
+            assert "<tool_call>" not in content
+
+
+def test_streamed_native_calls_arrive_as_tool_call_deltas(qwen):
+    body = {"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [WEATHER], "tool_choice": "required", "parallel_tool_calls": False,
+            "temperature": 0, "max_tokens": 60, "stream": True}
+    calls, finish, content = [], None, ""
+    with httpx.stream("POST", qwen.url + "/v1/chat/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                calls += choice["delta"].get("tool_calls") or []
+                content += choice["delta"].get("content") or ""
+                finish = choice["finish_reason"] or finish
+    assert finish == "tool_calls" and content == ""
+    assert [c["function"]["name"] for c in calls] == ["get_weather"]
