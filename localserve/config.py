@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_TYPES = ("f16", "q8_0", "q4_0")
-BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # api/chat_template.BUILTIN  # --cache-type-k/-v, as llama-server spells them
+CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spells them
+BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # chat_template.BUILTIN
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -67,7 +67,7 @@ class Settings:
     n_predict: int | None = None  # default max_tokens; None: until the slot is full
     reasoning_format: str = "auto"  # <think> blocks to reasoning_content: auto, deepseek (always), none
     # The default model's chat template instead of its GGUF's: a built-in name
-    # (api/chat_template.BUILTIN), a Jinja template, or a file.
+    # (chat_template.BUILTIN), a Jinja template, or a file.
     chat_template: str | None = None
     chat_template_file: str | None = None
     config: str | None = None  # the TOML file these settings were read from (SIGHUP rereads it)

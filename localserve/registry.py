@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from localserve.api.schemas import OpenAIError
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.engine.runner import load_progress, memory_needs
 from localserve.metrics import labelled_registry
+from localserve.model_errors import ModelUnavailable, NotEnoughMemory, UnknownModel, WrongKind
 from localserve.model_specs import ModelSpec, model_specs, parse_size
 from localserve.resources import GIB, OVERHEAD_BYTES
 from localserve.service import Service
@@ -111,8 +111,8 @@ class ModelRegistry:
             return next(iter(self.entries.values()))
         if name in self.entries:
             return self.entries[name]
-        raise OpenAIError(404, f"The model '{name}' does not exist; this server serves "
-                          f"{', '.join(self.entries)}", code="model_not_found", param="model")
+        raise UnknownModel(f"The model '{name}' does not exist; this server serves "
+                           f"{', '.join(self.entries)}", code="model_not_found")
 
     @asynccontextmanager
     async def lease(self, name: str | None, kind: str = "chat"):
@@ -121,8 +121,8 @@ class ModelRegistry:
         if self.primary.draining:
             ready(self.primary)  # the 503 that says so
         if entry.spec.kind == "embedding" and kind != "embedding":
-            raise OpenAIError(400, f"'{entry.spec.name}' is an embedding model: use it with "
-                              f"/v1/embeddings", param="model")
+            raise WrongKind(f"'{entry.spec.name}' is an embedding model: use it with "
+                            f"/v1/embeddings")
         if self.several:
             await self._ensure_loaded(entry)
         entry.leases += 1
@@ -152,16 +152,15 @@ class ModelRegistry:
         victims = self._victims(entry, need)
         free_after = psutil.virtual_memory().available + sum(v.need_bytes or 0 for v in victims)
         if self.primary.settings.memory_check and need + OVERHEAD_BYTES > free_after:
-            raise OpenAIError(507, f"The model '{entry.spec.name}' needs about {need / GIB:.2f} "
-                              f"GiB with its cache, but only {free_after / GIB:.2f} GiB would be "
-                              f"free; the loaded models keep running.", "server_error",
-                              code="insufficient_memory", param="model")
+            raise NotEnoughMemory(f"The model '{entry.spec.name}' needs about {need / GIB:.2f} "
+                                  f"GiB with its cache, but only {free_after / GIB:.2f} GiB would "
+                                  f"be free; the loaded models keep running.",
+                                  code="insufficient_memory")
         while any(v.busy for v in victims):  # their own requests are still served meanwhile
             if time.monotonic() > deadline:
-                raise OpenAIError(503, f"'{entry.spec.name}' waited {self.switch_timeout:g} s for "
-                                  f"other models' requests to finish; retry shortly",
-                                  "server_error", code="model_switch_timeout",
-                                  headers={"Retry-After": "10"})
+                raise ModelUnavailable(f"'{entry.spec.name}' waited {self.switch_timeout:g} s "
+                                       f"for other models' requests to finish; retry shortly",
+                                       code="model_switch_timeout", retry_after=10)
             await asyncio.sleep(0.05)
         for victim in victims:  # no await since the check above: none of them is busy
             victim.closing = True
@@ -175,8 +174,8 @@ class ModelRegistry:
         log.info("loading %s on demand", entry.spec.name)
         await asyncio.to_thread(entry.service.load)
         if entry.service.load_error:
-            raise OpenAIError(503, f"the model '{entry.spec.name}' failed to load: "
-                              f"{entry.service.load_error}", "server_error")
+            raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
+                                   f"{entry.service.load_error}")
         entry.last_busy = time.monotonic()
 
     async def _need(self, entry: Entry) -> int:
@@ -200,8 +199,8 @@ class ModelRegistry:
 
         while over():
             if not candidates:
-                raise OpenAIError(507, self._cannot_fit(entry, need, loaded), "server_error",
-                                  code="insufficient_memory", param="model")
+                raise NotEnoughMemory(self._cannot_fit(entry, need, loaded),
+                                      code="insufficient_memory")
             victims.append(candidates.pop(0))
         return victims
 
@@ -259,10 +258,10 @@ def ready(service: Service) -> Service:
     if state == "ok" and service.engine is not None:
         return service
     if state == "draining":
-        raise OpenAIError(503, "the server is shutting down and takes no new requests",
-                          "server_error", code="shutting_down", headers={"Retry-After": "10"})
+        raise ModelUnavailable("the server is shutting down and takes no new requests",
+                               code="shutting_down", param=None, retry_after=10)
     if state == "loading" or (state == "ok" and service.engine is None):
-        raise OpenAIError(503, "the model is still loading; retry shortly", "server_error",
-                          headers={"Retry-After": "2"})
+        raise ModelUnavailable("the model is still loading; retry shortly", param=None,
+                               retry_after=2)
     what = "the model failed to load" if service.load_error else "the engine is not running"
-    raise OpenAIError(503, f"{what}: {problem}", "server_error")
+    raise ModelUnavailable(f"{what}: {problem}", param=None)

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from localserve.api.host_guard import is_loopback
+from localserve.net import is_loopback
 
 log = logging.getLogger("localserve.rpc")
 

@@ -18,7 +18,7 @@ import uvicorn
 from localserve.api.app import create_app
 from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
-from localserve.api.host_guard import is_loopback
+from localserve.net import is_loopback
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
 from localserve.private_state import private_dir

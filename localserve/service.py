@@ -12,11 +12,11 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from localserve.api.chat_template import ChatTemplate, PromptPart, override_source
+from localserve.chat_template import ChatTemplate, PromptPart, override_source
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.api.auth import load_keys
-from localserve.api.turns import Turns
+from localserve.keys import load_keys
+from localserve.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.policies import make_scheduler

@@ -7,7 +7,7 @@ import pytest
 
 from localserve.api.auth import RefusalLog
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
-from localserve.api.turns import Turns
+from localserve.turns import Turns
 from localserve.quotas import Quota, QuotaError, QuotaKeeper
 
 

@@ -63,7 +63,7 @@ def test_n_probs_gives_completion_probabilities(srv):
 
 
 def test_bad_template_names_are_refused_at_start_up():
-    from localserve.api.chat_template import BUILTIN
+    from localserve.chat_template import BUILTIN
     from localserve.config import BUILTIN_TEMPLATES, Settings, SettingsError
 
     assert set(BUILTIN) == set(BUILTIN_TEMPLATES)

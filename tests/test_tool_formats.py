@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import running
-from localserve.api.chat_template import ChatTemplate
+from localserve.chat_template import ChatTemplate
 from localserve.api.schemas import ChatCompletionRequest
 from localserve.api.tool_formats import ProseThenCalls, detect, parse, rename_rule, template_messages, template_tools
 

@@ -16,13 +16,16 @@ from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, r
 from localserve.api.admission import limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
-from localserve.api.host_guard import LoopbackHostGuard, is_loopback
+from localserve.api.host_guard import LoopbackHostGuard
+from localserve.net import is_loopback
 from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
 from localserve.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
 from localserve.config import Settings
 from localserve.connections import install_loop_error_throttle
+from localserve.model_errors import (ModelError, ModelUnavailable, NotEnoughMemory,
+                                     UnknownModel, WrongKind)
 from localserve.registry import ModelRegistry
 from localserve.service import Service
 
@@ -94,10 +97,26 @@ def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
+# The model layer's refusals (model_errors.py) as HTTP answers: the one place they are mapped.
+MODEL_ERROR_STATUS = {UnknownModel: 404, WrongKind: 400, NotEnoughMemory: 507,
+                      ModelUnavailable: 503}
+
+
+def model_refusal(exc: ModelError) -> OpenAIError:
+    status = MODEL_ERROR_STATUS[type(exc)]
+    return OpenAIError(status, exc.message, "server_error" if status >= 500 else
+                       "invalid_request_error", code=exc.code, param=exc.param,
+                       headers={"Retry-After": str(exc.retry_after)} if exc.retry_after else None)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
         return _error(exc, request)
+
+    @app.exception_handler(ModelError)
+    async def model_error(request: Request, exc: ModelError):
+        return _error(model_refusal(exc), request)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):

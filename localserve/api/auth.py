@@ -12,77 +12,14 @@ from __future__ import annotations
 
 import hmac
 import logging
-import stat
 import time
-from pathlib import Path
 
 from fastapi import Request
 
 from localserve.api.schemas import OpenAIError
-from localserve.config import Settings, SettingsError
 
 
 log = logging.getLogger("localserve")
-
-
-ROLES = ("admin", "user")
-
-
-def load_keys(settings: Settings) -> dict[str, tuple[str, str]]:
-    """{key: (name, role)}. --api-key values are the operator's: admins named key-1, key-2...;
-    a key file gives its own names, and roles (user unless it says admin)."""
-    keys = {key: (f"key-{i}", "admin") for i, key in enumerate(settings.api_keys, 1)}
-    if settings.api_key_file:
-        keys.update(read_key_file(Path(settings.api_key_file)))
-    return keys
-
-
-def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
-    """'name:key' or 'name:key:role' lines (role admin or user, default user); '#' comments.
-    Refuses a file that yields no key at all."""
-    if not path.is_file():
-        raise SettingsError(f"--api-key-file {path}: no such file")
-    try:
-        text = _settled_bytes(path).decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SettingsError(f"--api-key-file {path}: not UTF-8 text (byte {exc.start}); save it "
-                            f"as UTF-8") from None
-    if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
-        log.warning("--api-key-file %s can be read by other users of this machine: "
-                    "chmod 600 %s", path, path)
-    keys = {}
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        name, sep, key = (part.strip() for part in line.partition(":"))
-        role = "user"
-        head, colon, tail = key.rpartition(":")
-        if colon and tail.strip() in ROLES:
-            key, role = head.strip(), tail.strip()
-        if not sep or not name or len(key) < 8:
-            raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' or "
-                                f"'name:key:role' with a key of at least 8 characters")
-        keys[key] = (name, role)
-    if not keys:
-        raise SettingsError(f"--api-key-file {path}: no keys in it (only blank or '#' lines); "
-                            f"refusing to start without the authentication it was meant to give. "
-                            f"Add lines 'name:key'.")
-    return keys
-
-
-def _settled_bytes(path: Path, tries: int = 20) -> bytes:
-    """The file's bytes once two reads 50 ms apart agree: a SIGHUP sent while an editor is
-    rewriting the file in place must not load half of it (and lock out the other half)."""
-    data = path.read_bytes()
-    for _ in range(tries):
-        time.sleep(0.05)
-        again = path.read_bytes()
-        if again == data:
-            return data
-        data = again
-    raise SettingsError(f"--api-key-file {path}: it kept changing while being read; send "
-                        f"SIGHUP again once it is saved")
 
 
 class KeyChecker:

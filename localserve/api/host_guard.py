@@ -9,22 +9,10 @@ that talk to the server directly send a loopback Host and no Origin, and pass.
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from urllib.parse import urlsplit
 
-LOOPBACK_NAMES = {"localhost", "localhost.localdomain", "ip6-localhost"}
-
-
-def is_loopback(host: str) -> bool:
-    host = host.strip("[]").lower()
-    if host in LOOPBACK_NAMES or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
+from localserve.net import is_loopback
 
 def host_name(value: str) -> str:
     """'127.0.0.1:8080' -> '127.0.0.1', '[::1]:8080' -> '::1', 'Example.lan' -> 'example.lan'."""

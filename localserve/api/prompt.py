@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from localserve.api.chat_template import ChatTemplateError
+from localserve.chat_template import ChatTemplateError
 from localserve.api.schemas import OpenAIError
 from localserve.service import Service
 

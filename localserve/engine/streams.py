@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from localserve.engine.request import Request, TokenEvent
 
-if TYPE_CHECKING:
-    from localserve.engine.loop import EngineLoop
+
+class Aborts(Protocol):
+    """What a stream needs of the engine loop (loop.py): to abort its request."""
+
+    def abort(self, request_id: str) -> None: ...
 
 
 class Mailbox:
@@ -61,7 +64,7 @@ class ChoiceStreams:
     """The events of a request's n choices (n sibling requests), as (index, event) pairs in the
     order they come. cancel() aborts every choice still running."""
 
-    def __init__(self, loop: EngineLoop, requests: list[Request]):
+    def __init__(self, loop: Aborts, requests: list[Request]):
         self.requests = requests
         self._loop = loop
         self._open = set(range(len(requests)))
@@ -100,7 +103,7 @@ class RequestStream(ChoiceStreams):
     leaving the iteration through an exception, e.g. a client disconnect) aborts the request,
     so its slot is free by the next step."""
 
-    def __init__(self, loop: EngineLoop, request: Request):
+    def __init__(self, loop: Aborts, request: Request):
         super().__init__(loop, [request])
         self.request = request
 
