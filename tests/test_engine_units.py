@@ -8,8 +8,7 @@ from localserve.engine.request import FinishReason, Request, RequestStatus, Samp
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool, common_prefix_len
 from localserve.engine.waiting import FairQueue
-from test_scheduler import EOS, FakeVocab, ScriptedRunner
-from test_scheduler_depth import PositionalRunner
+from fakes import EOS, FakeVocab, PositionalRunner, ScriptedRunner
 
 
 def request(rid, prompt=(1, 2, 3), max_tokens=50, user=None, ignore_eos=True, stop=()):

@@ -5,7 +5,7 @@ from localserve.engine.prompt_cache import BLOCK, PromptCache
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
-from test_scheduler import EOS, FakeVocab, ScriptedRunner, req, run
+from fakes import EOS, FakeVocab, ScriptedRunner, req, run
 
 
 def tokens(first: int, n: int) -> list[int]:

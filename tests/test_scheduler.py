@@ -2,61 +2,8 @@
 
 import pytest
 
-from localserve.engine.request import Request, SamplingParams
-from localserve.engine.scheduler import Scheduler
-from localserve.engine.slots import SlotPool, SlotState
-
-EOS = 0
-
-
-class FakeVocab:
-    """Token t renders as chr(ord('a') + t % 26); token 0 is end-of-generation."""
-
-    def piece(self, token: int) -> bytes:
-        return chr(ord("a") + token % 26).encode()
-
-    def is_eog(self, token: int) -> bool:
-        return token == EOS
-
-
-class ScriptedRunner:
-    """Answers each sampled row with the request's next scripted token, like a deterministic model."""
-
-    def __init__(self, scripts: dict[str, list[int]]):
-        self.scripts = scripts
-        self.batches = []
-
-    def decode(self, plan):
-        self.batches.append([(c.slot_id, list(c.tokens), c.start_pos) for c in plan.chunks])
-        sampled = {}
-        for c in plan.chunks:
-            if c.sample:
-                script = self.scripts[c.request.request_id]
-                sampled[c.slot_id] = script[c.request.num_output_tokens]
-        return sampled
-
-
-def make(n_slots=2, ctx=64, budget=8, **kw):
-    return Scheduler(SlotPool(ctx * n_slots, n_slots), FakeVocab(), budget, **kw)
-
-
-def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
-    return Request(list(range(first, first + n_prompt)), SamplingParams(max_tokens=max_tokens, stop=stop),
-                   request_id=rid)
-
-
-def run(sched, runner, steps=100):
-    """Step until idle; return {request_id: (text, finish_reason)} and the step count."""
-    out = {}
-    for n in range(steps):
-        if not sched.has_work():
-            return out, n
-        plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan)):
-            text, _ = out.get(r.request_id, ("", None))
-            out[r.request_id] = (text + ev.text, ev.finish_reason)
-    raise AssertionError("did not finish")
-
+from fakes import EOS, ScriptedRunner, make, req, run
+from localserve.engine.slots import SlotState
 
 def test_chunked_prefill_respects_budget_and_positions():
     sched = make(n_slots=1, budget=4)

@@ -4,52 +4,7 @@ from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 from localserve.engine.waiting import FairQueue
-from test_scheduler import FakeVocab
-
-
-class PositionalRunner:
-    """A deterministic 'model' with a real cache: the next token depends on the whole sequence
-    the slot's cache holds, so any lost, duplicated or misplaced token changes the output."""
-
-    def __init__(self, pool_size: int):
-        self.pool_size = pool_size
-        self.cache: dict[int, list[int]] = {}
-        self.max_used = 0
-
-    def decode(self, plan):
-        for slot_id in plan.dropped:
-            self.cache[slot_id] = []
-        for a in plan.admitted:
-            if a.copy_from is not None:  # llama_memory_seq_cp: the source's state before this step
-                self.cache[a.slot_id] = list(self.cache[a.copy_from])
-            del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
-        sampled = {}
-        for c in plan.chunks:
-            seq = self.cache.setdefault(c.slot_id, [])
-            assert len(seq) == c.start_pos, "chunk placed at the wrong position"
-            seq.extend(c.tokens)
-            if c.sample:
-                sampled[c.slot_id] = 1 + (sum(seq) * 31 + len(seq)) % 25
-        used = sum(len(s) for s in self.cache.values())
-        assert used <= self.pool_size, "cache pool overflow"
-        self.max_used = max(self.max_used, used)
-        return sampled
-
-
-def run_all(sched, runner, requests, steps=5000):
-    for r in requests:
-        sched.add(r)
-    out = {r.request_id: [] for r in requests}
-    finish = {}
-    for _ in range(steps):
-        if not sched.has_work():
-            break
-        plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan)):
-            out[r.request_id].extend(ev.token_ids)
-            if ev.finished:
-                finish[r.request_id] = ev.finish_reason
-    return out, finish
+from fakes import FakeVocab, PositionalRunner, run_all
 
 
 def make_requests():

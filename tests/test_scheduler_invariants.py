@@ -9,8 +9,7 @@ from localserve.engine.loop import EngineLoop
 from localserve.engine.request import FinishReason, Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool, SlotState
-from test_scheduler import FakeVocab
-from test_scheduler_depth import PositionalRunner, run_all
+from fakes import FakeVocab, PositionalRunner, run_all
 
 
 def request(rid, prompt, max_tokens=50, **kw):

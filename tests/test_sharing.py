@@ -8,7 +8,7 @@ from localserve.api.rate_limit import RateLimiter
 from localserve.engine.loop import EngineLoop, QueueFull, UserQueueFull
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.slots import SlotPool
-from test_scheduler import make
+from fakes import make
 
 LONG = 1000  # max_tokens far beyond any test's steps: these requests never finish by themselves
 

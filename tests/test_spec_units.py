@@ -8,7 +8,7 @@ from localserve.engine.drafts import MAX_DRAFT, NgramDrafter
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
-from test_scheduler import EOS, FakeVocab, ScriptedRunner, req, run
+from fakes import EOS, FakeVocab, ScriptedRunner, req, run
 
 
 def test_the_drafter_proposes_what_followed_the_latest_ngram_last_time():

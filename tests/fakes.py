@@ -1,0 +1,103 @@
+"""Fakes for the pure scheduler tests (no model): a vocabulary, scripted and positional
+runners, and helpers to build a scheduler, requests, and run it until idle. Integration tests
+use the real model through the real server instead."""
+
+from localserve.engine.request import Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+
+EOS = 0
+
+
+class FakeVocab:
+    """Token t renders as chr(ord('a') + t % 26); token 0 is end-of-generation."""
+
+    def piece(self, token: int) -> bytes:
+        return chr(ord("a") + token % 26).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return token == EOS
+
+
+class ScriptedRunner:
+    """Answers each sampled row with the request's next scripted token, like a deterministic model."""
+
+    def __init__(self, scripts: dict[str, list[int]]):
+        self.scripts = scripts
+        self.batches = []
+
+    def decode(self, plan):
+        self.batches.append([(c.slot_id, list(c.tokens), c.start_pos) for c in plan.chunks])
+        sampled = {}
+        for c in plan.chunks:
+            if c.sample:
+                script = self.scripts[c.request.request_id]
+                sampled[c.slot_id] = script[c.request.num_output_tokens]
+        return sampled
+
+
+def make(n_slots=2, ctx=64, budget=8, **kw):
+    return Scheduler(SlotPool(ctx * n_slots, n_slots), FakeVocab(), budget, **kw)
+
+
+def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
+    return Request(list(range(first, first + n_prompt)), SamplingParams(max_tokens=max_tokens, stop=stop),
+                   request_id=rid)
+
+
+def run(sched, runner, steps=100):
+    """Step until idle; return {request_id: (text, finish_reason)} and the step count."""
+    out = {}
+    for n in range(steps):
+        if not sched.has_work():
+            return out, n
+        plan = sched.schedule()
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            text, _ = out.get(r.request_id, ("", None))
+            out[r.request_id] = (text + ev.text, ev.finish_reason)
+    raise AssertionError("did not finish")
+
+
+class PositionalRunner:
+    """A deterministic 'model' with a real cache: the next token depends on the whole sequence
+    the slot's cache holds, so any lost, duplicated or misplaced token changes the output."""
+
+    def __init__(self, pool_size: int):
+        self.pool_size = pool_size
+        self.cache: dict[int, list[int]] = {}
+        self.max_used = 0
+
+    def decode(self, plan):
+        for slot_id in plan.dropped:
+            self.cache[slot_id] = []
+        for a in plan.admitted:
+            if a.copy_from is not None:  # llama_memory_seq_cp: the source's state before this step
+                self.cache[a.slot_id] = list(self.cache[a.copy_from])
+            del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
+        sampled = {}
+        for c in plan.chunks:
+            seq = self.cache.setdefault(c.slot_id, [])
+            assert len(seq) == c.start_pos, "chunk placed at the wrong position"
+            seq.extend(c.tokens)
+            if c.sample:
+                sampled[c.slot_id] = 1 + (sum(seq) * 31 + len(seq)) % 25
+        used = sum(len(s) for s in self.cache.values())
+        assert used <= self.pool_size, "cache pool overflow"
+        self.max_used = max(self.max_used, used)
+        return sampled
+
+
+def run_all(sched, runner, requests, steps=5000):
+    for r in requests:
+        sched.add(r)
+    out = {r.request_id: [] for r in requests}
+    finish = {}
+    for _ in range(steps):
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            out[r.request_id].extend(ev.token_ids)
+            if ev.finished:
+                finish[r.request_id] = ev.finish_reason
+    return out, finish
