@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from localserve.engine.request import FinishReason
 from localserve.private_state import private_dir, private_file
 
 log = logging.getLogger("localserve.ledger")
@@ -176,10 +177,6 @@ def audit_log(path: Path, since: float | None = None) -> list[dict]:
     return [{"ts": ts, "event": e, "key": k, "detail": d} for ts, e, k, d in rows]
 
 
-STATUS = {"stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503,
-          "error": 500}
-
-
 def request_row(key: str | None, endpoint: str, model: str, prompt_tokens: int,
                 cached_tokens: int, completion_tokens: int, finish_reason: str, queue_s: float,
                 duration_s: float) -> dict:
@@ -188,7 +185,7 @@ def request_row(key: str | None, endpoint: str, model: str, prompt_tokens: int,
             "prompt_tokens": prompt_tokens, "cached_tokens": cached_tokens,
             "completion_tokens": completion_tokens, "finish_reason": finish_reason,
             "queue_s": round(queue_s, 4), "duration_s": round(duration_s, 4),
-            "status": STATUS.get(finish_reason, 500)}
+            "status": FinishReason(finish_reason).status}
 
 
 class LedgerObserver:

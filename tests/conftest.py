@@ -81,12 +81,13 @@ def key_file(folder: Path, *lines: str) -> Path:
     return path
 
 
-def ledger_rows(state_dir: Path, endpoint: str) -> list[tuple]:
-    """(key, prompt_tokens, completion_tokens) of the ledger's rows for one endpoint."""
+def ledger_rows(state_dir: Path, endpoint: str,
+                columns: str = "key, prompt_tokens, completion_tokens") -> list[tuple]:
+    """The ledger's rows for one endpoint (by default: key, prompt and completion tokens)."""
     db = sqlite3.connect(f"file:{state_dir / 'ledger.db'}?mode=ro", uri=True)
     try:
-        return db.execute("SELECT key, prompt_tokens, completion_tokens FROM requests "
-                          "WHERE endpoint = ?", (endpoint,)).fetchall()
+        return db.execute(f"SELECT {columns} FROM requests WHERE endpoint = ?",
+                          (endpoint,)).fetchall()
     finally:
         db.close()
 

@@ -4,6 +4,7 @@ previous_response_id that another key cannot follow, and refusals by name."""
 
 import json
 
+import httpx
 import openai
 import pytest
 
@@ -125,3 +126,27 @@ def test_input_tokens_and_the_ledger_count_responses(srv, client):
     response = client.responses.create(**ask())
     row = ("agent", response.usage.input_tokens, response.usage.output_tokens)
     wait_for(lambda: row in ledger_rows(srv.state, "/v1/responses"), what="its ledger row")
+
+
+def test_the_ledger_bills_n_choices_their_prompt_once_and_a_cancelled_stream_what_it_used(srv):
+    """What usage says, the ledger keeps: n = 2 bills the prompt once (the scheduler decides,
+    once); a stream the client leaves is kept as an abort (499) with the tokens it got."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    reply = httpx.post(srv.url + "/v1/chat/completions", headers=headers, timeout=120, json={
+        "messages": [{"role": "user", "content": "Name a fruit."}], "n": 2, "max_tokens": 8,
+        "temperature": 0.7, "seed": 3}).json()
+    rows = wait_for(lambda: len(r := ledger_rows(srv.state, "/v1/chat/completions")) == 2 and r,
+                    what="a ledger row per choice")
+    assert sum(p for _, p, _ in rows) == reply["usage"]["prompt_tokens"]  # once, not twice
+    assert sorted(p for _, p, _ in rows)[0] == 0
+    assert sum(c for _, _, c in rows) == reply["usage"]["completion_tokens"]
+    with httpx.stream("POST", srv.url + "/v1/completions", headers=headers, timeout=120, json={
+            "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
+            "stream": True}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break  # the client leaves mid-answer
+    row = wait_for(lambda: ledger_rows(srv.state, "/v1/completions",
+                                       "finish_reason, status, completion_tokens"),
+                   what="the cancelled stream's row")[0]
+    assert row[:2] == ("abort", 499) and 0 < row[2] < 400

@@ -34,12 +34,13 @@ from localserve.engine.request import FinishReason, TokenEvent
 
 
 def usage(last: dict[int, TokenEvent], reasoning_tokens: int = 0) -> dict:
-    """Every choice's final event, by index: the prompt counted once, as OpenAI counts n > 1."""
-    first = last[0]
+    """Every choice's final event, by index, summed: what the engine billed each (it bills a
+    prompt once for n > 1: scheduler.py, the one place that decides)."""
+    prompt = sum(e.prompt_tokens for e in last.values())
     completion = sum(e.completion_tokens for e in last.values())
-    return {"prompt_tokens": first.prompt_tokens, "completion_tokens": completion,
-            "total_tokens": first.prompt_tokens + completion,
-            "prompt_tokens_details": {"cached_tokens": first.cached_tokens},
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": sum(e.cached_tokens for e in last.values())},
             "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
 
 
@@ -49,14 +50,16 @@ def error_payload(event: TokenEvent) -> dict:
 
 
 def failure(event: TokenEvent) -> OpenAIError | None:
-    """The error a finished-by-failure event is answered with (one rule for every API shape):
-    a queue timeout is a 503 to retry, an engine error a 500."""
-    if event.finish_reason is FinishReason.TIMEOUT:
-        return OpenAIError(503, event.error, "server_error", code="queue_timeout",
-                           headers={"Retry-After": "2"})
-    if event.finish_reason is FinishReason.ERROR:
-        return OpenAIError(500, event.error or "generation failed", "server_error")
-    return None
+    """The error a finished-by-failure event is answered with (one rule for every API shape,
+    its status from FinishReason.status): a queue timeout is a 503 to retry, an engine error
+    a 500."""
+    reason = event.finish_reason
+    if reason not in (FinishReason.TIMEOUT, FinishReason.ERROR):
+        return None
+    timeout = reason is FinishReason.TIMEOUT
+    return OpenAIError(reason.status, event.error or "generation failed", "server_error",
+                       code="queue_timeout" if timeout else None,
+                       headers={"Retry-After": "2"} if timeout else None)
 
 
 def ignored_header(names: list[str]) -> dict | None:
@@ -161,7 +164,7 @@ class Reply:
                 if self.prefix:
                     yield self._chunk([self._delta(i, {"content": self.prefix})])
             async for i, event in stream:
-                if event.finish_reason in (FinishReason.ERROR, FinishReason.TIMEOUT):
+                if failure(event) is not None:
                     yield {"data": json.dumps(error_payload(event))}
                     break
                 if event.text and prose is not None:

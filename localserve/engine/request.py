@@ -43,6 +43,12 @@ class FinishReason(str, enum.Enum):
         """The answer ended normally (as opposed to aborted or failed)."""
         return self in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS)
 
+    @property
+    def status(self) -> int:
+        """The HTTP status this ending is answered with, and kept in the ledger with: the one
+        table (499 is nginx's "client closed the request")."""
+        return {"abort": 499, "timeout": 503, "error": 500}.get(self.value, 200)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
