@@ -224,8 +224,9 @@ def available_models() -> list[tuple[str, Path]]:
 
 
 def resolve_model(model: str | None) -> Path:
-    """-m PATH as given, or a bare file name inside models/; None means the default model."""
-    if model is None:
+    """-m PATH as given, or a bare file name inside models/; None (or "default") means the
+    embedded default model."""
+    if model is None or model == "default":
         return default_model_path()
     path = Path(os.path.expanduser(model))
     for candidate in (path, MODELS_DIR / model):

@@ -104,15 +104,15 @@ def test_the_readmes_office_toml_loads_as_shown(tmp_path):
     """The five-minute section's settings file is valid: every key known, quotas parsed."""
     import re
 
-    from localserve.config import default_model_path
+    from localserve.config import default_model_path, resolve_model
     from localserve.settings_loader import load_settings
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
     section = readme.split("## Serve your team in five minutes", 1)[1]
     toml = re.search(r"```toml\n(.*?)```", section, re.S).group(1)
     toml = re.sub(r"(?m)^\s+", "", toml)  # the block is indented inside a list item
-    toml = re.sub(r'path = "[^"]*"', f'path = "{default_model_path()}"', toml)
     (tmp_path / "office.toml").write_text(toml)
     settings = load_settings({}, environ={}, config_path=str(tmp_path / "office.toml"))
     assert settings.host == "0.0.0.0" and settings.parallel == 8
-    assert set(settings.models) == {"coder"} and set(settings.quotas) == {"default", "bob"}
+    assert set(settings.models) == {"chat", "coder"} and set(settings.quotas) == {"default", "bob"}
+    assert all(resolve_model(m["path"]) == default_model_path() for m in settings.models.values())

@@ -167,13 +167,19 @@ def test_admins_see_todays_tokens_per_key_from_the_ledger():
 
 def two_model_payload(model, generated):
     shown = model or "a"
-    payload = slots(10)
+    payload = slots(generated // 10)
     payload["model"] = shown
     payload["models"] = [{"id": "a", "status": {"value": "loaded"}},
                          {"id": "b", "status": {"value": "loaded"}}]
-    metrics = ('# TYPE localserve:generation_tokens counter\n'
-               f'localserve:generation_tokens_total{{model="a"}} {generated}\n'
-               f'localserve:generation_tokens_total{{model="b"}} {generated * 3}\n')
+    metrics = "".join(
+        f'# TYPE localserve:{name} {kind}\n' + "".join(
+            f'localserve:{name}{suffix}{{model="{m}"}} {value * (3 if m == "b" else 1)}\n'
+            for m in ("a", "b"))
+        for name, kind, suffix, value in (
+            ("generation_tokens", "counter", "_total", generated),
+            ("process_cpu_percent", "gauge", "", 95), ("system_cpu_count", "gauge", "", 2),
+            ("process_resident_memory_bytes", "gauge", "", 300e6),
+            ("system_memory_total_bytes", "gauge", "", 8e9)))
     return payload, metrics, PROPS
 
 
@@ -204,3 +210,29 @@ def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
             assert "sorted by id" in str(app.query_one("#status").render())
 
     asyncio.run(run())
+
+
+def test_snapshot_two_models_the_second_shown_with_its_own_figures_and_the_legend(snap_compare):
+    polls = {"n": 0}
+
+    async def fetch(model=None):
+        polls["n"] += 1
+        return two_model_payload(model, 100 * polls["n"])
+
+    ticks = {"t": 0.0}
+
+    def clock():
+        ticks["t"] += 2.0
+        return ticks["t"]
+
+    async def switch_and_poll(pilot):
+        await poll_done(pilot)
+        await pilot.press("m")
+        await poll_done(pilot)
+        pilot.app.poll()
+        await poll_done(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+
+    app = Dashboard(fetch, url="http://office:8080", interval=3600, clock=clock)
+    assert snap_compare(app, terminal_size=(100, 30), run_before=switch_and_poll)

@@ -78,6 +78,7 @@ class Dashboard(App):
         Binding("p", "toggle_pause", "pause"),
         Binding("s", "cycle_sort", "sort"),
         Binding("m", "next_model", "model"),
+        Binding("question_mark", "toggle_legend", "legend"),
     ]
 
     def __init__(self, fetch: Fetch, url: str = "", interval: float = 1.0,
@@ -101,7 +102,7 @@ class Dashboard(App):
             yield LabeledSparkline("tokens/s", id="throughput")
             yield LabeledSparkline("time to first token", id="ttft")
         yield SystemPanel(id="system")
-        yield Static(LEGEND, id="legend", markup=False)
+        yield Static(LEGEND, id="legend", markup=False, classes="hidden")
         yield Footer()
 
     def on_mount(self) -> None:
@@ -183,9 +184,11 @@ class Dashboard(App):
             return
         current = self.view.model if self.view.model in names else names[0]
         self.model = names[(names.index(current) + 1) % len(names)]
-        self.tracker = Tracker()
-        self.notify(f"model {self.model}", timeout=1.5)
+        self.tracker = Tracker()  # the header names the model shown from the next poll on
         self.poll()
+
+    def action_toggle_legend(self) -> None:
+        self.query_one("#legend", Static).toggle_class("hidden")
 
     def action_cycle_sort(self) -> None:
         self.sort_key = SORTS[(SORTS.index(self.sort_key) + 1) % len(SORTS)]
