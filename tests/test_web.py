@@ -261,3 +261,24 @@ def test_two_models_get_a_picker_and_each_answer_names_its_model(browser):
         page.wait_for_selector(".message.assistant .meta", timeout=120_000)
         assert page.inner_text(".message.assistant .meta").startswith("coder")
         page.close()
+
+
+def test_theme_button_and_reconnecting_after_the_server_was_away(web, browser):
+    context = browser.new_context(color_scheme="light")
+    page = context.new_page()
+    page.route("**/v1/models", lambda route: route.abort())  # the server is away
+    page.goto(web.url + "/")
+    wait_for(lambda: "Reconnecting" in page.inner_text("#login-error"), timeout=30,
+             what="the page to say it is reconnecting")
+    page.unroute("**/v1/models")  # it is back: the page gets there by itself
+    page.wait_for_selector("#app:not([hidden])", timeout=30_000)
+    dark = lambda: sum(int(x) for x in page.evaluate(  # noqa: E731
+        "getComputedStyle(document.body).backgroundColor")[4:-1].split(",")) < 200
+    assert not dark()
+    page.click("#theme")  # auto -> light
+    page.click("#theme")  # light -> dark, whatever the OS says
+    assert page.inner_text("#theme") == "Theme: dark" and dark()
+    page.reload()  # kept in this browser
+    page.wait_for_selector("#app:not([hidden])", timeout=30_000)
+    assert dark()
+    context.close()

@@ -117,9 +117,19 @@ function redraw() {
   $("regenerate").hidden = !last || last.role !== "assistant" || !!state.controller;
 }
 
-function status(text, error = false) {
+function status(text, error = false, waiting = false) {
   $("status").textContent = text;
-  $("status").className = error ? "error" : "";
+  $("status").className = error ? "error" : waiting ? "waiting" : "";
+}
+
+const THEMES = ["auto", "light", "dark"];
+
+function applyTheme(theme) {
+  // auto follows the OS (prefers-color-scheme); the choice is kept in this browser
+  if (theme === "auto") delete document.documentElement.dataset.theme;
+  else document.documentElement.dataset.theme = theme;
+  localStorage.setItem("localserve-theme", theme);
+  $("theme").textContent = "Theme: " + theme;
 }
 
 function editFrom(index) {
@@ -220,9 +230,10 @@ function watchQueue(waiting) {
       if (!waiting()) return;  // the first token came while we asked
       const mine = slots.queue.requests.findIndex((r) => r.user === state.me);
       if (slots.queue.waiting > 0) {
-        status(`Queued (position ${mine >= 0 ? mine + 1 : slots.queue.waiting}): all slots are busy.`);
-      } else status("Thinking…");
-    } catch (_) { status("Thinking…"); }
+        status(`Queued (position ${mine >= 0 ? mine + 1 : slots.queue.waiting}): all slots are busy.`,
+               false, true);
+      } else status("Thinking…", false, true);
+    } catch (_) { status("Thinking…", false, true); }
   }, 700);
 }
 
@@ -277,8 +288,11 @@ function signOut(message) {
 async function start() {
   let r;
   try { r = await reach("/v1/models", { headers: headers(false) }); } catch (e) {
+    // the server is away (restarting?): say so, and try again until it answers
+    $("app").hidden = true;
     $("login").hidden = false;
-    $("login-error").textContent = e.message;
+    $("login-error").textContent = "Reconnecting… " + e.message;
+    setTimeout(start, 3000);
     return;
   }
   if (r.status === 401) return signOut(state.key ? (await errorOf(r)).message : "");
@@ -323,5 +337,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("logout").addEventListener("click", () => signOut(""));
   $("search").addEventListener("input", () => listConversations());
   $("menu").addEventListener("click", () => $("app").classList.toggle("nav-open"));
+  $("theme").addEventListener("click", () => {
+    const now = localStorage.getItem("localserve-theme") || "auto";
+    applyTheme(THEMES[(THEMES.indexOf(now) + 1) % THEMES.length]);
+  });
+  applyTheme(localStorage.getItem("localserve-theme") || "auto");
   start();
 });
