@@ -173,7 +173,7 @@ def say_what_runs(settings: Settings, service: Service) -> None:
         limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
         log.info("quota [%s]: %s", name, limits)
     if settings.ledger or settings.web or settings.cache_disk:
-        log.info("state folder: %s", service.state_dir())
+        log.info("state folder: %s", service.state_dir().resolve())
 
 
 def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
