@@ -71,3 +71,18 @@ def test_bad_template_names_are_refused_at_start_up():
         Settings(chat_template="vicuna-ish").validate()
     with pytest.raises(SettingsError, match="no such file"):
         Settings(chat_template_file="/nonexistent.jinja").validate()
+
+
+def test_rerank_validates_the_body_and_refuses_a_model_that_cannot_rank(srv):
+    ok = {"query": "fruit", "documents": ["apple", {"text": "car"}], "top_n": 1}
+    for path in ("/v1/rerank", "/rerank", "/v1/reranking"):
+        r = httpx.post(srv.url + path, json=ok, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "model_cannot_rank", path
+        assert "reranker" in r.json()["error"]["message"]
+    for bad, named in (({"documents": ["a"]}, "query"), ({"query": "q", "documents": []}, "documents"),
+                       ({"query": "q", "documents": ["a"], "top_n": 0}, "top_n"),
+                       ({"query": "q", "documents": [{"txt": 1}]}, "documents[0]")):
+        r = httpx.post(srv.url + "/v1/rerank", json=bad, timeout=30)
+        assert r.status_code == 400 and named in r.json()["error"]["message"], bad
+    named = httpx.post(srv.url + "/v1/rerank", json={**ok, "model": "gpt-4"}, timeout=30)
+    assert named.json()["error"]["code"] == "model_cannot_rank"  # one model answers any name

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, routes_native,
-                            routes_openai, routes_responses, routes_web)
+                            routes_openai, routes_rerank, routes_responses, routes_web)
 from localserve.api.admission import limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
@@ -67,6 +67,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
     app.include_router(routes_native.router, dependencies=guarded)
     app.include_router(routes_anthropic.router, dependencies=guarded)
     app.include_router(routes_responses.router, dependencies=guarded)
+    app.include_router(routes_rerank.router, dependencies=guarded)
     app.include_router(routes_embeddings.router, dependencies=guarded)
     app.include_router(routes_embeddings.bare_router, dependencies=guarded, include_in_schema=False)
     if settings.web:
