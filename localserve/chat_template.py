@@ -49,6 +49,37 @@ def override_source(name_or_jinja: str | None, file: str | None) -> str | None:
     return name_or_jinja  # Settings.validate let through only names and Jinja text
 
 
+def fallback_for(architecture: str | None) -> tuple[str, str]:
+    """(name, source) of the built-in template for a GGUF that carries none: its family's
+    when the architecture says it (a Gemma file without a template still wants Gemma's
+    turns), else ChatML, the most common format."""
+    name = "gemma" if (architecture or "").startswith("gemma") else "chatml"
+    return name, BUILTIN[name]
+
+
+def as_alternating_turns(messages: list[dict]) -> list[dict]:
+    """The messages for a template that knows only user and assistant turns, alternating
+    (Gemma's): system text goes before the first user turn, tool results become the user's
+    turns, and consecutive turns of one role are joined."""
+    system = "\n\n".join(m.get("content") or "" for m in messages if m["role"] == "system")
+    out: list[dict] = []
+    for m in messages:
+        if m["role"] == "system":
+            continue
+        if m["role"] == "tool":
+            m = {"role": "user", "content": "Tool result: " + (m.get("content") or "")}
+        if out and out[-1]["role"] == m["role"]:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
+        else:
+            out.append(dict(m))
+    if system:
+        first = next((m for m in out if m["role"] == "user"), None)
+        if first is None:
+            out.insert(0, first := {"role": "user", "content": ""})
+        first["content"] = system + ("\n\n" + first["content"] if first["content"] else "")
+    return out
+
+
 class ChatTemplateError(ValueError):
     """The messages could not be rendered (the template itself raised): a client error."""
 

@@ -12,7 +12,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from localserve.chat_template import ChatTemplate, PromptPart, override_source
+from localserve.chat_template import ChatTemplate, PromptPart, fallback_for, override_source
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.keys import load_keys
@@ -191,9 +191,8 @@ class Service:
                                        prompt_cache=self.prompt_cache,
                                        speculative=s.spec == "ngram",
                                        draft_max_streams=32 if supports_gpu_offload() else 4)
-            source = override_source(s.chat_template, s.chat_template_file)
-            self.template = ChatTemplate(source or self.runner.chat_template,
-                                         self.runner.bos_text, self.runner.eos_text)
+            self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
+                                         self.runner.eos_text)
             self._open_state()
             observers = [self.metrics]
             if self.keys_enabled:
@@ -298,6 +297,16 @@ class Service:
         self.unloaded = True
         self.loaded.clear()
         gc.collect()
+
+    def _template_source(self) -> str:
+        """--chat-template(-file), else the GGUF's own, else a built-in one (said in the log)."""
+        s = self.settings
+        source = override_source(s.chat_template, s.chat_template_file) or self.runner.chat_template
+        if source is None:
+            name, source = fallback_for(self.runner.meta("general.architecture"))
+            log.warning("%s carries no chat template: using the built-in %s format (choose "
+                        "another with --chat-template)", self.model_id, name)
+        return source
 
     def _warn_if_slots_too_small(self, pool: SlotPool, answer_room: int = 64) -> None:
         """A slot that cannot hold a one-line chat plus a short answer is useless: say so."""

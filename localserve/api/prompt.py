@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from localserve.chat_template import ChatTemplateError
+from localserve.chat_template import ChatTemplateError, as_alternating_turns
 from localserve.api.schemas import OpenAIError
 from localserve.service import Service
 
@@ -53,7 +53,15 @@ def _chat_tokens(service: Service, messages: list[dict], tools: list[dict] | Non
     try:
         parts = service.template.render_parts(messages, tools=tools)
     except ChatTemplateError as exc:
-        raise OpenAIError(400, str(exc), param="messages")
+        if tools or not any(m["role"] in ("system", "tool") for m in messages):
+            raise OpenAIError(400, str(exc), param="messages")
+        # a template that knows only alternating user/assistant turns (Gemma's): the system
+        # text and tool results become the user's (the generic tool format puts its tools in
+        # the system message, and its results come back with the tool role)
+        try:
+            parts = service.template.render_parts(as_alternating_turns(messages))
+        except ChatTemplateError:
+            raise OpenAIError(400, str(exc), param="messages") from None
     return service.tokenize_parts(parts)
 
 
