@@ -15,6 +15,7 @@ moment share the cores (the OS interleaves them), so on a small CPU one busy mod
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import time
 from contextlib import asynccontextmanager
@@ -31,6 +32,26 @@ from localserve.resources import GIB, OVERHEAD_BYTES
 from localserve.service import Service
 
 log = logging.getLogger("localserve.models")
+
+
+class ModelState(str, enum.Enum):
+    """A model's lifecycle, as llama.cpp's server-models.h names it, read in one place
+    (Entry.state) from what its Service holds:
+
+        UNLOADED --first request--> LOADING --weights and cache ready--> LOADED
+           ^                           |                                   |
+           |                           +--load failed--> FAILED            |
+           +------------ CLOSING <--idle, or making room for another ------+
+    """
+
+    UNLOADED = "unloaded"  # loads on the next request for it
+    LOADING = "loading"
+    LOADED = "loaded"
+    CLOSING = "closing"  # being unloaded: its requests finish, new ones wait for the switch
+    FAILED = "error"  # llama-server's word in /v1/models' status
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass(eq=False)
@@ -52,13 +73,14 @@ class Entry:
         return self.leases > 0 or (loop is not None and loop.in_flight > 0)
 
     @property
-    def state(self) -> str:
-        """loaded, loading, unloaded (loads on the next request for it) or error."""
+    def state(self) -> ModelState:
+        if self.closing and self.loaded:
+            return ModelState.CLOSING
         if self.loaded:
-            return "loaded"
+            return ModelState.LOADED
         if self.service.unloaded:
-            return "unloaded"
-        return "error" if self.service.load_error else "loading"
+            return ModelState.UNLOADED
+        return ModelState.FAILED if self.service.load_error else ModelState.LOADING
 
 
 class ModelRegistry:
@@ -135,10 +157,10 @@ class ModelRegistry:
     async def _ensure_loaded(self, entry: Entry) -> None:
         deadline = time.monotonic() + self.switch_timeout
         while not (entry.loaded and not entry.closing):
-            if entry.state == "loading":  # the start-up load, or another request's, under way
+            if entry.state is ModelState.LOADING:  # the start-up load, or another request's
                 await asyncio.to_thread(entry.service.loaded.wait, 1.0)
                 continue
-            if entry.state == "error":
+            if entry.state is ModelState.FAILED:
                 ready(entry.service)  # the 503 naming why it failed to load
             async with self._switch:
                 if not entry.loaded:
@@ -245,8 +267,8 @@ def model_card(entry: Entry) -> dict:
         created = int(resolve_model(entry.service.settings.model).stat().st_mtime)
     except (SettingsError, OSError):
         created = 0
-    status = {"value": entry.state}
-    if entry.state == "loading":  # one load at a time: llama.cpp's load progress is this one's
+    status = {"value": str(entry.state)}
+    if entry.state is ModelState.LOADING:  # one load at a time: llama.cpp's load progress is this one's
         status["progress"] = round(load_progress(), 2)
     return {"id": entry.spec.name, "object": "model", "created": created,
             "owned_by": "localserve", "status": status, "kind": entry.spec.kind}
