@@ -183,7 +183,8 @@ def two_model_payload(model, generated):
     return payload, metrics, PROPS
 
 
-def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
+def two_model_dashboard():
+    """A server with models a and b: 100 more tokens per poll for a, 300 for b, 2 s apart."""
     polls = {"n": 0}
 
     async def fetch(model=None):
@@ -196,8 +197,12 @@ def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
         ticks["t"] += 2.0
         return ticks["t"]
 
+    return Dashboard(fetch, url="http://office:8080", interval=3600, clock=clock)
+
+
+def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
     async def run():
-        app = Dashboard(fetch, url="http://office:8080", interval=3600, clock=clock)
+        app = two_model_dashboard()
         async with app.run_test(size=(110, 30)) as pilot:
             await poll_twice(pilot)
             assert app.view.model == "a" and app.view.tok_s == 50.0  # 100 tokens in 2 s
@@ -213,18 +218,6 @@ def test_m_switches_the_model_shown_and_rates_come_from_its_own_counters():
 
 
 def test_snapshot_two_models_the_second_shown_with_its_own_figures_and_the_legend(snap_compare):
-    polls = {"n": 0}
-
-    async def fetch(model=None):
-        polls["n"] += 1
-        return two_model_payload(model, 100 * polls["n"])
-
-    ticks = {"t": 0.0}
-
-    def clock():
-        ticks["t"] += 2.0
-        return ticks["t"]
-
     async def switch_and_poll(pilot):
         await poll_done(pilot)
         await pilot.press("m")
@@ -234,5 +227,4 @@ def test_snapshot_two_models_the_second_shown_with_its_own_figures_and_the_legen
         await pilot.press("question_mark")
         await pilot.pause()
 
-    app = Dashboard(fetch, url="http://office:8080", interval=3600, clock=clock)
-    assert snap_compare(app, terminal_size=(100, 30), run_before=switch_and_poll)
+    assert snap_compare(two_model_dashboard(), terminal_size=(100, 30), run_before=switch_and_poll)

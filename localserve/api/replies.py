@@ -67,6 +67,38 @@ def ignored_header(names: list[str]) -> dict | None:
     return {"X-Ignored-Fields": header_list(names)} if names else None
 
 
+async def collect_one(stream: ChoiceStreams, request: Request) -> tuple[str, TokenEvent]:
+    """A one-choice answer's whole text and final event (the Messages and Responses shapes);
+    a failure raises its error, a client that left a 499."""
+    parts, last = [], None
+    watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
+    try:
+        async for _, event in stream:
+            parts.append(event.text)
+            if (failed := failure(event)) is not None:
+                raise failed
+            if event.finished:
+                last = event
+    finally:
+        stream.cancel()
+        watcher.cancel()
+    if last is None or last.finish_reason is FinishReason.ABORT:
+        raise OpenAIError(499, "the client closed the request", code="client_closed")
+    return "".join(parts), last
+
+
+async def respond_with(collect, events, stream: ChoiceStreams, request: Request,
+                       streaming: bool, headers: dict | None, ping: int = 10):
+    """One JSON body (`await collect(stream, request)`) or the SSE of `events(stream)`."""
+    if not streaming:
+        return JSONResponse(await collect(stream, request), headers=headers)
+    try:
+        return EventSourceResponse(events(stream), ping=ping, sep="\n", headers=headers)
+    except BaseException:
+        stream.cancel()  # the generator never ran: its finally cannot free the slot
+        raise
+
+
 async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
     """A non-streaming client that hangs up should free its slot too (streams notice by
     themselves: sse-starlette cancels their generator)."""
@@ -104,14 +136,8 @@ class Reply:
 
     async def respond(self, stream: ChoiceStreams, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
-        headers = ignored_header(self.body.ignored_fields)
-        if not self.body.stream:
-            return JSONResponse(await self.collect(stream, request), headers=headers)
-        try:
-            return EventSourceResponse(self.sse(stream), ping=15, sep="\n", headers=headers)
-        except BaseException:
-            stream.cancel()  # the generator never ran: its finally cannot free the slot
-            raise
+        return await respond_with(self.collect, self.sse, stream, request, self.body.stream,
+                                  ignored_header(self.body.ignored_fields), ping=15)
 
     # ---- streaming ---------------------------------------------------------------------
     def _delta(self, index: int, delta: dict, finish: str | None = None,

@@ -4,7 +4,6 @@ with its sequence_number; stored when the request asked (store)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -12,7 +11,7 @@ import uuid
 from fastapi import Request
 
 from localserve.api.reasoning import ThinkSplitter, split_reasoning
-from localserve.api.replies import cancel_on_disconnect, failure, think
+from localserve.api.replies import collect_one, failure, think
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan, parse_tool_answer
 from localserve.engine.request import FinishReason
@@ -96,21 +95,8 @@ class ResponseReply:
         return {**turn, "tool_calls": calls} if calls else turn
 
     async def collect(self, stream, request: Request) -> dict:
-        parts, last = [], None
-        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
-        try:
-            async for _, event in stream:
-                parts.append(event.text)
-                if (failed := failure(event)) is not None:
-                    raise failed
-                if event.finished:
-                    last = event
-        finally:
-            stream.cancel()
-            watcher.cancel()
-        if last is None or last.finish_reason is FinishReason.ABORT:
-            raise OpenAIError(499, "the client closed the request", code="client_closed")
-        return await self._finish("".join(parts), last)
+        text, last = await collect_one(stream, request)
+        return await self._finish(text, last)
 
     def _event(self, kind: str, **data) -> dict:
         self.sequence += 1

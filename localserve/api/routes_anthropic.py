@@ -14,22 +14,18 @@ message_stop, ping). Errors come in Anthropic's error shape (see app.py).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sse_starlette.sse import EventSourceResponse
 
 from localserve.api.admission import lease
 from localserve.api.reasoning import ThinkSplitter, split_reasoning
-from localserve.api.replies import cancel_on_disconnect, failure, ignored_header, think
+from localserve.api.replies import collect_one, failure, ignored_header, respond_with, think
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
 from localserve.api.schemas import EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions
 from localserve.api.structured import parse_tool_answer, tool_finish
-from localserve.engine.request import FinishReason
 
 router = APIRouter(prefix="/v1")
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -172,13 +168,7 @@ async def messages(body: MessagesRequest, request: Request):
     message = MessageReply(service.model_id, stream.requests[0].num_prompt_tokens, plan,
                            reasons(service))
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
-    if not body.stream:
-        return JSONResponse(await message.collect(stream, request), headers=headers)
-    try:
-        return EventSourceResponse(message.events(stream), ping=10, sep="\n", headers=headers)
-    except BaseException:
-        stream.cancel()
-        raise
+    return await respond_with(message.collect, message.events, stream, request, body.stream, headers)
 
 
 @router.post("/messages/count_tokens")
@@ -215,21 +205,8 @@ class MessageReply:
                           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
 
     async def collect(self, stream, request: Request) -> dict:
-        parts, last = [], None
-        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
-        try:
-            async for _, event in stream:
-                parts.append(event.text)
-                if (failed := failure(event)) is not None:
-                    raise failed
-                if event.finished:
-                    last = event
-        finally:
-            stream.cancel()
-            watcher.cancel()
-        if last is None or last.finish_reason is FinishReason.ABORT:
-            raise OpenAIError(499, "the client closed the request", code="client_closed")
-        blocks, called = self._blocks("".join(parts))
+        text, last = await collect_one(stream, request)
+        blocks, called = self._blocks(text)
         reason = STOP_REASONS.get(tool_finish(str(last.finish_reason), called), "end_turn")
         return self._message(blocks, reason, last.completion_tokens, last.cached_tokens)
 

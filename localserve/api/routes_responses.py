@@ -18,13 +18,11 @@ from __future__ import annotations
 
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.admission import lease
-from localserve.api.replies import ignored_header
+from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
 from localserve.api.schemas import EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions
@@ -198,13 +196,7 @@ async def create_response(body: ResponsesRequest, request: Request):
     reply.turns = earlier + input_messages(body.input)
     reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED) - set(EXTENSIONS)))
-    if not body.stream:
-        return JSONResponse(await reply.collect(stream, request), headers=headers)
-    try:
-        return EventSourceResponse(reply.events(stream), ping=10, sep="\n", headers=headers)
-    except BaseException:
-        stream.cancel()
-        raise
+    return await respond_with(reply.collect, reply.events, stream, request, body.stream, headers)
 
 
 async def _save(request: Request, response: dict, messages: list[dict]) -> None:
