@@ -18,13 +18,14 @@ import json
 import uuid
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import lease
 from localserve.api.reasoning import ThinkSplitter, split_reasoning
 from localserve.api.replies import collect_one, failure, ignored_header, respond_with, think
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
-from localserve.api.schemas import EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions
+from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
+                                    translated_chat)
 from localserve.api.structured import parse_tool_answer, tool_finish
 
 router = APIRouter(prefix="/v1")
@@ -153,12 +154,7 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
         chat["tool_choice"] = _tool_choice(body.tool_choice)
         if (body.tool_choice or {}).get("disable_parallel_tool_use"):
             chat["parallel_tool_calls"] = False
-    try:
-        return ChatCompletionRequest(**chat)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem.get("loc", ()))
-        raise OpenAIError(400, f"{where}: {problem.get('msg')}", param=where or None) from None
+    return translated_chat(chat)
 
 
 @router.post("/messages")

@@ -18,14 +18,15 @@ from __future__ import annotations
 
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.admission import lease
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
-from localserve.api.schemas import EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions
+from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
+                                    translated_chat)
 from localserve.conversations import TooLarge
 
 router = APIRouter(prefix="/v1")
@@ -163,12 +164,7 @@ def as_chat(body: ResponsesRequest, earlier: list[dict]) -> ChatCompletionReques
     for name in ("temperature", "top_p"):
         if getattr(body, name) is not None:
             chat[name] = getattr(body, name)
-    try:
-        return ChatCompletionRequest(**chat)
-    except ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem.get("loc", ()))
-        raise OpenAIError(400, f"{where}: {problem.get('msg')}", param=where or None) from None
+    return translated_chat(chat)
 
 
 def _store(request: Request):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 MAX_STOP_STRINGS = 16
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context: a number this large is a client bug
@@ -312,3 +312,14 @@ class CompletionRequest(_Sampling):
     @property
     def token_limit(self) -> int | None:
         return self.max_tokens
+
+
+def translated_chat(fields: dict) -> ChatCompletionRequest:
+    """The chat completion request an adapter (Messages, Responses) translated its body into,
+    validated as one: a field that does not validate is a 400 naming it."""
+    try:
+        return ChatCompletionRequest(**fields)
+    except ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem.get("loc", ()))
+        raise OpenAIError(400, f"{where}: {problem.get('msg')}", param=where or None) from None
