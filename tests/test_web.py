@@ -146,7 +146,8 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
         page.click("#login button")
         page.wait_for_selector("#app:not([hidden])", timeout=30_000)
         assert page.evaluate("localStorage.getItem('localserve-key')") == ALICE
-        assert page.inner_text("#whoami") == "Signed in as alice"
+        wait_for(lambda: page.inner_text("#whoami") == "Signed in as alice",
+                 what="the page to say who is signed in")
         assert ALICE not in page.url
         send(page, "word " * 3000, max_tokens=8)  # beyond a 1024-token slot: the server refuses
         wait_for(lambda: page.get_attribute("#status", "class") == "error", timeout=60,
