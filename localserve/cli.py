@@ -10,7 +10,8 @@ import re
 import sys
 
 from localserve import __version__, rpc_worker
-from localserve.config import Settings, SettingsError
+from localserve.config import (CACHE_TYPES, FLASH_ATTN, REASONING_FORMATS, SCHEDULERS, SPEC_TYPES,
+                               Settings, SettingsError)
 
 
 def _up_parser(sub) -> None:
@@ -63,7 +64,7 @@ def _up_parser(sub) -> None:
                        help="tokens per step while no stream is decoding (default: 4x "
                             "--max-num-batched-tokens)")
     sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
-    sched.add_argument("--scheduler", choices=["continuous", "static", "serial"],
+    sched.add_argument("--scheduler", choices=SCHEDULERS,
                        help="continuous (default, the product); static and serial exist to be "
                             "measured against (see localserve bench)")
     sched.add_argument("--kv-unified", action="store_true",
@@ -77,19 +78,19 @@ def _up_parser(sub) -> None:
                        help="MiB of files under --state-dir for prompts the RAM cache evicts and "
                             "for all of them at shutdown, so conversations survive a restart "
                             "(default 0: off; the files hold prompts' state: mode 600)")
-    sched.add_argument("--spec", choices=["ngram", "off"],
+    sched.add_argument("--spec", choices=SPEC_TYPES,
                        help="speculative decoding: ngram drafts each answer's next tokens from "
                             "its own prompt and output (no draft model; output unchanged; faster "
                             "on answers that copy text), off (default)")
-    sched.add_argument("--spec-type", dest="spec", choices=["ngram", "off"],
+    sched.add_argument("--spec-type", dest="spec", choices=SPEC_TYPES,
                        type=lambda v: {"ngram-mod": "ngram", "ngram-simple": "ngram",
                                        "none": "off"}.get(v, v),
                        help="llama-server's spelling of --spec (ngram-mod, ngram-simple, none)")
-    sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=["f16", "q8_0", "q4_0"],
+    sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=CACHE_TYPES,
                        help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
-    sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=["f16", "q8_0", "q4_0"],
+    sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=CACHE_TYPES,
                        help="cache type for V (default f16); a quantized V needs --flash-attn on")
-    sched.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=["on", "off", "auto"],
+    sched.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=FLASH_ATTN,
                        help="flash attention (default auto)")
     sched.add_argument("--max-queue", type=int,
                        help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
@@ -106,7 +107,7 @@ def _up_parser(sub) -> None:
                           help="the default model's chat template instead of its GGUF's: chatml, "
                                "llama3, gemma, or a Jinja template")
     sampling.add_argument("--chat-template-file", help="the same, read from a Jinja file")
-    sampling.add_argument("--reasoning-format", choices=["auto", "deepseek", "none"],
+    sampling.add_argument("--reasoning-format", choices=REASONING_FORMATS,
                           help="a <think> block at the start of an answer goes to "
                                "reasoning_content: auto (when the chat template writes them; "
                                "default), deepseek (always), none (left in the text)")

@@ -10,6 +10,11 @@ from pathlib import Path
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spells them
 BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # chat_template.BUILTIN
+# Each option's choices, written once: Settings.validate checks them, cli.py offers them.
+SCHEDULERS = ("continuous", "static", "serial")
+SPEC_TYPES = ("ngram", "off")
+FLASH_ATTN = ("on", "off", "auto")
+REASONING_FORMATS = ("auto", "deepseek", "none")
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 
@@ -133,9 +138,9 @@ class Settings:
             (self.threads is None or self.threads >= 1, "-t/--threads", self.threads,
              "must be at least 1"),
             (0 < self.port < 65536, "--port", self.port, "must be 1-65535"),
-            (self.spec in ("ngram", "off"), "--spec", self.spec, "must be ngram or off"),
-            (self.scheduler in ("continuous", "static", "serial"), "--scheduler", self.scheduler,
-             "must be continuous, static or serial"),
+            (self.spec in SPEC_TYPES, "--spec", self.spec, "must be " + " or ".join(SPEC_TYPES)),
+            (self.scheduler in SCHEDULERS, "--scheduler", self.scheduler,
+             "must be one of " + ", ".join(SCHEDULERS)),
             (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl/--n-gpu-layers",
              self.n_gpu_layers, "must be 0 or more"),
             (self.main_gpu >= 0, "--main-gpu", self.main_gpu, "must be 0 or more"),
@@ -150,7 +155,7 @@ class Settings:
              "must be one of " + ", ".join(CACHE_TYPES)),
             (self.cache_type_v in CACHE_TYPES, "--cache-type-v", self.cache_type_v,
              "must be one of " + ", ".join(CACHE_TYPES)),
-            (self.flash_attn in ("on", "off", "auto"), "--flash-attn", self.flash_attn,
+            (self.flash_attn in FLASH_ATTN, "--flash-attn", self.flash_attn,
              "must be on, off or auto"),
             (self.cache_type_v == "f16" or self.flash_attn == "on",
              "--cache-type-v", f"{self.cache_type_v} with --flash-attn {self.flash_attn}",
@@ -171,7 +176,7 @@ class Settings:
             (self.max_loaded_models is None or self.max_loaded_models >= 1,
              "--max-loaded-models", self.max_loaded_models, "must be at least 1"),
             (self.idle_unload >= 0, "--idle-unload", self.idle_unload, "must be 0 (never) or more"),
-            (self.reasoning_format in ("auto", "deepseek", "none"), "--reasoning-format",
+            (self.reasoning_format in REASONING_FORMATS, "--reasoning-format",
              self.reasoning_format, "must be auto, deepseek or none"),
             (self.temp is None or 0 <= self.temp <= 2, "--temp", self.temp, "must be 0-2"),
             (self.top_k is None or self.top_k >= 0, "--top-k", self.top_k, "must be 0 or more"),
