@@ -236,17 +236,9 @@ CUT_RESPONSE = re.compile(r'\s*\{\s*"response"\s*:\s*"')
 
 def _salvage(text: str) -> tuple[str | None, list[dict]]:
     """What a cut answer completed: each whole call of a cut list, or a cut response's text."""
-    if found := CUT_CALLS.match(text):
-        calls, at, decoder = [], found.end(), json.JSONDecoder()
-        while True:
-            at = len(text) - len(text[at:].lstrip(" \t\n\r,"))
-            try:
-                call, at = decoder.raw_decode(text, at)
-            except ValueError:
-                break
-            if isinstance(call, dict) and {"name", "arguments"} <= call.keys():
-                calls.append(_call(call))
-        return None, calls
+    if found := CUT_CALLS.match(text):  # the list's complete items, from its "["
+        return None, [_call(call) for call in tool_formats.json_values(text[found.end() - 1:])
+                      if isinstance(call, dict) and {"name", "arguments"} <= call.keys()]
     if found := CUT_RESPONSE.match(text):
         rest = text[found.end():]
         for cut in range(len(rest), max(len(rest) - 8, -1), -1):  # a cut escape, or '"' + '}'

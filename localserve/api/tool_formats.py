@@ -155,13 +155,14 @@ def parse(text: str, fmt: NativeFormat) -> tuple[str | None, list[dict]]:
 def _calls_in(text: str, fmt: NativeFormat) -> list:
     """The call objects written from the trigger on (complete ones only)."""
     if fmt.close:  # one object per block
-        return [v for block in text.split(fmt.trigger)[1:] for v in _objects(block.split(fmt.close)[0])]
+        return [value for block in text.split(fmt.trigger)[1:]
+                for value in json_values(block.split(fmt.close)[0])]
     for opening in fmt.triggers + ((fmt.trigger,) if fmt.as_list else ()):
         text = text.replace(opening, "")
-    return _objects(text)
+    return json_values(text)
 
 
-def _objects(text: str) -> list:
+def json_values(text: str) -> list:
     """The JSON values at the start of text, one after another (a list opens into its items;
     separators: whitespace , ;), up to the first that does not parse (a cut answer)."""
     decoder, found = json.JSONDecoder(), []
