@@ -46,6 +46,11 @@ def default_state_dir() -> Path:
     return Path(base) / "localserve"
 
 
+def state_dir(settings) -> Path:
+    """Where the ledger, conversations and disk cache live: --state-dir, else the default."""
+    return Path(settings.state_dir) if settings.state_dir else default_state_dir()
+
+
 def connect(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(path, timeout=5, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")

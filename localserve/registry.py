@@ -1,7 +1,7 @@
-"""Several models behind one address: each its own Service (slots, scheduler, engine loop),
+"""Several models behind one address: each its own ModelHost (slots, scheduler, engine loop),
 loaded on demand and unloaded when idle, within --max-loaded-models and --memory-budget.
 
-Where a request finds its model: `async with registry.lease(name) as service:` in each route.
+Where a request finds its model: `async with registry.lease(name) as host:` in each route.
 A lease lasts from choosing the model until the request is queued in its engine; from then on
 the engine's in-flight count holds the model. A model is unloaded only when it has neither
 (never under a running request: loading another model waits for it to go idle, the requests
@@ -29,14 +29,15 @@ from localserve.metrics import labelled_registry
 from localserve.model_errors import ModelUnavailable, NotEnoughMemory, UnknownModel, WrongKind
 from localserve.model_specs import ModelSpec, model_specs, parse_size
 from localserve.resources import GIB, OVERHEAD_BYTES
-from localserve.service import Service
+from localserve.model_host import ModelHost
+from localserve.office import Office
 
 log = logging.getLogger("localserve.models")
 
 
 class ModelState(str, enum.Enum):
     """A model's lifecycle, as llama.cpp's server-models.h names it, read in one place
-    (Entry.state) from what its Service holds:
+    (Entry.state) from what its ModelHost holds:
 
         UNLOADED --first request--> LOADING --weights and cache ready--> LOADED
            ^                           |                                   |
@@ -57,7 +58,7 @@ class ModelState(str, enum.Enum):
 @dataclass(eq=False)
 class Entry:
     spec: ModelSpec
-    service: Service
+    host: ModelHost
     leases: int = 0  # requests that chose this model and are not yet in its engine
     last_busy: float = field(default_factory=time.monotonic)
     closing: bool = False  # being unloaded to make room: new requests wait for the switch
@@ -65,11 +66,11 @@ class Entry:
 
     @property
     def loaded(self) -> bool:
-        return self.service.engine is not None
+        return self.host.engine is not None
 
     @property
     def busy(self) -> bool:
-        loop = self.service.loop
+        loop = self.host.loop
         return self.leases > 0 or (loop is not None and loop.in_flight > 0)
 
     @property
@@ -78,23 +79,28 @@ class Entry:
             return ModelState.CLOSING
         if self.loaded:
             return ModelState.LOADED
-        if self.service.unloaded:
+        if self.host.unloaded:
             return ModelState.UNLOADED
-        return ModelState.FAILED if self.service.load_error else ModelState.LOADING
+        return ModelState.FAILED if self.host.load_error else ModelState.LOADING
 
 
 class ModelRegistry:
-    def __init__(self, primary: Service, specs: list[ModelSpec]):
+    """Every model the server offers, each a ModelHost in an Entry, and the office they share
+    (office.py): the registry hands each host its observers and share rule from it."""
+
+    def __init__(self, office: Office, primary: ModelHost, specs: list[ModelSpec]):
+        self.office = office
         self.primary = primary
-        s = primary.settings
+        s = office.settings
         self.entries = {specs[0].name: Entry(specs[0], primary)}
         for spec in specs[1:]:
-            service = Service(spec.settings(s), shared=primary, kind=spec.kind)
-            service.unloaded = True  # loaded by the first request for it
-            self.entries[spec.name] = Entry(spec, service)
-            primary.peers.append(service)
+            host = ModelHost(spec.settings(s), kind=spec.kind)
+            host.unloaded = True  # loaded by the first request for it
+            self.entries[spec.name] = Entry(spec, host)
+        for entry in self.entries.values():
+            entry.host.observers, entry.host.shares = office.observers, office.keys_enabled
         self.metrics_registry = labelled_registry(lambda: [
-            (name, e.service.metrics_registry) for name, e in self.entries.items()])
+            (name, e.host.metrics_registry) for name, e in self.entries.items()])
         self.max_loaded = s.max_loaded_models
         self.budget = parse_size(s.memory_budget) if s.memory_budget else None
         self.idle_unload = s.idle_unload
@@ -113,13 +119,13 @@ class ModelRegistry:
     def from_settings(cls, settings: Settings) -> "ModelRegistry":
         specs = model_specs(settings)
         primary_settings = specs[0].settings(settings) if len(specs) > 1 else settings
-        return cls(Service(primary_settings, kind=specs[0].kind), specs)
+        return cls(Office(settings), ModelHost(primary_settings, kind=specs[0].kind), specs)
 
     @classmethod
-    def single(cls, service: Service) -> "ModelRegistry":
-        """A registry of one ready-made Service (tests, and embedders of the app)."""
-        name = service.settings.model_alias or resolve_model(service.settings.model).stem
-        return cls(service, [ModelSpec(name, service.settings.model)])
+    def single(cls, host: ModelHost) -> "ModelRegistry":
+        """A registry of one ready-made ModelHost (tests, and embedders of the app)."""
+        name = host.settings.model_alias or resolve_model(host.settings.model).stem
+        return cls(Office(host.settings), host, [ModelSpec(name, host.settings.model)])
 
     @property
     def several(self) -> bool:
@@ -138,10 +144,11 @@ class ModelRegistry:
 
     @asynccontextmanager
     async def lease(self, name: str | None, kind: str = "chat"):
-        """The model's Service, loaded, for the duration of the block (see the module doc)."""
+        """The model's ModelHost, loaded, for the duration of the block (see the module doc)."""
         entry = self.entry(name)
-        if self.primary.draining:
-            ready(self.primary)  # the 503 that says so
+        if self.office.draining:
+            raise ModelUnavailable("the server is shutting down and takes no new requests",
+                                   code="shutting_down", param=None, retry_after=10)
         if entry.spec.kind == "embedding" and kind != "embedding":
             raise WrongKind(f"'{entry.spec.name}' is an embedding model: use it with "
                             f"/v1/embeddings")
@@ -149,7 +156,7 @@ class ModelRegistry:
             await self._ensure_loaded(entry)
         entry.leases += 1
         try:
-            yield ready(entry.service)
+            yield ready(entry.host)
         finally:
             entry.leases -= 1
             entry.last_busy = time.monotonic()
@@ -158,10 +165,10 @@ class ModelRegistry:
         deadline = time.monotonic() + self.switch_timeout
         while not (entry.loaded and not entry.closing):
             if entry.state is ModelState.LOADING:  # the start-up load, or another request's
-                await asyncio.to_thread(entry.service.loaded.wait, 1.0)
+                await asyncio.to_thread(entry.host.loaded.wait, 1.0)
                 continue
             if entry.state is ModelState.FAILED:
-                ready(entry.service)  # the 503 naming why it failed to load
+                ready(entry.host)  # the 503 naming why it failed to load
             async with self._switch:
                 if not entry.loaded:
                     await self._switch_to(entry, deadline)
@@ -189,20 +196,20 @@ class ModelRegistry:
         try:
             for victim in victims:
                 log.info("unloading %s to make room for %s", victim.spec.name, entry.spec.name)
-                await asyncio.to_thread(victim.service.unload)
+                await asyncio.to_thread(victim.host.unload)
         finally:
             for victim in victims:
                 victim.closing = False
         log.info("loading %s on demand", entry.spec.name)
-        await asyncio.to_thread(entry.service.load)
-        if entry.service.load_error:
+        await asyncio.to_thread(entry.host.load)
+        if entry.host.load_error:
             raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
-                                   f"{entry.service.load_error}")
+                                   f"{entry.host.load_error}")
         entry.last_busy = time.monotonic()
 
     async def _need(self, entry: Entry) -> int:
         if entry.need_bytes is None:
-            s = entry.service.settings
+            s = entry.host.settings
             needs = await asyncio.to_thread(memory_needs, str(resolve_model(s.model)), s.ctx_size,
                                             s.cache_type_k, s.cache_type_v)
             entry.need_bytes = needs["model_bytes"] + needs["kv_bytes"]
@@ -249,22 +256,39 @@ class ModelRegistry:
                         if entry.loaded and not entry.busy:
                             log.info("unloading %s: idle for %.0f s", entry.spec.name,
                                      now - entry.last_busy)
-                            await asyncio.to_thread(entry.service.unload)
+                            await asyncio.to_thread(entry.host.unload)
 
     # ---- what clients and the dashboard see --------------------------------------------
     def cards(self) -> list[dict]:
         return [model_card(e) for e in self.entries.values()]
 
+    # ---- the whole server ----------------------------------------------------------------
+    def in_flight(self) -> int:
+        """Requests accepted and not yet finished, over every model (what a drain waits for)."""
+        return sum(entry.host.in_flight() for entry in self.entries.values())
+
+    def stop_engines(self) -> None:
+        """End every model's engine loop (a drain's end): unfinished requests get an error."""
+        for entry in self.entries.values():
+            entry.host.stop_engine()
+
+    def drop_scope(self, user: str) -> None:
+        """Forget what a removed key cached, in every model's prompt cache."""
+        for entry in self.entries.values():
+            if entry.host.prompt_cache is not None:
+                entry.host.prompt_cache.drop_scope(user)
+
     def stop(self) -> None:
-        """The others first: the default model's Service owns the ledger they write to."""
-        for entry in reversed(self.entries.values()):
-            entry.service.stop()
+        """Every model, then the office (the engines write to its ledger until they stop)."""
+        for entry in self.entries.values():
+            entry.host.stop()
+        self.office.close()
 
 
 def model_card(entry: Entry) -> dict:
     """OpenAI's model object, with llama-server's router `status` ({"value": "loaded"})."""
     try:
-        created = int(resolve_model(entry.service.settings.model).stat().st_mtime)
+        created = int(resolve_model(entry.host.settings.model).stat().st_mtime)
     except (SettingsError, OSError):
         created = 0
     status = {"value": str(entry.state)}
@@ -274,16 +298,13 @@ def model_card(entry: Entry) -> dict:
             "owned_by": "localserve", "status": status, "kind": entry.spec.kind}
 
 
-def ready(service: Service) -> Service:
-    """The service if it can take requests now, else the 503 that says why."""
-    state, problem = service.status()
-    if state == "ok" and service.engine is not None:
-        return service
-    if state == "draining":
-        raise ModelUnavailable("the server is shutting down and takes no new requests",
-                               code="shutting_down", param=None, retry_after=10)
-    if state == "loading" or (state == "ok" and service.engine is None):
+def ready(host: ModelHost) -> ModelHost:
+    """The host if it can take requests now, else the 503 that says why."""
+    state, problem = host.status()
+    if state == "ok" and host.engine is not None:
+        return host
+    if state == "loading" or (state == "ok" and host.engine is None):
         raise ModelUnavailable("the model is still loading; retry shortly", param=None,
                                retry_after=2)
-    what = "the model failed to load" if service.load_error else "the engine is not running"
+    what = "the model failed to load" if host.load_error else "the engine is not running"
     raise ModelUnavailable(f"{what}: {problem}", param=None)

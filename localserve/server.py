@@ -25,7 +25,7 @@ from localserve.private_state import private_dir
 from localserve.quotas import QuotaKeeper
 from localserve.settings_loader import from_toml
 from localserve.registry import ModelRegistry
-from localserve.service import Service
+from localserve.office import Office
 
 log = logging.getLogger("localserve")
 
@@ -44,60 +44,66 @@ def exposure_warning(settings: Settings, keys_loaded: int) -> str | None:
 
 
 class DrainingServer(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config, service: Service):
+    def __init__(self, config: uvicorn.Config, models: ModelRegistry):
         super().__init__(config)
-        self.service = service
+        self.models, self.office = models, models.office
         self.exit_code = 0
 
     async def on_tick(self, counter: int) -> bool:
         """A model that fails to load at start-up ends the process (exit 2), in one line."""
-        if self.service.load_error and not self.exit_code:
-            log.error("stopping: the model could not be loaded (%s)", self.service.load_error)
+        load_error = self.models.primary.load_error
+        if load_error and not self.exit_code:
+            log.error("stopping: the model could not be loaded (%s)", load_error)
             self.exit_code = 2
             self.should_exit = True
         return await super().on_tick(counter)
 
     def handle_exit(self, sig, frame) -> None:
-        if self.service.draining:
+        if self.office.draining:
             # Not uvicorn's force_exit: that cancels the open streams mid-write and prints
             # their CancelledError tracebacks. Ending the requests lets each stream close
             # with an error event, and the process exits within a step.
             log.warning("second signal: exiting now, ending %d unfinished requests with an error",
-                        self.service.in_flight())
-            self.service.stop_engine()
+                        self.models.in_flight())
+            self.models.stop_engines()
             self.should_exit = True
             return
-        timeout = self.service.settings.drain_timeout
+        timeout = self.office.settings.drain_timeout
         log.warning("shutting down: refusing new requests, letting %d running/queued ones finish "
-                    "(up to %.0f s; press Ctrl-C again to exit now)", self.service.in_flight(), timeout)
-        self.service.draining = True
+                    "(up to %.0f s; press Ctrl-C again to exit now)", self.models.in_flight(),
+                    timeout)
+        self.office.draining = True
         threading.Thread(target=self._drain_then_exit, args=(timeout,), daemon=True).start()
 
     def _drain_then_exit(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and self.service.in_flight():
+        while time.monotonic() < deadline and self.models.in_flight():
             time.sleep(0.05)
-        left = self.service.in_flight()
+        left = self.models.in_flight()
         if left:
             log.warning("drain timeout: ending %d unfinished requests with an error", left)
-        self.service.stop_engine()  # unfinished requests get an error event, not silence
+        self.models.stop_engines()  # unfinished requests get an error event, not silence
         time.sleep(0.3)  # let those events reach their clients
         self.should_exit = True
 
 
-def reload_keys(app, service: Service) -> None:
+def reload_keys(app, models: ModelRegistry) -> None:
     """SIGHUP: read the key file again and swap the key checker in one assignment, so
-    requests in flight are untouched (Service.reload_keys audits the changes); then the
-    quotas from --config. A file that cannot be read, or yields no key, keeps the old keys
-    (fail closed); a config file that cannot be read keeps the old quotas."""
+    requests in flight are untouched (Office.reload_keys audits the changes), and forget what
+    removed keys cached; then the quotas from --config. A file that cannot be read, or yields
+    no key, keeps the old keys (fail closed); a config file that cannot be read keeps the old
+    quotas."""
+    office = models.office
     try:
-        service.reload_keys()
+        _, removed = office.reload_keys()
     except SettingsError as exc:
         log.error("SIGHUP: keeping the current keys: %s", exc)
     else:
-        app.state.keys = KeyChecker(service.keys)
-        log.info("SIGHUP: %d keys loaded", len(service.keys))
-    reload_quotas(app, service.settings)
+        for name in removed:
+            models.drop_scope(name)
+        app.state.keys = KeyChecker(office.keys)
+        log.info("SIGHUP: %d keys loaded", len(office.keys))
+    reload_quotas(app, office.settings)
 
 
 def reload_quotas(app, settings: Settings) -> None:
@@ -137,13 +143,13 @@ def check_gguf(path) -> None:
                             f"with llama.cpp's convert_hf_to_gguf.py")
 
 
-def check_state_dir(service: Service) -> None:
+def check_state_dir(office: Office) -> None:
     """The ledger, conversations and disk cache need a writable state folder: say so, naming
     the folder and the flag, before the model loads (not as a model-loading error later)."""
-    s = service.settings
+    s = office.settings
     if not (s.ledger or s.web or s.cache_disk):
         return
-    folder = service.state_dir()
+    folder = office.state_dir()
     try:
         private_dir(folder)
         probe = folder / ".write-test"
@@ -156,7 +162,7 @@ def check_state_dir(service: Service) -> None:
                             f"$STATE_DIRECTORY), or run with --no-ledger --no-web") from None
 
 
-def say_what_runs(settings: Settings, service: Service) -> None:
+def say_what_runs(settings: Settings, office: Office) -> None:
     """One line each: where the page and the API are, who may use them, with what quotas,
     and where the state lives."""
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
@@ -164,16 +170,16 @@ def say_what_runs(settings: Settings, service: Service) -> None:
         host = "localhost" if is_loopback(settings.host) else settings.host
         log.info("chat page: http://%s:%d/ (for colleagues: this machine's address)", host,
                  settings.port)
-    roles = [role for _, role in service.keys.values()]
+    roles = [role for _, role in office.keys.values()]
     if roles:
-        admins = sorted(name for name, role in service.keys.values() if role == "admin")
+        admins = sorted(name for name, role in office.keys.values() if role == "admin")
         log.info("keys: %d loaded, %d admin%s%s", len(roles), len(admins),
                  "" if len(admins) == 1 else "s", f" ({', '.join(admins)})" if admins else "")
     for name, quota in sorted(settings.quotas.items()):
         limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
         log.info("quota [%s]: %s", name, limits)
     if settings.ledger or settings.web or settings.cache_disk:
-        log.info("state folder: %s", service.state_dir().resolve())
+        log.info("state folder: %s", office.state_dir().resolve())
 
 
 def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
@@ -182,22 +188,22 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
-    service = models.primary
+    host, office = models.primary, models.office
     try:
-        warning = exposure_warning(settings, len(service.keys))  # reads --api-key-file now
+        warning = exposure_warning(settings, len(office.keys))  # reads --api-key-file now
         if warning:
             log.warning(warning)
         for problem in origin_warnings(settings.cors_origins):
             log.warning(problem)
         for entry in models.entries.values():
-            check_gguf(resolve_model(entry.service.settings.model))
+            check_gguf(resolve_model(entry.host.settings.model))
         if settings.memory_check:
-            log.info(service.check_memory(str(resolve_model(service.settings.model))))
+            log.info(host.check_memory(str(resolve_model(host.settings.model))))
         if models.several:
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))
         check_port_free(settings.host, settings.port)
-        check_state_dir(service)
+        check_state_dir(office)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
@@ -208,9 +214,9 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol,
                             **({} if plain_uvicorn_logs else {"log_config": None}))
-    say_what_runs(settings, service)
-    if service.keys_enabled and hasattr(signal, "SIGHUP"):
-        signal.signal(signal.SIGHUP, lambda *_: reload_keys(app, service))
-    server = DrainingServer(config, service)
+    say_what_runs(settings, office)
+    if office.keys_enabled and hasattr(signal, "SIGHUP"):
+        signal.signal(signal.SIGHUP, lambda *_: reload_keys(app, models))
+    server = DrainingServer(config, models)
     server.run()
     return server.exit_code

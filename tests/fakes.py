@@ -2,6 +2,7 @@
 runners, and helpers to build a scheduler, requests, and run it until idle. Integration tests
 use the real model through the real server instead."""
 
+from localserve.engine.plan import StepOutput
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
@@ -33,7 +34,7 @@ class ScriptedRunner:
             if c.sample:
                 script = self.scripts[c.request.request_id]
                 sampled[c.slot_id] = script[c.request.num_output_tokens]
-        return sampled
+        return StepOutput(sampled)
 
 
 def make(n_slots=2, ctx=64, budget=8, **kw):
@@ -52,7 +53,7 @@ def run(sched, runner, steps=100):
         if not sched.has_work():
             return out, n
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan)):
+        for r, ev in sched.update(plan, runner.decode(plan).sampled):
             text, _ = out.get(r.request_id, ("", None))
             out[r.request_id] = (text + ev.text, ev.finish_reason)
     raise AssertionError("did not finish")
@@ -84,7 +85,7 @@ class PositionalRunner:
         used = sum(len(s) for s in self.cache.values())
         assert used <= self.pool_size, "cache pool overflow"
         self.max_used = max(self.max_used, used)
-        return sampled
+        return StepOutput(sampled)
 
 
 def run_all(sched, runner, requests, steps=5000):
@@ -96,7 +97,7 @@ def run_all(sched, runner, requests, steps=5000):
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan)):
+        for r, ev in sched.update(plan, runner.decode(plan).sampled):
             out[r.request_id].extend(ev.token_ids)
             if ev.finished:
                 finish[r.request_id] = ev.finish_reason

@@ -127,13 +127,13 @@ def test_refused_keys_write_one_short_row_a_minute_per_address():
 
 def test_a_key_reload_audits_additions_removals_rotations_and_role_changes(tmp_path):
     from localserve.config import Settings
-    from localserve.service import Service
+    from localserve.office import Office
 
     keys = tmp_path / "keys.txt"
     keys.write_text("alice:alice-key-000:user\nbob:bob-key-0000:user\ncarol:carol-key-00\n")
     keys.chmod(0o600)
-    service = Service(Settings(api_key_file=str(keys)))
-    assert len(service.keys) == 3
+    office = Office(Settings(api_key_file=str(keys)))
+    assert len(office.keys) == 3
 
     class Ledger:
         rows = []
@@ -141,9 +141,9 @@ def test_a_key_reload_audits_additions_removals_rotations_and_role_changes(tmp_p
         def audit(self, event, key, detail=""):
             self.rows.append((event, key, detail))
 
-    service.ledger = Ledger()
+    office.ledger = Ledger()
     keys.write_text("alice:alice-key-000:admin\nbob:bob-key-1111:user\ndave:dave-key-000\n")
-    added, removed = service.reload_keys()
+    added, removed = office.reload_keys()
     assert (added, removed) == ({"dave"}, {"carol"})
     assert sorted(Ledger.rows) == [("key_added", "dave", ""), ("key_removed", "carol", ""),
                                    ("key_rotated", "bob", ""),

@@ -9,12 +9,12 @@ from localserve.api.app import create_app
 from localserve.config import Settings
 from localserve.engine.detokenize import IncrementalDetokenizer
 from localserve.engine.request import Request, SamplingParams
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 
 @pytest.fixture(scope="module")
 def service():
-    svc = Service(Settings(ctx_size=2048, parallel=2, threads=2))
+    svc = ModelHost(Settings(ctx_size=2048, parallel=2, threads=2))
     svc.load()
     assert svc.ready, svc.load_error
     yield svc
@@ -56,7 +56,7 @@ def test_repeat_penalty_changes_a_repetitive_answer(service):
 
 
 def test_health_is_503_while_loading_and_requests_get_503():
-    app = create_app(service=Service(Settings()))  # never loaded: lifespan not run
+    app = create_app(model_host=ModelHost(Settings()))  # never loaded: lifespan not run
     client = TestClient(app, base_url="http://localhost")
     assert client.get("/health").status_code == 503
     assert client.get("/health").json()["status"] == "loading"

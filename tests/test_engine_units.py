@@ -18,7 +18,7 @@ def request(rid, prompt=(1, 2, 3), max_tokens=50, user=None, ignore_eos=True, st
 
 def step(sched, runner):
     plan = sched.schedule()
-    return plan, sched.update(plan, runner.decode(plan))
+    return plan, sched.update(plan, runner.decode(plan).sampled)
 
 
 # ---- slots --------------------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_aborted_mid_step_chunk_is_skipped_and_later_chunks_still_land():
     sched.add(request("a"))
     sched.add(request("b"))
     plan = sched.schedule()
-    sampled = runner.decode(plan)
+    sampled = runner.decode(plan).sampled
     sched.abort("a")
     events = sched.update(plan, sampled)
     assert [r.request_id for r, _ in events] == ["b"]

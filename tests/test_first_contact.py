@@ -103,9 +103,9 @@ def test_slots_too_small_for_a_one_line_chat_are_warned_about(caplog):
     check runs on the real template against a pool of 48-token slots."""
     from localserve.config import Settings
     from localserve.engine.slots import SlotPool
-    from localserve.service import Service
+    from localserve.model_host import ModelHost
 
-    svc = Service(Settings(ctx_size=512, parallel=1, threads=2))
+    svc = ModelHost(Settings(ctx_size=512, parallel=1, threads=2))
     svc.load()
     try:
         with caplog.at_level("WARNING", logger="localserve"):

@@ -3,6 +3,7 @@ which assemble everything, excepted), and no two modules import each other, howe
 indirectly. Checked by reading every module's import statements (type-only ones too)."""
 
 import ast
+import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localserve"
@@ -77,3 +78,13 @@ def test_nothing_below_the_http_layer_imports_it():
 def test_no_import_cycles():
     assert cycles(import_graph()) == []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_only_the_slot_edits_what_its_cache_holds():
+    """llama.cpp's server_slot owns its prompt cache operations; so does Slot (computed,
+    forget, assign): no other module changes `cached`, so it cannot drift from the sequence."""
+    edit = re.compile(r"\.cached\s*(=[^=]|\+=)|\.cached\.(clear|extend|append|pop|insert|remove)"
+                      r"\(|del [\w.]+\.cached\[")
+    editors = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
+               if edit.search(path.read_text())]
+    assert editors == ["engine/slots.py"]

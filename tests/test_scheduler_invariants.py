@@ -6,7 +6,7 @@ import threading
 
 from localserve.engine.errors import CacheFull
 from localserve.engine.loop import EngineLoop
-from localserve.engine.request import FinishReason, Request, SamplingParams
+from localserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool, SlotState
 from fakes import FakeVocab, PositionalRunner, run_all
@@ -19,7 +19,7 @@ def request(rid, prompt, max_tokens=50, **kw):
 
 def step(sched, runner):
     plan = sched.schedule()
-    events = sched.update(plan, runner.decode(plan))
+    events = sched.update(plan, runner.decode(plan).sampled)
     return plan, events
 
 
@@ -185,11 +185,13 @@ def test_n_choices_prefill_the_prompt_once_and_each_matches_a_solo_run():
     siblings = [request(f"c{i}", prompt, max_tokens=8, prefix_of=first) for i in (1, 2)]
     for req in (first, *siblings):
         sched.add(req)
+    assert [r.status for r in siblings] == [RequestStatus.HELD] * 2
     copies = []
     while sched.has_work():
         plan, _ = step(sched, runner)
         if not first.output_tokens:
             assert [a.request for a in plan.admitted] in ([], [first])  # siblings wait
+            assert {r.status for r in siblings} == {RequestStatus.HELD}
         copies += [a.copy_from for a in plan.admitted if a.request is not first]
     assert copies == [0, 0]  # both copied the first choice's slot
     assert sched.stats.prompt_tokens_computed == len(prompt) + 2  # + the last token, per sibling

@@ -5,6 +5,7 @@ only what held, the output is exactly what one token a step gives)."""
 import dataclasses
 
 from localserve.engine.drafts import MAX_DRAFT, NgramDrafter
+from localserve.engine.plan import StepOutput
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
@@ -46,7 +47,7 @@ class DraftingRunner(ScriptedRunner):
                 if out[-1] != draft:
                     break
             sampled[c.slot_id] = out
-        return sampled
+        return StepOutput(sampled)
 
 
 def copy_case():

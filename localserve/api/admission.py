@@ -15,11 +15,12 @@ from fastapi import Request
 
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.quotas import QuotaError
-from localserve.service import Service
+from localserve.ledger import Ledger
+from localserve.model_host import ModelHost
 
 
 def lease(request: Request, model: str | None = None, kind: str = "chat"):
-    """The requested model's Service, loaded and ready, for an `async with` block (see
+    """The requested model's ModelHost, loaded and ready, for an `async with` block (see
     registry.py); 404 for an unknown name when several models are served, 503 while loading."""
     return request.app.state.models.lease(model, kind)
 
@@ -43,34 +44,35 @@ def hold_quota(request: Request) -> None:
     """For routes that run the model: [quotas] from the TOML, over one -> 429 saying which
     limit and when it resets. Holds a place in the key's quotas until the response ends
     (request.state.quota_hold, released by api/limits.py ReleaseReservations)."""
-    keeper, service = request.app.state.quotas, request.app.state.service
+    keeper, ledger = request.app.state.quotas, request.app.state.office.ledger
     user = getattr(request.state, "user", None)
     if keeper is None or user is None:
         return
     try:
-        request.state.quota_hold = keeper.reserve(user, *_tokens_used(service, user))
+        request.state.quota_hold = keeper.reserve(user, *_tokens_used(ledger, user))
     except QuotaError as exc:
-        raise _quota_refusal(service, user, exc) from None
+        raise _quota_refusal(ledger, user, exc) from None
 
 
-def reserve_tokens(request: Request, service: Service, n: int) -> None:
+def reserve_tokens(request: Request, host: ModelHost, n: int) -> None:
     """What a submitted request may use at most, held against its key's token quotas."""
     hold = getattr(request.state, "quota_hold", None)
     if hold is None:
         return
+    ledger = request.app.state.office.ledger
     try:
-        hold.reserve_tokens(n, *_tokens_used(request.app.state.service, hold.key))
+        hold.reserve_tokens(n, *_tokens_used(ledger, hold.key))
     except QuotaError as exc:
-        raise _quota_refusal(request.app.state.service, hold.key, exc) from None
+        raise _quota_refusal(ledger, hold.key, exc) from None
 
 
-def _tokens_used(service: Service, user: str) -> tuple[int, int]:
-    return service.ledger.tokens_used(user) if service.ledger else (0, 0)
+def _tokens_used(ledger: Ledger | None, user: str) -> tuple[int, int]:
+    return ledger.tokens_used(user) if ledger else (0, 0)
 
 
-def _quota_refusal(service: Service, user: str, exc: QuotaError) -> OpenAIError:
-    if service.ledger is not None:
-        service.ledger.audit("quota", user, exc.limit)
+def _quota_refusal(ledger: Ledger | None, user: str, exc: QuotaError) -> OpenAIError:
+    if ledger is not None:
+        ledger.audit("quota", user, exc.limit)
     return OpenAIError(429, str(exc), code="quota_exceeded", param=exc.limit,
                        headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
 

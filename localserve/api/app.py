@@ -27,40 +27,44 @@ from localserve.connections import install_loop_error_throttle
 from localserve.model_errors import (ModelError, ModelUnavailable, NotEnoughMemory,
                                      UnknownModel, WrongKind)
 from localserve.registry import ModelRegistry
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 log = logging.getLogger("localserve.api")
 
 
-def create_app(settings: Settings | None = None, service: Service | None = None,
+def create_app(settings: Settings | None = None, model_host: ModelHost | None = None,
                models: ModelRegistry | None = None) -> FastAPI:
+    """The app for `models`, else for one ready-made `model_host` (tests), else for the
+    models `settings` name."""
     if models is None:
-        models = (ModelRegistry.single(service) if service is not None
+        models = (ModelRegistry.single(model_host) if model_host is not None
                   else ModelRegistry.from_settings(settings or Settings()))
-    service = models.primary
+    host = models.primary
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         install_loop_error_throttle(asyncio.get_running_loop())
-        if service.engine is None and not service.loaded.is_set():
-            service.start_loading()
+        if host.engine is None and not host.loaded.is_set():
+            host.start_loading()
         reaper = asyncio.create_task(models.unload_idle_forever())
         yield
         reaper.cancel()
         models.stop()
 
-    settings = service.settings
+    settings = models.office.settings
     # No Swagger page (it loads its assets from a CDN: blank on an offline office network);
     # /openapi.json is served by routes_admin, behind the key like the other monitoring routes.
     app = FastAPI(title="localserve", version="0.1.0", lifespan=lifespan, docs_url=None,
                   redoc_url=None, openapi_url=None)
-    app.state.service = service  # the default model's: keys, ledger, metrics, drain
+    office = models.office
+    app.state.office = office  # keys, ledger, conversations, per-key counters, drain
+    app.state.default_host = host  # the default model's host
     app.state.models = models  # every model, loaded on demand: routes lease one per request
-    app.state.keys = KeyChecker(service.keys)
+    app.state.keys = KeyChecker(office.keys)
     app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
-                              if service.keys_enabled and settings.rate_limit > 0 else None)
+                              if office.keys_enabled and settings.rate_limit > 0 else None)
     app.state.quotas = (QuotaKeeper(settings.quotas)
-                        if service.keys_enabled and settings.quotas else None)
+                        if office.keys_enabled and settings.quotas else None)
     guarded = [Depends(require_key), Depends(limit_rate)]
     app.include_router(routes_openai.router, dependencies=guarded)
     app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
@@ -84,7 +88,7 @@ def create_app(settings: Settings | None = None, service: Service | None = None,
     if settings.cors_origins:
         app.add_middleware(LoggedCORS, **cors_rules(settings.cors_origins),
                            allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
-    if is_loopback(settings.host) and not service.keys_enabled:  # outermost: checked first
+    if is_loopback(settings.host) and not office.keys_enabled:  # outermost: checked first
         app.add_middleware(LoopbackHostGuard, allowed_hosts=settings.allowed_hosts,
                            cors_origins=settings.cors_origins)
     _install_error_handlers(app)

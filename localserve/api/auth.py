@@ -63,7 +63,7 @@ async def require_key(request: Request) -> None:
     try:
         who = request.app.state.keys.identify(request)
     except OpenAIError:
-        ledger = request.app.state.service.ledger
+        ledger = request.app.state.office.ledger
         if ledger is not None:
             client = request.client.host if request.client else "?"
             REFUSALS.note(ledger, client, f"{request.method} {request.url.path}")

@@ -16,32 +16,32 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.chat_template import ChatTemplateError, as_alternating_turns
 from localserve.api.schemas import OpenAIError
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 
-def _too_long(service: Service, what: str, param: str) -> OpenAIError:
-    s = service.settings
-    return OpenAIError(400, f"This request's {what}, but each slot holds {service.n_ctx_per_slot} "
+def _too_long(host: ModelHost, what: str, param: str) -> OpenAIError:
+    s = host.settings
+    return OpenAIError(400, f"This request's {what}, but each slot holds {host.n_ctx_per_slot} "
                        f"tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots). Shorten "
                        f"it, or raise -c or lower --parallel.", code="context_length_exceeded",
                        param=param)
 
 
-def check_size(service: Service, n_messages: int, n_bytes: int, param: str) -> None:
+def check_size(host: ModelHost, n_messages: int, n_bytes: int, param: str) -> None:
     """Refuse at once what no tokenization could fit into a slot."""
-    n_ctx = service.n_ctx_per_slot
+    n_ctx = host.n_ctx_per_slot
     if n_messages > n_ctx:
-        raise _too_long(service, f"{n_messages} messages need more than one token each", param)
-    if n_bytes > n_ctx * service.runner.max_piece_bytes:
-        raise _too_long(service, f"text is {n_bytes} bytes, more than "
-                        f"{n_ctx} tokens of at most {service.runner.max_piece_bytes} bytes can spell",
+        raise _too_long(host, f"{n_messages} messages need more than one token each", param)
+    if n_bytes > n_ctx * host.runner.max_piece_bytes:
+        raise _too_long(host, f"text is {n_bytes} bytes, more than "
+                        f"{n_ctx} tokens of at most {host.runner.max_piece_bytes} bytes can spell",
                         param)
 
 
-def check_token_ids(service: Service, ids: list[int], param: str) -> list[int]:
+def check_token_ids(host: ModelHost, ids: list[int], param: str) -> list[int]:
     """Token ids a caller sent: each must exist in the vocabulary (llama.cpp aborts on one that
     does not)."""
-    n_vocab = service.runner.n_vocab
+    n_vocab = host.runner.n_vocab
     bad = [t for t in ids if not 0 <= t < n_vocab]
     if bad:
         raise OpenAIError(400, f"{param}: token ids out of range 0..{n_vocab - 1}: {bad[:5]}",
@@ -49,9 +49,9 @@ def check_token_ids(service: Service, ids: list[int], param: str) -> list[int]:
     return list(ids)
 
 
-def _chat_tokens(service: Service, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None) -> list[int]:
     try:
-        parts = service.template.render_parts(messages, tools=tools)
+        parts = host.template.render_parts(messages, tools=tools)
     except ChatTemplateError as exc:
         if tools or not any(m["role"] in ("system", "tool") for m in messages):
             raise OpenAIError(400, str(exc), param="messages")
@@ -59,23 +59,23 @@ def _chat_tokens(service: Service, messages: list[dict], tools: list[dict] | Non
         # text and tool results become the user's (the generic tool format puts its tools in
         # the system message, and its results come back with the tool role)
         try:
-            parts = service.template.render_parts(as_alternating_turns(messages))
+            parts = host.template.render_parts(as_alternating_turns(messages))
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
-    return service.tokenize_parts(parts)
+    return host.tokenize_parts(parts)
 
 
-async def chat_prompt(service: Service, rendered: list[dict],
+async def chat_prompt(host: ModelHost, rendered: list[dict],
                       tools: list[dict] | None = None) -> list[int]:
     """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt);
     tools for a template that renders them itself."""
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
-    check_size(service, len(rendered), size, "messages")
-    return await run_in_threadpool(_chat_tokens, service, rendered, tools)
+    check_size(host, len(rendered), size, "messages")
+    return await run_in_threadpool(_chat_tokens, host, rendered, tools)
 
 
-async def text_prompt(service: Service, prompt: str) -> list[int]:
+async def text_prompt(host: ModelHost, prompt: str) -> list[int]:
     """A raw completion prompt is the caller's own whole text (no one else's template), so its
     special tokens are parsed, as llama-server does; size and threading rules still apply."""
-    check_size(service, 1, len(prompt.encode()), "prompt")
-    return await run_in_threadpool(service.tokenize_prompt, prompt)
+    check_size(host, 1, len(prompt.encode()), "prompt")
+    return await run_in_threadpool(host.tokenize_prompt, prompt)

@@ -295,7 +295,7 @@ def header_list(names: list[str], most: int = 16) -> str:
     return ", ".join(shown) + (f", and {len(names) - most} more" if len(names) > most else "")
 
 
-def fingerprint(service) -> str:
+def fingerprint(host) -> str:
     """system_fingerprint: this build and the model file, so a client can tell when either changed."""
-    model = service.model_path.name if service.model_path else "?"
+    model = host.model_path.name if host.model_path else "?"
     return f"localserve-{__version__}-{uuid.uuid5(uuid.NAMESPACE_URL, model).hex[:8]}"

@@ -24,25 +24,27 @@ router = APIRouter()  # needs a key when keys are set
 
 @open_router.get("/health")
 async def health(request: Request):
-    state, problem = request.app.state.service.status()
+    if request.app.state.office.draining:
+        return JSONResponse({"status": "draining"}, status_code=503)
+    state, problem = request.app.state.default_host.status()
     if state == "ok":
         return {"status": "ok"}
     body = {"status": state} if problem is None else {"status": state, "error": problem}
     return JSONResponse(body, status_code=503)
 
 
-def shown_service(request: Request, model: str | None):
+def shown_host(request: Request, model: str | None):
     """The model a monitoring route describes: ?model=NAME, else the first loaded one (the
     default model first), else the default model."""
     models = request.app.state.models
     if model is not None:
-        return models.entry(model).service
-    loaded = [e.service for e in models.entries.values() if e.loaded]
-    return loaded[0] if loaded else request.app.state.service
+        return models.entry(model).host
+    loaded = [e.host for e in models.entries.values() if e.loaded]
+    return loaded[0] if loaded else request.app.state.default_host
 
 
-def not_loaded(request: Request, service) -> JSONResponse:
-    state = "unloaded" if service.unloaded else "loading"
+def not_loaded(request: Request, host) -> JSONResponse:
+    state = "unloaded" if host.unloaded else "loading"
     return JSONResponse({"status": state, "models": request.app.state.models.cards()},
                         status_code=503)
 
@@ -54,22 +56,22 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     dashboard and the page read."""
     if view not in (None, "full"):
         raise OpenAIError(400, "view: 'full' or nothing", param="view")
-    service = shown_service(request, model)
-    if service.engine is None:
-        return not_loaded(request, service)
-    pool = service.loop.scheduler.pool
-    snap = service.engine.snapshot.to_json()
+    host = shown_host(request, model)
+    if host.engine is None:
+        return not_loaded(request, host)
+    pool = host.loop.scheduler.pool
+    snap = host.engine.snapshot.to_json()
     if not is_admin(request):  # a user sees their own rows by name, others' anonymously
         me = request.state.user
         for row in (*snap["slots"], *snap["queue"]["requests"]):
             if row["user"] != me:
                 row["user"] = row["request_id"] = None
     if view is None:
-        spec = service.settings.spec != "off"
+        spec = host.settings.spec != "off"
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
                  "next_token": {"has_next_token": row["is_processing"],
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
-    return {"model": service.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
+    return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
             "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap,
             "models": request.app.state.models.cards()}
 
@@ -84,10 +86,10 @@ async def openapi(request: Request):
 async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step;
     per-key counters for admin keys only."""
-    service, models = request.app.state.service, request.app.state.models
-    text = generate_latest(models.metrics_registry if models.several else service.metrics_registry)
+    host, models = request.app.state.default_host, request.app.state.models
+    text = generate_latest(models.metrics_registry if models.several else host.metrics_registry)
     if is_admin(request):
-        text += generate_latest(service.key_registry)
+        text += generate_latest(request.app.state.office.key_registry)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
@@ -111,13 +113,13 @@ async def usage(request: Request, group_by: str = "key",
                 since: str | None = Query(None, alias="from"),
                 until: str | None = Query(None, alias="to")):
     """Token usage from the ledger, grouped by key, day or model. A user key sees only its own."""
-    service = request.app.state.service
-    if service.ledger is None:
+    ledger = request.app.state.office.ledger
+    if ledger is None:
         raise OpenAIError(404, "the ledger is off (--no-ledger)", code="ledger_off")
     if group_by not in GROUPS:
         raise OpenAIError(400, f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
     key = None if is_admin(request) else request.state.user
-    rows = await run_in_threadpool(ledger_usage, service.ledger.path, _when(since, "from"),
+    rows = await run_in_threadpool(ledger_usage, ledger.path, _when(since, "from"),
                                    _when(until, "to"), group_by, key)
     return {"object": "list", "group_by": group_by, "data": rows}
 
@@ -125,24 +127,24 @@ async def usage(request: Request, group_by: str = "key",
 @router.get("/props")
 async def props(request: Request, model: str | None = None):
     """Model, backend, the -c split and scheduler settings: what a dashboard's header shows."""
-    service = shown_service(request, model)
-    if service.engine is None:
-        return not_loaded(request, service)
-    s = service.settings
-    pool = service.loop.scheduler.pool
+    host = shown_host(request, model)
+    if host.engine is None:
+        return not_loaded(request, host)
+    s = host.settings
+    pool = host.loop.scheduler.pool
     return {
-        **service.facts,
+        **host.facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
         "kv_unified": pool.unified, "split": pool.describe(),
         "total_slots": len(pool.slots),  # llama-server's name for n_slots
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
-        "chat_template": service.template.source if service.template else None,
-        "model_path": str(service.model_path) if service.model_path else None,
+        "chat_template": host.template.source if host.template else None,
+        "model_path": str(host.model_path) if host.model_path else None,
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
             "speculative": s.spec != "off"}},
-        "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": service.loop.scheduler.budget,
-                      "max_num_seqs": service.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
+        "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": host.loop.scheduler.budget,
+                      "max_num_seqs": host.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},
         "version": __version__,
     }

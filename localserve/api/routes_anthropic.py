@@ -160,9 +160,9 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
 @router.post("/messages")
 async def messages(body: MessagesRequest, request: Request):
     chat = as_chat(body)
-    service, stream, plan = await start_chat(request, chat, "/v1/messages")
-    message = MessageReply(service.model_id, stream.requests[0].num_prompt_tokens, plan,
-                           reasons(service))
+    host, stream, plan = await start_chat(request, chat, "/v1/messages")
+    message = MessageReply(host.model_id, stream.requests[0].num_prompt_tokens, plan,
+                           reasons(host))
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
     return await respond_with(message.collect, message.events, stream, request, body.stream, headers)
 
@@ -170,8 +170,8 @@ async def messages(body: MessagesRequest, request: Request):
 @router.post("/messages/count_tokens")
 async def count_tokens(body: CountTokensRequest, request: Request):
     chat = as_chat(body.model_copy(update={"max_tokens": body.max_tokens or 1}))
-    async with lease(request, chat.model) as service:
-        tokens, _, _ = await chat_tokens(service, chat)
+    async with lease(request, chat.model) as host:
+        tokens, _, _ = await chat_tokens(host, chat)
     return {"input_tokens": len(tokens)}
 
 

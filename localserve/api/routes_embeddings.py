@@ -32,7 +32,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
 
 
-def _inputs(service, body: EmbeddingRequest) -> list[list[int]]:
+def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
     raw = body.input
     if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):
         raw = [raw]
@@ -41,29 +41,29 @@ def _inputs(service, body: EmbeddingRequest) -> list[list[int]]:
     out = []
     for i, item in enumerate(raw):
         if isinstance(item, str):
-            check_size(service, 1, len(item.encode()), f"input[{i}]")
-            tokens = service.runner.tokenize(item, add_special=True, parse_special=False)
+            check_size(host, 1, len(item.encode()), f"input[{i}]")
+            tokens = host.runner.tokenize(item, add_special=True, parse_special=False)
         else:
-            tokens = check_token_ids(service, item, f"input[{i}]")
-        if not 0 < len(tokens) <= service.n_ctx_per_slot:
+            tokens = check_token_ids(host, item, f"input[{i}]")
+        if not 0 < len(tokens) <= host.n_ctx_per_slot:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
-                              f"{service.n_ctx_per_slot}", code="context_length_exceeded",
+                              f"{host.n_ctx_per_slot}", code="context_length_exceeded",
                               param="input")
         out.append(tokens)
     return out
 
 
-async def _embed_one(request: Request, service, embedder, tokens: list[int],
+async def _embed_one(request: Request, host, embedder, tokens: list[int],
                      user: str | None) -> list[float]:
     """One input, in its key's turn; a client that left, or a server draining, stops the rest
     (the model is freed only once no input is inside llama.cpp: Embedder.close waits)."""
-    if request.app.state.service.draining or await request.is_disconnected():
+    if request.app.state.office.draining or await request.is_disconnected():
         raise OpenAIError(503, "the server is shutting down, or the client left",
                           "server_error")
-    turns = service.embedding_turns
+    turns = host.embedding_turns
     await turns.take(user)
     try:
-        with service.embedding_running():
+        with host.embedding_running():
             return await run_in_threadpool(embedder.embed, tokens)
     except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
         raise OpenAIError(503, f"the model cannot embed now: {exc}; retry", "server_error") from None
@@ -81,21 +81,22 @@ def _encode(vector: list[float], form: str):
 @bare_router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
     hold_quota(request)
-    async with lease(request, body.model, kind="embedding") as service:
+    async with lease(request, body.model, kind="embedding") as host:
         if body.dimensions is not None:
             raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
-                              f"{service.runner.n_embd} dimensions", param="dimensions")
+                              f"{host.runner.n_embd} dimensions", param="dimensions")
         started = time.monotonic()
-        inputs = await run_in_threadpool(_inputs, service, body)
-        embedder = await run_in_threadpool(service.runner.embedder, service.kind == "embedding")
+        inputs = await run_in_threadpool(_inputs, host, body)
+        embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
         user = identity(request, body)
-        vectors = [await _embed_one(request, service, embedder, tokens, user) for tokens in inputs]
+        vectors = [await _embed_one(request, host, embedder, tokens, user) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
-    if service.ledger is not None:
-        service.ledger.record(request_row(
-            identity(request, body), "/v1/embeddings", service.model_id, n_tokens, 0, 0, "stop",
+    ledger = request.app.state.office.ledger
+    if ledger is not None:
+        ledger.record(request_row(
+            identity(request, body), "/v1/embeddings", host.model_id, n_tokens, 0, 0, "stop",
             queue_s=0.0, duration_s=time.monotonic() - started))
-    return {"object": "list", "model": service.model_id,
+    return {"object": "list", "model": host.model_id,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(vectors)],
             "usage": {"prompt_tokens": n_tokens, "total_tokens": n_tokens}}

@@ -68,21 +68,21 @@ class TemplateBody(BaseModel):
     _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
 
-async def _prompt_tokens(service, body: NativeCompletion) -> list[int]:
+async def _prompt_tokens(host, body: NativeCompletion) -> list[int]:
     if isinstance(body.prompt, list):
-        return prompt.check_token_ids(service, body.prompt, "prompt")
-    return await prompt.text_prompt(service, body.prompt)
+        return prompt.check_token_ids(host, body.prompt, "prompt")
+    return await prompt.text_prompt(host, body.prompt)
 
 
-async def _run(request: Request, service, body: NativeCompletion, tokens: list[int]):
+async def _run(request: Request, host, body: NativeCompletion, tokens: list[int]):
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")
-    grammar = await run_in_threadpool(structured.request_grammar, service, body)
-    stream = submit(request, service, tokens, body, grammar, request.url.path)
+    grammar = await run_in_threadpool(structured.request_grammar, host, body)
+    stream = submit(request, host, tokens, body, grammar, request.url.path)
     started = time.monotonic()
     if body.stream:
-        return EventSourceResponse(_sse(service, body, stream, started), sep="\n")
+        return EventSourceResponse(_sse(host, body, stream, started), sep="\n")
     text, tokens_out, found, last = [], [], [], None
     try:
         async for _, event in stream:
@@ -94,11 +94,11 @@ async def _run(request: Request, service, body: NativeCompletion, tokens: list[i
             last = event
     finally:
         stream.cancel()
-    final = _final(service, body, "".join(text), tokens_out, last, stream.requests[0], started)
-    return {**final, **_probabilities(service, found, body)}
+    final = _final(host, body, "".join(text), tokens_out, last, stream.requests[0], started)
+    return {**final, **_probabilities(host, found, body)}
 
 
-async def _sse(service, body, stream, started):
+async def _sse(host, body, stream, started):
     tokens_out = []
     try:
         async for _, event in stream:
@@ -109,24 +109,24 @@ async def _sse(service, body, stream, started):
             tokens_out += event.token_ids
             if event.text or event.logprobs:
                 chunk = {"content": event.text, "stop": False, "id_slot": -1,
-                         **_probabilities(service, [event.logprobs] if event.logprobs else [], body)}
+                         **_probabilities(host, [event.logprobs] if event.logprobs else [], body)}
                 if body.return_tokens:
                     chunk["tokens"] = list(event.token_ids)
                 yield {"data": json.dumps(chunk)}
             if event.finished:
-                yield {"data": json.dumps(_final(service, body, "", tokens_out, event,
+                yield {"data": json.dumps(_final(host, body, "", tokens_out, event,
                                                  stream.requests[0], started))}
     finally:
         stream.cancel()
 
 
-def _probabilities(service, found: list, body: NativeCompletion) -> dict:
+def _probabilities(host, found: list, body: NativeCompletion) -> dict:
     """llama-server's completion_probabilities for n_probs: each token with its top N."""
     if not body.n_probs:
         return {}
 
     def entry(token: int, logprob: float) -> dict:
-        raw = service.runner.piece(token)
+        raw = host.runner.piece(token)
         return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
                 "logprob": logprob}
     return {"completion_probabilities": [
@@ -134,19 +134,19 @@ def _probabilities(service, found: list, body: NativeCompletion) -> dict:
         for token, logprob, top in found]}
 
 
-def _final(service, body, text, tokens_out, last, engine_request, started) -> dict:
+def _final(host, body, text, tokens_out, last, engine_request, started) -> dict:
     now = time.monotonic()
     first = engine_request.first_token_time or now
     predicted = last.completion_tokens if last else 0
     if last.finish_reason is FinishReason.LENGTH:
         stop_type = "limit"
-    elif tokens_out and service.runner.is_eog(tokens_out[-1]):
+    elif tokens_out and host.runner.is_eog(tokens_out[-1]):
         stop_type = "eos"
     else:
         stop_type = "word"
     decode_s = max(now - first, 1e-9)
     return {"content": text, "tokens": tokens_out if body.return_tokens else [],
-            "id_slot": -1, "stop": True, "model": service.model_id,
+            "id_slot": -1, "stop": True, "model": host.model_id,
             "tokens_predicted": predicted, "tokens_evaluated": last.prompt_tokens,
             "tokens_cached": last.cached_tokens, "truncated": False, "stop_type": stop_type,
             "stopping_word": "", "prompt": body.prompt if isinstance(body.prompt, str) else "",
@@ -160,31 +160,31 @@ def _final(service, body, text, tokens_out, last, engine_request, started) -> di
 @router.post("/completions")  # llama-server's alias; the OpenAI shape is /v1/completions
 async def completion(body: NativeCompletion, request: Request):
     hold_quota(request)
-    async with lease(request, body.model) as service:
-        return await _run(request, service, body, await _prompt_tokens(service, body))
+    async with lease(request, body.model) as host:
+        return await _run(request, host, body, await _prompt_tokens(host, body))
 
 
 @router.post("/infill")
 async def infill(body: Infill, request: Request):
     hold_quota(request)
-    async with lease(request, body.model) as service:
-        fim = service.runner.fim_tokens
+    async with lease(request, body.model) as host:
+        fim = host.runner.fim_tokens
         if fim is None:
-            raise OpenAIError(400, f"the model '{service.model_id}' has no fill-in-the-middle "
+            raise OpenAIError(400, f"the model '{host.model_id}' has no fill-in-the-middle "
                               f"tokens, so /infill cannot work with it; use a code model that has "
                               f"them (e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
-        prefix = await prompt.text_prompt(service, body.input_prefix) if body.input_prefix else []
-        suffix = await prompt.text_prompt(service, body.input_suffix) if body.input_suffix else []
-        middle = await _prompt_tokens(service, body) if body.prompt else []
+        prefix = await prompt.text_prompt(host, body.input_prefix) if body.input_prefix else []
+        suffix = await prompt.text_prompt(host, body.input_suffix) if body.input_suffix else []
+        middle = await _prompt_tokens(host, body) if body.prompt else []
         tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
-        return await _run(request, service, body, tokens)
+        return await _run(request, host, body, tokens)
 
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, request: Request):
-    async with lease(request, body.model) as service:
-        prompt.check_size(service, 1, len(body.content.encode()), "content")
-        runner = service.runner
+    async with lease(request, body.model) as host:
+        prompt.check_size(host, 1, len(body.content.encode()), "content")
+        runner = host.runner
         ids = await run_in_threadpool(runner.tokenize, body.content, body.add_special,
                                       body.parse_special)
         if not body.with_pieces:
@@ -202,18 +202,18 @@ def _piece(runner, token: int) -> dict:
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request):
-    async with lease(request, body.model) as service:
-        tokens = prompt.check_token_ids(service, body.tokens, "tokens")
-        return {"content": await run_in_threadpool(service.detokenize, tokens)}
+    async with lease(request, body.model) as host:
+        tokens = prompt.check_token_ids(host, body.tokens, "tokens")
+        return {"content": await run_in_threadpool(host.detokenize, tokens)}
 
 
 @router.post("/apply-template")
 async def apply_template(body: TemplateBody, request: Request):
-    async with lease(request, body.model) as service:
-        native = tool_formats.detect(service.template.source)  # tool history in its own words
+    async with lease(request, body.model) as host:
+        native = tool_formats.detect(host.template.source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])
         try:
-            return {"prompt": await run_in_threadpool(service.template.render, messages)}
+            return {"prompt": await run_in_threadpool(host.template.render, messages)}
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None

@@ -23,7 +23,7 @@ from localserve.engine.streams import ChoiceStreams
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.config import Settings
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 router = APIRouter(prefix="/v1")
 # llama-server and many snippets call the OpenAI paths without /v1: the same routes there
@@ -61,36 +61,36 @@ def logit_bias(body: _Sampling) -> tuple[tuple[int, float], ...]:
     return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
-def submit(request: Request, service: Service, tokens: list[int], body: _Sampling,
+def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling,
            grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first."""
     user = identity(request, body)
-    n_ctx = service.n_ctx_per_slot
+    n_ctx = host.n_ctx_per_slot
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
     if len(tokens) >= n_ctx:
-        s = service.settings
+        s = host.settings
         raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
                           f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
                           f", and the answer needs room too. Shorten the prompt, or raise -c or "
                           f"lower --parallel.", code="context_length_exceeded", param="messages")
-    n_slots = service.settings.parallel
+    n_slots = host.settings.parallel
     if body.n > n_slots:
         raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
                           f"{n_slots} (--parallel)", param="n")
-    params = sampling_params(body, len(tokens), n_ctx, grammar, service.settings)
-    prompt.check_token_ids(service, [t for t, _ in params.logit_bias], "logit_bias")
-    reserve_tokens(request, service, len(tokens) + params.max_tokens * body.n)
+    params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings)
+    prompt.check_token_ids(host, [t for t, _ in params.logit_bias], "logit_bias")
+    reserve_tokens(request, host, len(tokens) + params.max_tokens * body.n)
     choices: list[EngineRequest] = []
     for i in range(body.n):
         seeded = params if params.seed is None else replace(params, seed=params.seed + i)
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
-                                     cache_scope=service.cache_scope(user),
+                                     cache_scope=request.app.state.office.cache_scope(user),
                                      prefix_of=choices[0] if choices else None))
     try:
-        return service.engine.submit_choices(choices)
+        return host.engine.submit_choices(choices)
     except UserQueueFull as exc:
         raise OpenAIError(429, f"{exc}; wait for some to finish.", code="queue_share_exceeded",
                           headers={"Retry-After": "2"})
@@ -112,8 +112,8 @@ async def list_models(request: Request):
 @bare_router.get("/models/{model:path}")
 async def get_model(model: str, request: Request):
     cards = {card["id"]: card for card in request.app.state.models.cards()}
-    service = request.app.state.service
-    if len(cards) == 1 and service.model_path and model == service.model_path.name:
+    host = request.app.state.default_host
+    if len(cards) == 1 and host.model_path and model == host.model_path.name:
         return next(iter(cards.values()))  # the file name, as llama-server accepts
     if model not in cards:
         raise OpenAIError(404, f"The model '{model}' does not exist; this server serves "
@@ -126,52 +126,52 @@ async def get_model(model: str, request: Request):
 async def chat_completions(body: ChatCompletionRequest, request: Request):
     # With one model, every `model` name is answered by it (many tools hard-code
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
-    service, stream, plan = await start_chat(request, body, "/v1/chat/completions")
-    reply = Reply("chat.completion", service.model_id, body, fingerprint(service), plan,
-                  piece=service.runner.piece, reasoning=reasons(service))
+    host, stream, plan = await start_chat(request, body, "/v1/chat/completions")
+    reply = Reply("chat.completion", host.model_id, body, fingerprint(host), plan,
+                  piece=host.runner.piece, reasoning=reasons(host))
     return await reply.respond(stream, request)
 
 
-def reasons(service: Service) -> bool:
+def reasons(host: ModelHost) -> bool:
     """Whether this model's answers may open with a <think> block to split off."""
-    return uses_reasoning(service.settings.reasoning_format,
-                          service.template.source if service.template else None)
+    return uses_reasoning(host.settings.reasoning_format,
+                          host.template.source if host.template else None)
 
 
-async def chat_tokens(service: Service, body: ChatCompletionRequest):
+async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
     """(prompt tokens, grammar, tool plan) of a chat request: tools or response_format become
     a grammar, the messages go through the template (worker threads: see prompt.py)."""
-    tools = await run_in_threadpool(structured.tool_setup, service, body)
+    tools = await run_in_threadpool(structured.tool_setup, host, body)
     if tools is not None:
         messages, grammar, plan = tools
     else:
         messages, plan = [m.as_template_dict() for m in body.messages], None
-        grammar = await run_in_threadpool(structured.request_grammar, service, body)
+        grammar = await run_in_threadpool(structured.request_grammar, host, body)
     tools_for_template = plan.template_tools if plan is not None else None
-    return await prompt.chat_prompt(service, messages, tools_for_template), grammar, plan
+    return await prompt.chat_prompt(host, messages, tools_for_template), grammar, plan
 
 
 async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):
-    """Admit and queue a chat request: (its model's service, its streams, its tool plan). The
+    """Admit and queue a chat request: (its model's host, its streams, its tool plan). The
     one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
     hold_quota(request)
-    async with lease(request, body.model) as service:
-        tokens, grammar, plan = await chat_tokens(service, body)
-        return service, submit(request, service, tokens, body, grammar, endpoint), plan
+    async with lease(request, body.model) as host:
+        tokens, grammar, plan = await chat_tokens(host, body)
+        return host, submit(request, host, tokens, body, grammar, endpoint), plan
 
 
 @router.post("/completions")  # without /v1 it is llama-server's native API (routes_native)
 async def completions(body: CompletionRequest, request: Request):
     hold_quota(request)
-    async with lease(request, body.model) as service:  # `model`: see chat_completions
-        grammar = await run_in_threadpool(structured.request_grammar, service, body)
+    async with lease(request, body.model) as host:  # `model`: see chat_completions
+        grammar = await run_in_threadpool(structured.request_grammar, host, body)
         if isinstance(body.prompt, str):
-            tokens = await prompt.text_prompt(service, body.prompt)
+            tokens = await prompt.text_prompt(host, body.prompt)
         else:
-            tokens = prompt.check_token_ids(service, body.prompt, "prompt")
-        stream = submit(request, service, tokens, body, grammar, "/v1/completions")
-    reply = Reply("text_completion", service.model_id, body, fingerprint(service),
-                  piece=service.runner.piece)
+            tokens = prompt.check_token_ids(host, body.prompt, "prompt")
+        stream = submit(request, host, tokens, body, grammar, "/v1/completions")
+    reply = Reply("text_completion", host.model_id, body, fingerprint(host),
+                  piece=host.runner.piece)
     if body.echo:
-        reply.prefix = body.prompt if isinstance(body.prompt, str) else service.detokenize(tokens)
+        reply.prefix = body.prompt if isinstance(body.prompt, str) else host.detokenize(tokens)
     return await reply.respond(stream, request)

@@ -168,7 +168,7 @@ def as_chat(body: ResponsesRequest, earlier: list[dict]) -> ChatCompletionReques
 
 
 def _store(request: Request):
-    return request.app.state.service.responses
+    return request.app.state.office.responses
 
 
 def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
@@ -186,9 +186,9 @@ def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
 async def create_response(body: ResponsesRequest, request: Request):
     earlier = await run_in_threadpool(_earlier, request, body)
     chat = as_chat(body, earlier)
-    service, stream, plan = await start_chat(request, chat, "/v1/responses")
-    reply = ResponseReply(service.model_id, body, stream.requests[0].num_prompt_tokens, plan,
-                          reasons(service))
+    host, stream, plan = await start_chat(request, chat, "/v1/responses")
+    reply = ResponseReply(host.model_id, body, stream.requests[0].num_prompt_tokens, plan,
+                          reasons(host))
     reply.turns = earlier + input_messages(body.input)
     reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED) - set(EXTENSIONS)))
@@ -224,6 +224,6 @@ async def delete_response(response_id: str, request: Request):
 @router.post("/responses/input_tokens")
 async def input_tokens(body: ResponsesRequest, request: Request):
     chat = as_chat(body, await run_in_threadpool(_earlier, request, body))
-    async with lease(request, chat.model) as service:
-        tokens, _, _ = await chat_tokens(service, chat)
+    async with lease(request, chat.model) as host:
+        tokens, _, _ = await chat_tokens(host, chat)
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}

@@ -59,7 +59,7 @@ def _owner(request: Request) -> str:
 
 
 def _store(request: Request):
-    store = request.app.state.service.conversations
+    store = request.app.state.office.conversations
     if store is None:
         raise OpenAIError(404, "conversations are not kept (--no-web)", "not_found_error")
     return store

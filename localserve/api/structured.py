@@ -25,7 +25,7 @@ from localserve.api import tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.tool_formats import NativeFormat
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; llama-server crashes on deep ones
@@ -72,34 +72,34 @@ def _check_schema(schema, param: str) -> str:
     return text
 
 
-def schema_grammar(service: Service, schema, param: str) -> str:
+def schema_grammar(host: ModelHost, schema, param: str) -> str:
     text = _check_schema(schema, param)
     try:
-        return service.runner.json_schema_grammar(text)
+        return host.runner.json_schema_grammar(text)
     except Exception as exc:  # the converter asserts on schemas it does not understand
         raise OpenAIError(400, f"unsupported or invalid JSON schema in {param}: {exc}",
                           param=param) from None
 
 
-def schema_constraint(service: Service, schema, param: str) -> str:
+def schema_constraint(host: ModelHost, schema, param: str) -> str:
     """A schema's grammar, converted and checked by llama.cpp's own parser."""
-    return checked_grammar(service, schema_grammar(service, schema, param), param)
+    return checked_grammar(host, schema_grammar(host, schema, param), param)
 
 
-def checked_grammar(service: Service, gbnf: str, param: str) -> str:
+def checked_grammar(host: ModelHost, gbnf: str, param: str) -> str:
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise OpenAIError(400, f"the grammar is longer than {MAX_GRAMMAR_BYTES} bytes", param=param)
     try:
         check_gbnf(gbnf)
     except BoundError as exc:
         raise OpenAIError(400, f"{param}: {exc}", param=param) from None
-    problem = service.runner.grammar_error(gbnf)
+    problem = host.runner.grammar_error(gbnf)
     if problem:
         raise OpenAIError(400, f"invalid grammar ({param}): {problem}", param=param)
     return gbnf
 
 
-def request_grammar(service: Service, body: _Sampling) -> str | None:
+def request_grammar(host: ModelHost, body: _Sampling) -> str | None:
     """The grammar for response_format / json_schema / grammar (at most one of them)."""
     fmt = body.response_format
     sources = [name for name, present in (
@@ -114,20 +114,20 @@ def request_grammar(service: Service, body: _Sampling) -> str | None:
         raise OpenAIError(400, "ignore_eos cannot be combined with a grammar or schema: the "
                           "answer must be able to end when it is complete", param="ignore_eos")
     if body.grammar is not None:
-        return checked_grammar(service, body.grammar, "grammar")
+        return checked_grammar(host, body.grammar, "grammar")
     if body.json_schema is not None:
-        return schema_constraint(service, body.json_schema, "json_schema")
+        return schema_constraint(host, body.json_schema, "json_schema")
     if fmt.type == "json_object":
-        return schema_constraint(service, fmt.schema_ or {"type": "object"}, "response_format")
+        return schema_constraint(host, fmt.schema_ or {"type": "object"}, "response_format")
     if fmt.json_schema is None:
         raise OpenAIError(400, "response_format json_schema needs a 'json_schema' object with "
                           "a 'schema'", param="response_format.json_schema")
-    return schema_constraint(service, fmt.json_schema.schema_, "response_format.json_schema.schema")
+    return schema_constraint(host, fmt.json_schema.schema_, "response_format.json_schema.schema")
 
 
 # ---- tools -------------------------------------------------------------------------------
 
-def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict], str, ToolPlan] | None:
+def tool_setup(host: ModelHost, body: ChatCompletionRequest) -> tuple[list[dict], str, ToolPlan] | None:
     """(messages with the tool prompt, grammar, plan) for a request that offers tools and may
     call them; None when it does not (no tools, or tool_choice "none")."""
     choice = body.tool_choice
@@ -149,10 +149,10 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
                               f"offered ({', '.join(t.function.name for t in body.tools)})",
                               param="tool_choice")
     for i, t in enumerate(tools):  # each alone first, so that an error names its tool
-        schema_grammar(service, t.function.parameters, f"tools[{i}].function.parameters")
-    native = tool_formats.detect(service.template.source if service.template else None)
+        schema_grammar(host, t.function.parameters, f"tools[{i}].function.parameters")
+    native = tool_formats.detect(host.template.source if host.template else None)
     if native is not None:
-        return native_tool_setup(service, body, tools, native)
+        return native_tool_setup(host, body, tools, native)
     calls = [{"type": "object", "properties": {
         "name": {"const": t.function.name}, "arguments": t.function.parameters},
         "required": ["name", "arguments"]} for t in tools]
@@ -166,7 +166,7 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     if auto:
         answer = {"anyOf": [answer, {"type": "object", "properties": {
             "response": {"type": "string"}}, "required": ["response"]}]}
-    grammar = schema_constraint(service, answer, "tools")
+    grammar = schema_constraint(host, answer, "tools")
     messages = [m.as_template_dict() for m in body.messages]
     prompt = tool_prompt(tools, auto)
     if messages and messages[0]["role"] == "system":
@@ -176,7 +176,7 @@ def tool_setup(service: Service, body: ChatCompletionRequest) -> tuple[list[dict
     return messages, grammar, ToolPlan(allow_text_response=auto)
 
 
-def native_tool_setup(service: Service, body: ChatCompletionRequest, tools, fmt: NativeFormat):
+def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: NativeFormat):
     """The model's own format: the template renders the tools and the history; "auto" leaves
     the answer free (prose, then calls in the format), otherwise the whole answer is calls."""
     auto = body.tool_choice in (None, "auto")
@@ -186,8 +186,8 @@ def native_tool_setup(service: Service, body: ChatCompletionRequest, tools, fmt:
     if auto:
         return messages, None, plan
     most = 1 if body.parallel_tool_calls is False or fmt.name == "llama3" else MAX_CALLS_PER_ANSWER
-    call = schema_grammar(service, tool_formats.call_schema(tools, fmt), "tools")
-    grammar = checked_grammar(service, tool_formats.wrap_grammar(call, fmt, most), "tools")
+    call = schema_grammar(host, tool_formats.call_schema(tools, fmt), "tools")
+    grammar = checked_grammar(host, tool_formats.wrap_grammar(call, fmt, most), "tools")
     return messages, grammar, plan
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from localserve.engine.request import Request, TokenEvent
-    from localserve.engine.plan import StepPlan
+    from localserve.engine.plan import StepOutput, StepPlan
 
 
 class Vocab(Protocol):
@@ -18,14 +18,11 @@ class Vocab(Protocol):
 
 
 class Runner(Vocab, Protocol):
-    """Runs one StepPlan as one batch. decode() returns {slot_id: sampled token} for every
-    chunk with sample=True, or raises errors.DecodeError (errors.CacheFull: retry after
-    evicting a sequence)."""
+    """Runs one StepPlan as one batch. decode() returns a StepOutput (a token for every chunk
+    with sample=True), or raises errors.DecodeError (errors.CacheFull: retry after evicting a
+    sequence)."""
 
-    decode_seconds: float  # time inside llama_decode, for the overhead share in /slots
-    sample_seconds: float
-
-    def decode(self, plan: StepPlan) -> dict[int, int]: ...
+    def decode(self, plan: StepPlan) -> StepOutput: ...
 
 
 class EngineObserver(Protocol):
@@ -37,7 +34,7 @@ class EngineObserver(Protocol):
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """What LlamaRunner is built from (Service fills it from Settings)."""
+    """What LlamaRunner is built from (ModelHost fills it from Settings)."""
 
     model_path: str
     ctx_size: int = 8192

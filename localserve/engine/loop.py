@@ -2,7 +2,7 @@
 
 Where a request's tokens are made: EngineLoop.run() -> step():
     drain the inbox (adds, aborts) -> plan = scheduler.schedule() -> runner.decode(plan)
-    -> scheduler.update(plan, sampled) -> hand events to their requests -> publish a snapshot.
+    -> scheduler.update(plan, output.sampled) -> hand events to their requests -> publish a snapshot.
 The HTTP side never waits for a step: it reads the last published snapshot (an immutable
 EngineSnapshot swapped in by reference) and receives tokens through per-request asyncio queues.
 """
@@ -14,9 +14,12 @@ import queue
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable
 
 from localserve.engine.request import FinishReason, Request, TokenEvent
 from localserve.engine.errors import CacheFull, DecodeError, EngineFailed
+from localserve.engine.interfaces import EngineObserver, Runner
 from localserve.engine.plan import StepPlan
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
@@ -38,9 +41,25 @@ class UserQueueFull(QueueFull):
     queue stays free for everyone else."""
 
 
+# What other threads post to the loop's inbox; it applies them between steps.
+@dataclass(frozen=True)
+class Add:
+    request: Request
+
+
+@dataclass(frozen=True)
+class Abort:
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
 class EngineLoop(threading.Thread):
-    def __init__(self, scheduler: Scheduler, runner, max_queue: int | None = None,
-                 queue_timeout_s: float | None = None, observers=(),
+    def __init__(self, scheduler: Scheduler, runner: Runner, max_queue: int | None = None,
+                 queue_timeout_s: float | None = None, observers: Iterable[EngineObserver] = (),
                  max_queue_per_user: int | None = None):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
@@ -55,6 +74,8 @@ class EngineLoop(threading.Thread):
         self.stopping = False
         self.last_step_s = 0.0
         self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
+        self.llama_decode_s = 0.0  # of which inside llama_decode (the overhead share in /slots)
+        self.sampling_s = 0.0  # and inside the samplers
         self.queued = 0  # submitted and not yet admitted (or ended): what --max-queue bounds
         self.in_flight = 0  # submitted and not yet finished: what a drain waits for
         self._queued_by_user: Counter = Counter()  # what --max-queue-per-key bounds
@@ -77,14 +98,14 @@ class EngineLoop(threading.Thread):
             self.queued += 1
             self.in_flight += 1
         request.holds_queue_place = True
-        self.inbox.put(("add", request))
+        self.inbox.put(Add(request))
 
     def abort(self, request_id: str) -> None:
-        self.inbox.put(("abort", request_id))
+        self.inbox.put(Abort(request_id))
 
     def stop(self) -> None:
         self.stopping = True
-        self.inbox.put(("stop", None))
+        self.inbox.put(Stop())
 
     # ---- the loop thread ----------------------------------------------------------------
     def run(self) -> None:
@@ -133,13 +154,15 @@ class EngineLoop(threading.Thread):
         try:
             self.decoding = True
             try:
-                sampled = self.runner.decode(plan)
+                out = self.runner.decode(plan)
             finally:
                 self.decoding = False
             if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
                 raise EngineFailed(self.failure)
-            events = self.scheduler.update(plan, sampled)
-            self._attach_logprobs(plan, events)
+            self.llama_decode_s += out.decode_s
+            self.sampling_s += out.sample_s
+            events = self.scheduler.update(plan, out.sampled)
+            self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
             if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
@@ -155,10 +178,9 @@ class EngineLoop(threading.Thread):
         self._deliver(events)
         self.snapshot = self._build_snapshot(plan)
 
-    def _attach_logprobs(self, plan: StepPlan, events) -> None:
+    def _attach_logprobs(self, plan: StepPlan, events, computed: dict[int, tuple]) -> None:
         """The runner computed log-probabilities for the rows that asked; hand each to the
         event that carries its token."""
-        computed = getattr(self.runner, "logprobs", None)
         if not computed:
             return
         slot_of = {id(c.request): c.slot_id for c in plan.chunks}
@@ -174,14 +196,13 @@ class EngineLoop(threading.Thread):
         except queue.Empty:
             return True
         while True:
-            kind, value = item
-            if kind == "stop":
+            if isinstance(item, Stop):
                 self._fail_everything("the server is shutting down")
                 return False
-            if kind == "add":
-                self._add(value)
+            if isinstance(item, Add):
+                self._add(item.request)
             else:
-                found = self.scheduler.abort(value)
+                found = self.scheduler.abort(item.request_id)
                 if found:
                     self._deliver([found])
             try:
@@ -226,11 +247,12 @@ class EngineLoop(threading.Thread):
                 self._deliver([found])
         while True:  # requests submitted but never drained
             try:
-                kind, value = self.inbox.get_nowait()
+                item = self.inbox.get_nowait()
             except queue.Empty:
                 break
-            if kind == "add":
-                self._deliver([(value, TokenEvent("", finish_reason=FinishReason.ERROR, error=message))])
+            if isinstance(item, Add):
+                self._deliver([(item.request, TokenEvent("", finish_reason=FinishReason.ERROR,
+                                                         error=message))])
 
     def _build_snapshot(self, plan: StepPlan | None = None) -> EngineSnapshot:
         return build_snapshot(self, plan)

@@ -63,3 +63,15 @@ class StepPlan:
 
     def __bool__(self) -> bool:
         return bool(self.chunks)
+
+
+@dataclass
+class StepOutput:
+    """What the runner made of one StepPlan: for each sampled chunk's slot, the token sampled
+    (for a drafted chunk, the drafts that held and the token sampled after them), the
+    log-probabilities of the rows that asked for them, and where the time went."""
+
+    sampled: dict[int, int | list[int]]
+    logprobs: dict[int, tuple] = field(default_factory=dict)
+    decode_s: float = 0.0  # inside llama_decode
+    sample_s: float = 0.0  # inside the samplers

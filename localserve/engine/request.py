@@ -20,6 +20,11 @@ _ids = itertools.count(1)
 
 
 class RequestStatus(enum.Enum):
+    """WAITING --admitted--> RUNNING --ended--> FINISHED; preempted: RUNNING -> WAITING.
+    An n > 1 sibling starts HELD until its first choice's prompt is in cache (it copies that
+    prompt instead of computing it again), then waits like any other request."""
+
+    HELD = "held"
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"

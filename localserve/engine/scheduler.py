@@ -67,7 +67,7 @@ class Scheduler(LessWork):
         self.preemption_watch = PreemptionWatch()
         self._admissions = 0
         self._pending_drops: list[int] = []
-        self.held: list[Request] = []  # n > 1 siblings waiting for their first choice's prompt
+        self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
         # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
         self.prompt_cache = None if pool.unified else prompt_cache
         self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
@@ -78,11 +78,12 @@ class Scheduler(LessWork):
         if request.num_prompt_tokens >= self.pool.n_ctx_per_slot:
             raise ValueError(f"prompt of {request.num_prompt_tokens} tokens does not fit a slot "
                              f"of {self.pool.n_ctx_per_slot} tokens")
-        request.status = RequestStatus.WAITING
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:
-            self.held.append(request)  # until the first choice's prompt is in cache
+            request.status = RequestStatus.HELD
+            self.held.append(request)
         else:
+            request.status = RequestStatus.WAITING
             self.waiting.append(request)
 
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
@@ -204,8 +205,10 @@ class Scheduler(LessWork):
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
 
     def _release_siblings(self, first: Request) -> None:
+        """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""
         for sibling in [r for r in self.held if r.prefix_of is first]:
             self.held.remove(sibling)
+            sibling.status = RequestStatus.WAITING
             self.waiting.follow(sibling)
 
     def _slots_held(self) -> Counter:
@@ -274,7 +277,7 @@ class Scheduler(LessWork):
                 return
 
     def _drop(self, plan: StepPlan, slot: Slot) -> None:
-        slot.cached.clear()
+        slot.forget()
         plan.dropped.append(slot.slot_id)
 
     def _preempt(self, plan: StepPlan) -> bool:
@@ -335,10 +338,10 @@ class Scheduler(LessWork):
                 self.stats.prompt_tokens_computed += min(
                     len(chunk.tokens), chunk.request.num_prompt_tokens - chunk.start_pos)
             if not chunk.sample:
-                slot.cached.extend(chunk.tokens)
+                slot.computed(chunk.tokens)
                 continue
             tokens = self._take_sampled(chunk, sampled[chunk.slot_id])
-            slot.cached.extend(self._kept_in_cache(chunk, tokens))
+            slot.computed(self._kept_in_cache(chunk, tokens))
             for token in tokens:
                 events.append((chunk.request, self._accept_or_fail(slot, token)))
                 if slot.request is not chunk.request:
@@ -360,7 +363,7 @@ class Scheduler(LessWork):
         for chunk in plan.chunks:
             slot = self.pool.slots[chunk.slot_id]
             if slot.request is chunk.request:
-                slot.cached.clear()
+                slot.forget()
                 events.append((chunk.request, self._end(slot, FinishReason.ERROR, error=message)))
         return events
 

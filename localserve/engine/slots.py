@@ -87,6 +87,16 @@ class Slot:
             request.cached_tokens = keep
             request.prefix_source = ("ram" if restored else "slot") if keep else None
 
+    # ---- the slot's cache: only these change `cached` (llama.cpp's server_slot does the same)
+    def computed(self, tokens: list[int]) -> None:
+        """`tokens` were decoded into this slot's sequence, after what it already holds."""
+        self.cached.extend(tokens)
+
+    def forget(self) -> None:
+        """The sequence was cleared (dropped for room, preempted, or left unknown by a failed
+        decode): nothing cached is reusable."""
+        self.cached.clear()
+
     def release(self) -> None:
         """-> IDLE; the cache stays for prefix reuse."""
         if not self.busy:

@@ -142,8 +142,7 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, draft_tokens=stats.draft_tokens,
             draft_tokens_accepted=stats.draft_tokens_accepted, busy_s=round(loop.busy_seconds, 3),
-            llama_decode_s=round(getattr(loop.runner, "decode_seconds", 0.0), 3),
-            sampling_s=round(getattr(loop.runner, "sample_seconds", 0.0), 3)))
+            llama_decode_s=round(loop.llama_decode_s, 3), sampling_s=round(loop.sampling_s, 3)))
 
 
 def _ram_view(cache) -> RamCacheView | None:

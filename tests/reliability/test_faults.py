@@ -10,11 +10,11 @@ from localserve.api.app import create_app
 from localserve.config import Settings
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.errors import DecodeError
-from localserve.service import Service
+from localserve.model_host import ModelHost
 
 
-def fresh_service(**kw) -> Service:
-    svc = Service(Settings(ctx_size=1024, parallel=kw.pop("parallel", 1), threads=2, **kw))
+def fresh_service(**kw) -> ModelHost:
+    svc = ModelHost(Settings(ctx_size=1024, parallel=kw.pop("parallel", 1), threads=2, **kw))
     svc.load()
     assert svc.ready, svc.load_error
     return svc
@@ -91,7 +91,7 @@ def test_dead_engine_thread_shows_in_health_and_requests_fail_fast():
             raise RuntimeError("injected scheduler bug")
 
         service.loop.scheduler.schedule = broken_schedule
-        client = TestClient(create_app(service=service), base_url="http://localhost")
+        client = TestClient(create_app(model_host=service), base_url="http://localhost")
         stuck = req("Anyone there?", service)
 
         async def submit():

@@ -21,7 +21,7 @@ from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
-from localserve.engine.plan import SeqChunk, StepPlan
+from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
@@ -74,16 +74,13 @@ class LlamaRunner(Sampling):
         self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
         self._one = (C.llama_token_data * 1)()
         self.logprob_n: dict[int, int | None] = {}  # per slot: top-N log-probabilities wanted
-        self.logprobs: dict[int, tuple] = {}  # the last step's, for the rows that asked
         self._embedder = None
         self._embedder_lock = threading.Lock()
         self._pieces: dict[int, bytes] = {}
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
-        self.prompt_cache: PromptCache | None = None  # set by the Service (shared with the scheduler)
-        self.decode_seconds = 0.0  # wall time inside llama_decode alone, for the overhead share
-        self.sample_seconds = 0.0  # wall time inside llama_sampler_sample
+        self.prompt_cache: PromptCache | None = None  # set by the ModelHost (shared with the scheduler)
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -181,8 +178,8 @@ class LlamaRunner(Sampling):
         return bool(C.llama_vocab_is_eog(self.vocab, token))
 
     # ---- one step ---------------------------------------------------------------------
-    def decode(self, plan: StepPlan) -> dict[int, int]:
-        """Run one llama_decode over the whole plan; return {slot_id: sampled token}.
+    def decode(self, plan: StepPlan) -> StepOutput:
+        """Run one llama_decode over the whole plan; return what it sampled.
         Before it: sequences the plan overwrites are saved to the prompt cache, dropped ones
         cleared, admitted ones copied from a sibling or restored from the cache, then trimmed
         to the prefix they keep."""
@@ -223,7 +220,6 @@ class LlamaRunner(Sampling):
         started = time.perf_counter()
         rc = C.llama_decode(self.ctx, batch)
         decoded = time.perf_counter()
-        self.decode_seconds += decoded - started
         if rc == 1:
             raise CacheFull(f"no free cache cells for a batch of {i} tokens")
         if rc != 0:
@@ -233,11 +229,11 @@ class LlamaRunner(Sampling):
                               f"from {len(plan.chunks)} sequences")
         sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
                    else self._sample(chunk.slot_id, row) for chunk, row in rows}
-        self.logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id],
-                                              self.logprob_n[c.slot_id])
-                         for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
-        self.sample_seconds += time.perf_counter() - decoded
-        return sampled
+        logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id],
+                                         self.logprob_n[c.slot_id])
+                    for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
+        return StepOutput(sampled, logprobs, decode_s=decoded - started,
+                          sample_s=time.perf_counter() - decoded)
 
     def save_sequence(self, slot_id: int, scope: str | None, tokens: list[int]) -> None:
         """Put a slot's sequence (holding `tokens`) into the prompt cache."""

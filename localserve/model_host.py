@@ -1,4 +1,5 @@
-"""Service: assembles runner, slots, scheduler and engine loop from Settings, and owns their life.
+"""ModelHost: assembles one model's runner, slots, scheduler and engine loop from Settings,
+and owns their life.
 
 The model loads on a background thread so that /health can answer 503 "loading" meanwhile.
 """
@@ -11,11 +12,11 @@ import logging
 import threading
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from localserve.chat_template import ChatTemplate, PromptPart, fallback_for, override_source
 from localserve.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.keys import load_keys
 from localserve.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
@@ -23,28 +24,29 @@ from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
 from localserve.engine.slots import SlotPool
-from localserve.conversations import Conversations
-from localserve.ledger import Ledger, LedgerObserver, default_state_dir
-from localserve.metrics import KeyUsageMetrics, build_registry
+from localserve.ledger import state_dir
+from localserve.metrics import build_registry
 import psutil
-from prometheus_client import CollectorRegistry
 from localserve.resources import check_memory
 
 log = logging.getLogger("localserve")
 MIB = 1024 ** 2
 
 
-class Service:
-    """One model's engine. With several models (registry.py) each has its own Service; the
-    first (the default model's) owns what the server shares: keys, ledger, conversations and
-    per-key counters, and the others use its (`shared`)."""
+class ModelHost:
+    """One model's engine: runner, slots, scheduler, engine loop, template and tokenization.
+    With several models (registry.py) each has its own host. What the office shares (keys,
+    ledger, per-key counters) reaches it only as the observers and the share rule the registry
+    hands it (`observers`, `shares`) before it loads."""
 
-    def __init__(self, settings: Settings, shared: "Service | None" = None, kind: str = "chat"):
+    def __init__(self, settings: Settings, kind: str = "chat"):
         self.settings = settings.validate()
-        self.shared = shared
         self.kind = kind  # "embedding": a model for /v1/embeddings only
+        # Handed by the registry (office.py): extra engine observers, given the model id, and
+        # whether keys are set, so that queue places and slots are shared per key.
+        self.observers: Callable[[Callable[[], str]], list] = lambda model_id: []
+        self.shares = False
         self.unloaded = False  # unloaded by the registry (idle, or to make room): loadable again
-        self.peers: list[Service] = []  # the other models' Services, when this one owns them
         self._forget_fatal = lambda: None  # undoes the engine loop's fatal-error handler
         self.model_path: Path | None = None
         self.runner: LlamaRunner | None = None
@@ -57,66 +59,16 @@ class Service:
         self.metrics_registry, self.metrics = build_registry(
             lambda: self.engine.snapshot if self.engine is not None else None)
         self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
-        self.key_registry = CollectorRegistry()  # per-key counters: admins only
-        self.key_metrics = KeyUsageMetrics(self.key_registry)
-        self.ledger: Ledger | None = None
-        self.conversations: Conversations | None = None  # the web page's, per key
-        self.responses: Conversations | None = None  # the Responses API's stored answers
-        self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
         self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
         self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
-        self._keys: dict[str, str] | None = None
-
-    @property
-    def keys(self) -> dict[str, tuple[str, str]]:
-        """{key: (name, role)} from --api-key and --api-key-file (read once)."""
-        if self.shared is not None:
-            return self.shared.keys
-        if self._keys is None:
-            self._keys = load_keys(self.settings)
-        return self._keys
-
-    def reload_keys(self) -> tuple[set[str], set[str]]:
-        """Read the keys again (SIGHUP); returns the names (added, removed). Raises
-        SettingsError and keeps the current keys when the file cannot be used."""
-        new = load_keys(self.settings)
-        old = {name: (key, role) for key, (name, role) in self.keys.items()}
-        now = {name: (key, role) for key, (name, role) in new.items()}
-        self._keys = new
-        kept = old.keys() & now.keys()
-        for event, names in (
-                ("key_added", now.keys() - old.keys()), ("key_removed", old.keys() - now.keys()),
-                ("key_rotated", {n for n in kept if old[n][0] != now[n][0]}),
-                ("role_changed", {n for n in kept if old[n][1] != now[n][1]})):
-            for name in sorted(names):
-                detail = f"{old[name][1]} -> {now[name][1]}" if event == "role_changed" else ""
-                log.info("SIGHUP: %s %s %s", event.replace("_", " "), name, detail)
-                if self.ledger is not None:
-                    self.ledger.audit(event, name, detail)
-        for name in old.keys() - now.keys():  # what a removed key cached goes with it
-            for service in (self, *self.peers):
-                if service.prompt_cache is not None:
-                    service.prompt_cache.drop_scope(name)
-        return set(now.keys() - old.keys()), set(old.keys() - now.keys())
-
-    @property
-    def keys_enabled(self) -> bool:
-        return bool(self.keys)
-
-    def cache_scope(self, user: str | None) -> str | None:
-        """Whose cached prefixes a request may reuse: its key's own, unless keys are off (one
-        desktop user) or --shared-prefix-cache says the team accepts what sharing leaks."""
-        if not self.keys_enabled or self.settings.shared_prefix_cache:
-            return None
-        return user
 
     def check_memory(self, model_path: str) -> str:
         return check_memory(self.settings, model_path, supports_gpu_offload())
 
     def in_flight(self) -> int:
-        """Requests accepted and not yet finished, the peers' too (what a drain waits for)."""
+        """Requests accepted and not yet finished, embeddings included (what a drain waits for)."""
         own = self.loop.in_flight if self.loop is not None else 0
-        return own + self._embeddings_running + sum(peer.in_flight() for peer in self.peers)
+        return own + self._embeddings_running
 
     @contextmanager
     def embedding_running(self):
@@ -137,10 +89,8 @@ class Service:
         return self.engine is not None and self.engine.healthy
 
     def status(self) -> tuple[str, str | None]:
-        """One answer for /health and for new requests: ("ok" | "draining" | "loading" |
-        "error", what went wrong)."""
-        if self.draining:
-            return "draining", None
+        """One answer for /health and for new requests: ("ok" | "loading" | "error", what went
+        wrong). The office's drain comes before it (registry.lease, /health)."""
         if self.ready or self.unloaded:  # unloaded: loaded again by the next request for it
             return "ok", None
         if self.load_error:
@@ -183,7 +133,7 @@ class Service:
                             self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
-            shares = self.keys_enabled  # without keys no identity can be trusted to share by
+            shares = self.shares  # without keys no identity can be trusted to share by
             self.prompt_cache = self.runner.prompt_cache = self._new_prompt_cache(pool)
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
                                        prefill_budget=prefill_budget,
@@ -193,12 +143,7 @@ class Service:
                                        draft_max_streams=32 if supports_gpu_offload() else 4)
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
-            self._open_state()
-            observers = [self.metrics]
-            if self.keys_enabled:
-                observers.append((self.shared or self).key_metrics)
-            if self.ledger is not None:
-                observers.append(LedgerObserver(self.ledger, lambda: self.model_id))
+            observers = [self.metrics, *self.observers(lambda: self.model_id)]
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
                                    observers=observers,
                                    max_queue_per_user=s.queue_share() if shares else None)
@@ -246,7 +191,7 @@ class Service:
                  "RAM), per key unless --shared-prefix-cache", bound // MIB, s.cache_ram)
         disk = None
         if s.cache_disk:
-            folder = self.state_dir() / "prompt-cache" / re.sub(r"[^\w.-]", "_", self.model_id)
+            folder = state_dir(s) / "prompt-cache" / re.sub(r"[^\w.-]", "_", self.model_id)
             disk = DiskTier(folder, s.cache_disk * MIB, self.runner.state_fingerprint())
         cache = PromptCache(bound, disk)
         if disk:
@@ -265,30 +210,9 @@ class Service:
                 self.runner.save_sequence(slot.slot_id, slot.cache_scope, list(slot.cached))
         log.info("prompt cache: %d prompts written to %s", cache.spill(), cache.disk.folder)
 
-    def state_dir(self) -> Path:
-        s = self.settings
-        return Path(s.state_dir) if s.state_dir else default_state_dir()
-
-    def _open_state(self) -> None:
-        """The ledger and the web page's conversations: opened once, by the owning Service."""
-        if self.shared is not None:
-            self.ledger, self.conversations = self.shared.ledger, self.shared.conversations
-            self.responses = self.shared.responses
-            return
-        s = self.settings
-        state_dir = self.state_dir()
-        if s.web and self.conversations is None:
-            self.conversations = Conversations(state_dir)
-        if self.responses is None:
-            self.responses = Conversations(state_dir, "responses.db")
-        if s.ledger and self.ledger is None:
-            self.ledger = Ledger(state_dir)
-            log.info("ledger: %s", self.ledger.path)
-
     def unload(self) -> None:
-        """Free the weights and the cache (stop the loop first: nothing may be running). The
-        other models' engines are not this one's to stop."""
-        self._stop_own_engine()
+        """Free the weights and the cache (stop the loop first: nothing may be running)."""
+        self.stop_engine()
         self._forget_fatal()
         self._keep_prompts()
         if self.runner is not None:
@@ -340,13 +264,7 @@ class Service:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def stop_engine(self) -> None:
-        """Stop the engine loops, the peers' too (a drain, shutdown); anything unfinished gets
-        an error event."""
-        for peer in self.peers:
-            peer.stop_engine()
-        self._stop_own_engine()
-
-    def _stop_own_engine(self) -> None:
+        """Stop the engine loop (a drain, shutdown); anything unfinished gets an error event."""
         if self.loop is not None and self.loop.is_alive():
             self.loop.stop()
             # A loop failed by llama.cpp may be parked inside it for good: do not wait on it.
@@ -354,8 +272,6 @@ class Service:
 
     def stop(self) -> None:
         self.stop_engine()
-        if self.ledger is not None and self.shared is None:
-            self.ledger.close()
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
             self._keep_prompts()
             self.runner.close()
