@@ -10,8 +10,8 @@ import re
 import sys
 
 from localserve import __version__, rpc_worker
-from localserve.config import (CACHE_TYPES, FLASH_ATTN, REASONING_FORMATS, SCHEDULERS, SPEC_TYPES,
-                               Settings, SettingsError)
+from localserve.config import Settings, SettingsError
+from localserve.options import add_settings_flags
 
 
 def _up_parser(sub) -> None:
@@ -23,139 +23,8 @@ def _up_parser(sub) -> None:
                                     "LOCALSERVE_CTX_SIZE=16384), then a TOML file (--config), "
                                     "then the defaults shown.")
     up.add_argument("--config", help="TOML file of settings (keys as in the flags, e.g. ctx_size = 16384)")
-    model = up.add_argument_group("model")
-    model.add_argument("-m", "--model", action="append",
-                       help="path to a .gguf file, or a file name inside models/; repeat as "
-                            "--model NAME=PATH to serve several models, chosen by `model`")
-    model.add_argument("--models-dir", dest="models_dir",
-                       help="serve every .gguf in this folder too, named by file stem")
-    model.add_argument("--max-loaded-models", dest="max_loaded_models", type=int,
-                       help="models loaded at once; others load on demand (default: as memory allows)")
-    model.add_argument("--idle-unload", dest="idle_unload", type=float,
-                       help="unload a model idle this many seconds (default 0: never)")
-    model.add_argument("--model-switch-timeout", dest="model_switch_timeout", type=float,
-                       help="seconds a request for another model waits for the loaded one's "
-                            "requests before a 503 (default 60); the loaded model keeps serving")
-    model.add_argument("--memory-budget", dest="memory_budget",
-                       help="cap on the loaded models' memory, e.g. 6G (default: free memory)")
-    model.add_argument("--alias", dest="model_alias", help="model id to report in /v1/models")
-    model.add_argument("--no-memory-check", dest="memory_check", action="store_false",
-                       help="load even if the model and cache look larger than free memory")
-    gpu = up.add_argument_group("GPU offload (CUDA or Metal builds)")
-    gpu.add_argument("-ngl", "--n-gpu-layers", dest="n_gpu_layers", type=int,
-                     help="layers to offload (default: all when the build can offload, else 0)")
-    gpu.add_argument("--main-gpu", dest="main_gpu", type=int, help="GPU for the model (default 0)")
-    gpu.add_argument("--tensor-split", dest="tensor_split",
-                     help="share of the model per GPU, e.g. 3,1")
-    gpu.add_argument("--rpc", dest="rpc_servers",
-                     help="llama.cpp RPC workers (localserve rpc-worker) as devices, e.g. "
-                          "10.0.0.2:50052,10.0.0.3:50052; -ngl layers go to them (RPC builds only)")
-    gpu.add_argument("-t", "--threads", type=int, help="CPU threads (default: all cores)")
-    sched = up.add_argument_group("slots and scheduling")
-    sched.add_argument("-c", "--ctx-size", dest="ctx_size", type=int,
-                       help="total context, split evenly over the slots (default 8192)")
-    sched.add_argument("-np", "--parallel", type=int,
-                       help="slots = requests decoded together; each gets ctx-size/parallel tokens "
-                            "(default 4)")
-    sched.add_argument("--max-num-batched-tokens", type=int,
-                       help="tokens per engine step: small = smooth streams while long prompts "
-                            "arrive, large = faster prefill (default 256 on CPU, 512 with -ngl)")
-    sched.add_argument("--prefill-batch-tokens", type=int,
-                       help="tokens per step while no stream is decoding (default: 4x "
-                            "--max-num-batched-tokens)")
-    sched.add_argument("--max-num-seqs", type=int, help="cap on concurrent sequences (default: slots)")
-    sched.add_argument("--scheduler", choices=SCHEDULERS,
-                       help="continuous (default, the product); static and serial exist to be "
-                            "measured against (see localserve bench)")
-    sched.add_argument("--kv-unified", action="store_true",
-                       help="one cache pool of -c tokens shared by all slots instead of a fixed "
-                            "share each; when it runs short, the newest sequence is preempted")
-    sched.add_argument("-cram", "--cache-ram", dest="cache_ram", type=int,
-                       help="MiB of RAM for prompts kept beyond the slots, restored instead of "
-                            "recomputed when their conversation comes back (default 8192, at "
-                            "most a quarter of free RAM; 0 turns it off)")
-    sched.add_argument("--cache-disk", type=int,
-                       help="MiB of files under --state-dir for prompts the RAM cache evicts and "
-                            "for all of them at shutdown, so conversations survive a restart "
-                            "(default 0: off; the files hold prompts' state: mode 600)")
-    sched.add_argument("--spec", choices=SPEC_TYPES,
-                       help="speculative decoding: ngram drafts each answer's next tokens from "
-                            "its own prompt and output (no draft model; output unchanged; faster "
-                            "on answers that copy text), off (default)")
-    sched.add_argument("--spec-type", dest="spec", choices=SPEC_TYPES,
-                       type=lambda v: {"ngram-mod": "ngram", "ngram-simple": "ngram",
-                                       "none": "off"}.get(v, v),
-                       help="llama-server's spelling of --spec (ngram-mod, ngram-simple, none)")
-    sched.add_argument("-ctk", "--cache-type-k", dest="cache_type_k", choices=CACHE_TYPES,
-                       help="cache type for K (default f16); q8_0 fits ~1.9x the tokens")
-    sched.add_argument("-ctv", "--cache-type-v", dest="cache_type_v", choices=CACHE_TYPES,
-                       help="cache type for V (default f16); a quantized V needs --flash-attn on")
-    sched.add_argument("-fa", "--flash-attn", dest="flash_attn", choices=FLASH_ATTN,
-                       help="flash attention (default auto)")
-    sched.add_argument("--max-queue", type=int,
-                       help="waiting requests beyond this get HTTP 503 + Retry-After (default 64)")
-    sched.add_argument("--queue-timeout", type=float,
-                       help="seconds a request may wait for a slot before it gets 503 (default: none)")
-    sampling = up.add_argument_group("defaults for requests that leave them out (llama-server's flags)")
-    sampling.add_argument("--temp", type=float, help="temperature (default 1.0, as OpenAI)")
-    sampling.add_argument("--top-k", type=int, help="top-k (default 0: off)")
-    sampling.add_argument("--top-p", type=float, help="top-p (default 1.0: off)")
-    sampling.add_argument("-s", "--seed", type=int, help="seed (default: random per request)")
-    sampling.add_argument("-n", "--n-predict", type=lambda v: None if int(v) < 0 else int(v),
-                          help="max_tokens (default -1: until the slot is full)")
-    sampling.add_argument("--chat-template",
-                          help="the default model's chat template instead of its GGUF's: chatml, "
-                               "llama3, gemma, or a Jinja template")
-    sampling.add_argument("--chat-template-file", help="the same, read from a Jinja file")
-    sampling.add_argument("--reasoning-format", choices=REASONING_FORMATS,
-                          help="a <think> block at the start of an answer goes to "
-                               "reasoning_content: auto (when the chat template writes them; "
-                               "default), deepseek (always), none (left in the text)")
-    net = up.add_argument_group("network and access")
-    net.add_argument("--host", help="address to listen on (default 127.0.0.1; 0.0.0.0 = the LAN)")
-    net.add_argument("--port", type=int, help="port (default 8080)")
-    net.add_argument("--api-key", dest="api_keys", action="append",
-                     help="require this key (repeatable); clients send 'Authorization: Bearer KEY'")
-    net.add_argument("--api-key-file", help="file of 'name:key' lines; the name identifies the user")
-    net.add_argument("--cors-origin", dest="cors_origins", action="append",
-                     help="allow browser frontends on this origin (repeatable), e.g. http://chat.lan:3000")
-    net.add_argument("--allowed-host", dest="allowed_hosts", action="append",
-                     help="a Host name to accept besides loopback names (repeatable); only matters "
-                          "on a loopback server without keys, where other Hosts are refused "
-                          "(DNS-rebinding guard)")
-    net.add_argument("--max-body-bytes", type=int, help="largest request body (default 4 MiB)")
-    net.add_argument("--header-timeout", type=float,
-                     help="seconds a client may take to send its request headers (default 10)")
-    net.add_argument("--body-timeout", type=float,
-                     help="seconds a client may take to send a request body once its headers "
-                          "are in (default 60)")
-    net.add_argument("--max-connections", type=int,
-                     help="open connections at most; at the cap the slowest header-sender is "
-                          "dropped (default 1000)")
-    share = up.add_argument_group("sharing between API keys (apply only when keys are set)")
-    share.add_argument("--shared-prefix-cache", action="store_true",
-                       help="let keys reuse each other's cached prompt prefixes (faster for a common "
-                            "system prompt, but one key can then probe what another sent)")
-    share.add_argument("--max-queue-per-key", type=int,
-                       help="waiting requests one key may hold; more get 429 (default: half of "
-                            "--max-queue)")
-    share.add_argument("--max-slots-per-key", type=int,
-                       help="slots one key may hold while another key waits (default: all but one)")
-    share.add_argument("--rate-limit", type=float,
-                       help="requests per second per key, beyond the burst 429 + Retry-After "
-                            "(default 10; 0 = off)")
-    share.add_argument("--rate-burst", type=int,
-                       help="requests a key may send at once before --rate-limit applies (default 40)")
-    life = up.add_argument_group("lifecycle")
-    life.add_argument("--drain-timeout", type=float,
-                      help="on Ctrl-C/SIGTERM, seconds to let running requests finish (default 30); "
-                           "a second Ctrl-C exits at once")
-    life.add_argument("--state-dir", help="where the ledger (ledger.db) lives "
-                                          "(default ~/.local/share/localserve)")
-    life.add_argument("--no-ledger", dest="ledger", action="store_false",
-                      help="keep no per-request usage")
-    life.add_argument("--no-web", dest="web", action="store_false",
-                      help="no chat page at / (the API and the dashboard are unchanged)")
+    add_settings_flags(up)
+    life = up.add_argument_group("logging")
     life.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     life.add_argument("--log-format", default="text", choices=["text", "json"],
                       help="json: one JSON object per line (time, level, logger, message), "

@@ -10,11 +10,14 @@ from pathlib import Path
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spells them
 BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # chat_template.BUILTIN
-# Each option's choices, written once: Settings.validate checks them, cli.py offers them.
+# Each option's choices, written once: Settings.validate checks them, the CLI offers them.
 SCHEDULERS = ("continuous", "static", "serial")
 SPEC_TYPES = ("ngram", "off")
 FLASH_ATTN = ("on", "off", "auto")
 REASONING_FORMATS = ("auto", "deepseek", "none")
+CHOICES = {"scheduler": SCHEDULERS, "spec": SPEC_TYPES, "flash_attn": FLASH_ATTN,
+           "reasoning_format": REASONING_FORMATS, "cache_type_k": CACHE_TYPES,
+           "cache_type_v": CACHE_TYPES}
 MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
 
 

@@ -17,13 +17,13 @@ import tomllib
 from typing import Any, Mapping
 
 from localserve.config import Settings, SettingsError
+from localserve.options import flag_names
 
 ENV_PREFIX = "LOCALSERVE_"
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 # Flag names that differ from their field's name (flag-derived spelling -> field).
-ALIASES = {"api_key": "api_keys", "cors_origin": "cors_origins", "allowed_host": "allowed_hosts",
-           "alias": "model_alias"}
+ALIASES = flag_names()
 # The TOML; scripts/setup's venv and its RPC build switch; the soak test's length.
 NOT_SETTINGS = {"CONFIG", "VENV", "RPC", "SOAK_S"}
 
@@ -52,8 +52,9 @@ def coerce(name: str, value: Any, source: str) -> Any:
     Settings field declares; raise SettingsError naming the source on failure."""
     kind = _expect(FIELDS[name].type)
     optional = "None" in FIELDS[name].type
-    if isinstance(value, str) and optional and value.strip().lower() in ("", "none"):
-        return None
+    if optional and (value is None or isinstance(value, str)
+                     and value.strip().lower() in ("", "none")):
+        return None  # -n -1 and the like: "no limit"
     try:
         if kind == "bool":
             if isinstance(value, bool):

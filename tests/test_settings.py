@@ -75,3 +75,39 @@ def test_models_lists_the_embedded_default_and_files_in_models_dir(tmp_path, mon
     assert config.resolve_model("mine.gguf") == (tmp_path / "mine.gguf").resolve()
     with pytest.raises(SettingsError, match="no such file"):
         config.resolve_model("absent.gguf")
+
+
+def test_every_setting_has_one_flag_whose_help_shows_its_default_and_choices():
+    """The CLI is generated from Settings (localserve/options.py): a new field without a flag,
+    or a flag naming no field, fails here; defaults and choices are never restated by hand."""
+    import dataclasses
+
+    from localserve.cli import build_parser
+    from localserve.config import CHOICES
+    from localserve.options import NOT_FLAGS, OPTIONS
+
+    fields = {f.name: f for f in dataclasses.fields(Settings)}
+    assert {o.field for o in OPTIONS} == set(fields) - NOT_FLAGS
+    up = build_parser()._subparsers._group_actions[0].choices["up"]
+    actions = {a.option_strings[-1]: a for a in up._actions if a.option_strings}
+    for option in OPTIONS:
+        action = actions[option.flags[-1]]
+        assert action.dest == option.field
+        assert action.choices == CHOICES.get(option.field)
+        default = fields[option.field].default
+        if fields[option.field].type not in ("bool",) and default not in (None, (), dataclasses.MISSING):
+            assert f"(default: {option.default_text or default})" in action.help, option.long
+
+
+def test_generated_flags_parse_into_settings():
+    from localserve.cli import build_parser, settings_from_args
+
+    args = build_parser().parse_args(
+        ["up", "-c", "4096", "-np", "2", "--spec-type", "ngram-mod", "-n", "-1", "--no-web",
+         "--kv-unified", "--api-key", "k" * 12, "--api-key", "j" * 12, "--tensor-split", "3,1",
+         "-ctk", "q8_0", "--rate-limit", "2.5"])
+    s = settings_from_args(args)
+    assert (s.ctx_size, s.parallel, s.spec, s.n_predict, s.web, s.kv_unified) == \
+        (4096, 2, "ngram", None, False, True)
+    assert s.api_keys == ("k" * 12, "j" * 12) and s.tensor_split == (3.0, 1.0)
+    assert (s.cache_type_k, s.rate_limit, s.ledger) == ("q8_0", 2.5, True)
