@@ -18,7 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from localserve.engine.request import FinishReason
+from localserve.engine.finish import FinishReason
 from localserve.private_state import private_dir, private_file
 
 log = logging.getLogger("localserve.ledger")

@@ -62,6 +62,14 @@ def test_health_is_503_while_loading_and_requests_get_503():
     assert client.get("/health").json()["status"] == "loading"
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 503 and r.headers["retry-after"] and "loading" in r.json()["error"]["message"]
+    for path in ("/slots", "/props"):  # the registry's lifecycle state, and every model's card
+        r = client.get(path)
+        assert r.status_code == 503 and r.json()["status"] == "loading"
+        assert [c["status"]["value"] for c in r.json()["models"]] == ["loading"]
+    model = ModelHost(Settings())
+    model.load_error = "broken file"  # a failed load reads as llama-server's "error"
+    r = TestClient(create_app(model_host=model), base_url="http://localhost").get("/slots")
+    assert r.status_code == 503 and r.json()["status"] == "error"
 
 
 def test_in_flight_counts_a_request_from_submit_to_its_last_event(service):

@@ -4,7 +4,8 @@ bookkeeping), written where scripts/mutation found behaviour no other test would
 import pytest
 
 from localserve.engine.detokenize import IncrementalDetokenizer
-from localserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request, RequestStatus, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool, common_prefix_len
 from localserve.engine.waiting import FairQueue

@@ -6,7 +6,8 @@ import threading
 
 from localserve.engine.errors import CacheFull
 from localserve.engine.loop import EngineLoop
-from localserve.engine.request import FinishReason, Request, RequestStatus, SamplingParams
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request, RequestStatus, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool, SlotState
 from fakes import FakeVocab, PositionalRunner, run_all
@@ -198,3 +199,42 @@ def test_n_choices_prefill_the_prompt_once_and_each_matches_a_solo_run():
     assert [r.cached_tokens for r in siblings] == [len(prompt) - 1] * 2
     for req in (first, *siblings):
         assert req.output_tokens == solo.output_tokens and len(req.output_tokens) == 8
+
+
+def test_n_choices_bill_the_prompt_once_on_the_first_choice():
+    """What the ledger, quotas and metrics receive: the final events' counts. n = 3 over one
+    prompt is billed that prompt once (and its cached tokens once), each choice its own output."""
+    prompt = list(range(1, 41))
+    sched = Scheduler(SlotPool(512, 4), FakeVocab(), 16)
+    runner = PositionalRunner(10_000)
+    first = request("c0", prompt, max_tokens=4)
+    choices = [first] + [request(f"c{i}", prompt, max_tokens=4, prefix_of=first) for i in (1, 2)]
+    for req in choices:
+        sched.add(req)
+    final = {}
+    while sched.has_work():
+        _, events = step(sched, runner)
+        final.update({req.request_id: ev for req, ev in events if ev.finish_reason})
+    assert [final[f"c{i}"].prompt_tokens for i in range(3)] == [len(prompt), 0, 0]
+    assert [final[f"c{i}"].cached_tokens for i in range(3)] == [0, 0, 0]
+    assert [final[f"c{i}"].completion_tokens for i in range(3)] == [4, 4, 4]
+
+
+def test_an_aborted_sibling_and_first_choice_still_bill_the_prompt_once():
+    prompt = list(range(1, 41))
+    sched = Scheduler(SlotPool(512, 4), FakeVocab(), 16)
+    first = request("c0", prompt, max_tokens=4)
+    sibling = request("c1", prompt, max_tokens=4, prefix_of=first)
+    sched.add(first)
+    sched.add(sibling)
+    ends = [sched.abort("c1")[1], sched.abort("c0")[1]]
+    assert [e.prompt_tokens for e in ends] == [0, len(prompt)]
+    assert [e.finish_reason for e in ends] == [FinishReason.ABORT] * 2
+
+
+def test_finish_reasons_map_to_one_status_each():
+    """The one table answers and ledger rows read (engine/finish.py)."""
+    assert {str(r): r.status for r in FinishReason} == {
+        "stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503, "error": 500}
+    assert [r for r in FinishReason if r.completed] == [
+        FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS]

@@ -30,7 +30,8 @@ from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.api.tool_formats import ProseThenCalls
 from localserve.engine.streams import ChoiceStreams
-from localserve.engine.request import FinishReason, TokenEvent
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import TokenEvent
 
 
 def usage(last: dict[int, TokenEvent], reasoning_tokens: int = 0) -> dict:

@@ -14,7 +14,7 @@ from localserve.api.reasoning import ThinkSplitter, split_reasoning
 from localserve.api.replies import collect_one, failure, think
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan, parse_tool_answer
-from localserve.engine.request import FinishReason
+from localserve.engine.finish import FinishReason
 
 
 class ResponseReply:

@@ -17,6 +17,7 @@ from localserve.api.routes_openai import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import GROUPS
 from localserve.ledger import usage as ledger_usage
+from localserve.registry import Entry
 
 open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
 router = APIRouter()  # needs a key when keys are set
@@ -33,19 +34,19 @@ async def health(request: Request):
     return JSONResponse(body, status_code=503)
 
 
-def shown_host(request: Request, model: str | None):
+def shown_entry(request: Request, model: str | None) -> Entry:
     """The model a monitoring route describes: ?model=NAME, else the first loaded one (the
     default model first), else the default model."""
     models = request.app.state.models
     if model is not None:
-        return models.entry(model).host
-    loaded = [e.host for e in models.entries.values() if e.loaded]
-    return loaded[0] if loaded else request.app.state.default_host
+        return models.entry(model)
+    loaded = [e for e in models.entries.values() if e.loaded]
+    return loaded[0] if loaded else next(iter(models.entries.values()))
 
 
-def not_loaded(request: Request, host) -> JSONResponse:
-    state = "unloaded" if host.unloaded else "loading"
-    return JSONResponse({"status": state, "models": request.app.state.models.cards()},
+def not_loaded(request: Request, entry: Entry) -> JSONResponse:
+    """503 with the model's lifecycle state (registry.ModelState) and every model's card."""
+    return JSONResponse({"status": str(entry.state), "models": request.app.state.models.cards()},
                         status_code=503)
 
 
@@ -56,9 +57,10 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     dashboard and the page read."""
     if view not in (None, "full"):
         raise OpenAIError(400, "view: 'full' or nothing", param="view")
-    host = shown_host(request, model)
+    entry = shown_entry(request, model)
+    host = entry.host
     if host.engine is None:
-        return not_loaded(request, host)
+        return not_loaded(request, entry)
     pool = host.loop.scheduler.pool
     snap = host.engine.snapshot.to_json()
     if not is_admin(request):  # a user sees their own rows by name, others' anonymously
@@ -127,9 +129,10 @@ async def usage(request: Request, group_by: str = "key",
 @router.get("/props")
 async def props(request: Request, model: str | None = None):
     """Model, backend, the -c split and scheduler settings: what a dashboard's header shows."""
-    host = shown_host(request, model)
+    entry = shown_entry(request, model)
+    host = entry.host
     if host.engine is None:
-        return not_loaded(request, host)
+        return not_loaded(request, entry)
     s = host.settings
     pool = host.loop.scheduler.pool
     return {

@@ -20,7 +20,7 @@ from localserve.api.routes_openai import submit
 from localserve.api.replies import failure
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
                                     refuse_too_many_messages)
-from localserve.engine.request import FinishReason
+from localserve.engine.finish import FinishReason
 
 router = APIRouter()
 

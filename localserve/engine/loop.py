@@ -17,7 +17,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Iterable
 
-from localserve.engine.request import FinishReason, Request, TokenEvent
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request, TokenEvent
 from localserve.engine.errors import CacheFull, DecodeError, EngineFailed
 from localserve.engine.interfaces import EngineObserver, Runner
 from localserve.engine.plan import StepPlan

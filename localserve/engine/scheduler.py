@@ -40,7 +40,8 @@ from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.prompt_cache import CachedPrompt, PromptCache
 from localserve.engine.reuse import LessWork
 from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats
-from localserve.engine.request import FinishReason, Request, RequestStatus, TokenEvent
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
