@@ -104,7 +104,10 @@ def test_messages_and_responses_carry_the_reasoning_apart(srv):
            "extra_body": {"grammar": THINKING}}
     whole = responses.responses.create(**ask)
     assert [item.type for item in whole.output] == ["reasoning", "message"]
+    spent = whole.usage.output_tokens_details.reasoning_tokens
+    assert 0 < spent < whole.usage.output_tokens
     with responses.responses.stream(**ask) as stream:
         streamed = stream.get_final_response()
     assert [item.type for item in streamed.output] == ["reasoning", "message"]
+    assert streamed.usage.output_tokens_details.reasoning_tokens == spent
     assert streamed.output_text == whole.output_text and "<think>" not in whole.output_text

@@ -68,14 +68,18 @@ def ignored_header(names: list[str]) -> dict | None:
     return {"X-Ignored-Fields": header_list(names)} if names else None
 
 
-async def collect_one(stream: ChoiceStreams, request: Request) -> tuple[str, TokenEvent]:
-    """A one-choice answer's whole text and final event (the Messages and Responses shapes);
-    a failure raises its error, a client that left a 499."""
+async def collect_one(stream: ChoiceStreams, request: Request,
+                      each=None) -> tuple[str, TokenEvent]:
+    """A one-choice answer's whole text and final event (the Messages and Responses shapes),
+    each event also handed to `each` when given; a failure raises its error, a client that
+    left a 499."""
     parts, last = [], None
     watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
     try:
         async for _, event in stream:
             parts.append(event.text)
+            if each is not None:
+                each(event)
             if (failed := failure(event)) is not None:
                 raise failed
             if event.finished:

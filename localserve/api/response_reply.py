@@ -32,6 +32,8 @@ class ResponseReply:
         self.turns: list[dict] = []  # the conversation so far, stored with the answer
         self.keep = None  # async (response, messages) -> None when the response is stored
         self.sequence = 0
+        self._thinking = ThinkSplitter() if self.reasoning else None
+        self.reasoning_tokens = 0  # tokens of the answer spent inside its <think> block
 
     def _items(self, text: str) -> list[dict]:
         thought, text = split_reasoning(text) if self.reasoning else ("", text)
@@ -75,7 +77,8 @@ class ResponseReply:
                 "usage": None if last is None else {
                     "input_tokens": self.input_tokens,
                     "input_tokens_details": {"cached_tokens": last.cached_tokens},
-                    "output_tokens": used, "output_tokens_details": {"reasoning_tokens": 0},
+                    "output_tokens": used,
+                    "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                     "total_tokens": self.input_tokens + used}}
 
     async def _finish(self, text: str, last) -> dict:
@@ -94,8 +97,16 @@ class ResponseReply:
             for item in output if item["type"] == "function_call"]
         return {**turn, "tool_calls": calls} if calls else turn
 
+    def _split(self, event) -> tuple[str, str]:
+        """An event's (reasoning, answer) text, counting the tokens spent reasoning."""
+        if self._thinking is None:
+            return "", event.text
+        thought, text, spent = think(self._thinking, event)
+        self.reasoning_tokens += spent
+        return thought, text
+
     async def collect(self, stream, request: Request) -> dict:
-        text, last = await collect_one(stream, request)
+        text, last = await collect_one(stream, request, each=self._split)
         return await self._finish(text, last)
 
     def _event(self, kind: str, **data) -> dict:
@@ -108,7 +119,7 @@ class ResponseReply:
         (as in chat) and sent as its items."""
         parts: list[str] = []
         opened = False
-        splitter, thoughts = (ThinkSplitter() if self.reasoning else None), []
+        thoughts = []
         try:
             yield self._event("response.created", response=self._response("in_progress", []))
             yield self._event("response.in_progress", response=self._response("in_progress", []))
@@ -119,10 +130,8 @@ class ResponseReply:
                             "code": "server_error", "message": failed.message}})
                     return
                 parts.append(event.text)
-                text = event.text
-                if splitter is not None:
-                    thought, text, _ = think(splitter, event)
-                    thoughts.append(thought)
+                thought, text = self._split(event)
+                thoughts.append(thought)
                 if text and self.tools is None:
                     if not opened:
                         for piece in self._announce_reasoning("".join(thoughts)):
