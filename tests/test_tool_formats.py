@@ -30,6 +30,7 @@ FAMILIES = {
     "Qwen-Qwen3-0.6B": "hermes", "meta-llama-Llama-3.1-8B-Instruct": "llama3",
     "meta-llama-Llama-3.2-3B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
     "ibm-granite-granite-3.3-2B-Instruct": "granite", "google-gemma-2-2b-it": None,
+    "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command-r",
 }
 
 
@@ -61,6 +62,9 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
      None, [("get_weather", {"city": "Lima"})]),
     ("llama3", '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Kyiv"}}',
      None, [("get_weather", {"city": "Kyiv"})]),
+    ("command-r", 'I will look it up.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": '
+                  '"get_weather", "parameters": {"city": "Oslo"}}\n]<|END_ACTION|>',
+     "I will look it up.", [("get_weather", {"city": "Oslo"})]),
     ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
 ]
@@ -144,3 +148,16 @@ def test_streamed_native_calls_arrive_as_tool_call_deltas(qwen):
                 finish = choice["finish_reason"] or finish
     assert finish == "tool_calls" and content == ""
     assert [c["function"]["name"] for c in calls] == ["get_weather"]
+
+
+def test_required_calls_are_written_in_command_r_form_and_parse():
+    """Another family end to end: the whole answer constrained to <|START_ACTION|>[...] with
+    `tool_name`/`parameters` keys, read back into OpenAI tool calls."""
+    template = TEMPLATES / "CohereForAI-c4ai-command-r7b-12-2024-tool_use.jinja"
+    with running("-c", "2048", "-np", "1", "-t", "2", "--chat-template-file", str(template),
+                 log_name="tool-formats-command-r") as srv:
+        choice = ask(srv, tool_choice="required", parallel_tool_calls=False)
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert "city" in json.loads(call["function"]["arguments"])

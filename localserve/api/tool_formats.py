@@ -6,8 +6,10 @@ answer is read in that format:
     mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]   (Mistral, Devstral)
     granite  <|tool_call|>[{"name": ..., "arguments": {...}}]                    (Granite 3.x)
     llama3   {"name": ..., "parameters": {...}}, maybe after <|python_tag|>     (Llama 3.1-3.3)
+    command-r <|START_ACTION|>[{"tool_name": ..., "parameters": {...}}]<|END_ACTION|> (Command R7B)
 
-Templates without tools (SmolLM2, Gemma 2) keep the generic JSON format (structured.py).
+Templates without tools (SmolLM2, Gemma 2, DeepSeek R1 distills and V3.1, whose templates do
+not show the model its tools) keep the generic JSON format (structured.py).
 
 With tool_choice "auto" the answer is not constrained: prose streams until the format's
 trigger appears, the calls after it are parsed once complete. (llama.cpp's lazy grammar, which
@@ -33,6 +35,7 @@ class NativeFormat:
     trigger: str  # where calls begin in an answer
     marker: str  # what in a chat template says it is this format
     args_key: str = "arguments"
+    name_key: str = "name"
     as_list: bool = False  # one JSON list after the trigger (else one object per block)
     close: str = ""  # what ends one block
     triggers: tuple[str, ...] = ()  # other openings of the same calls
@@ -47,6 +50,8 @@ FORMATS = (
     NativeFormat("granite", "<|tool_call|>", "<|tool_call|>", as_list=True),
     NativeFormat("llama3", '{"name"', "<|start_header_id|>", args_key="parameters",
                  triggers=("<|python_tag|>",)),
+    NativeFormat("command-r", "<|START_ACTION|>", "<|START_ACTION|>", args_key="parameters",
+                 name_key="tool_name", as_list=True),
 )
 
 
@@ -91,9 +96,9 @@ def _short_ids(message: dict) -> dict:
 # ---- the constrained form ("required" or a named tool) ------------------------------------
 
 def call_schema(tools, fmt: NativeFormat) -> dict:
-    calls = [{"type": "object", "properties": {"name": {"const": t.function.name},
+    calls = [{"type": "object", "properties": {fmt.name_key: {"const": t.function.name},
                                                fmt.args_key: t.function.parameters},
-              "required": ["name", fmt.args_key]} for t in tools]
+              "required": [fmt.name_key, fmt.args_key]} for t in tools]
     return calls[0] if len(calls) == 1 else {"anyOf": calls}
 
 
@@ -178,11 +183,11 @@ def json_values(text: str) -> list:
 
 
 def _openai_call(call, fmt: NativeFormat) -> dict | None:
-    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+    if not isinstance(call, dict) or not isinstance(call.get(fmt.name_key), str):
         return None
     args = call.get(fmt.args_key, call.get("arguments", {}))
     return {"id": fmt.call_id(), "type": "function", "function": {
-        "name": call["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+        "name": call[fmt.name_key], "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
 class ProseThenCalls:
