@@ -66,17 +66,25 @@ def make_cached(n_slots=1):
 
 def test_a_prompt_overwritten_in_its_slot_is_saved_then_restored_not_recomputed():
     sched, cache = make_cached()
-    runner = SavingRunner({"doc1": [9, EOS], "doc2": [9, EOS], "again": [9, EOS]}, cache)
-    sched.add(req("doc1", 60, first=1))
+    runner = SavingRunner({"doc1": [9, EOS], "doc2": [9, EOS], "again": [9, EOS],
+                           "follow": [9, EOS]}, cache)
+    first = req("doc1", 60, first=1)
+    sched.add(first)
     run(sched, runner)
     sched.add(req("doc2", 60, first=100))  # takes the only slot: doc1's sequence is saved first
     run(sched, runner)
     assert cache.holds(tokens(1, 60), None)
     computed = sched.stats.prompt_tokens_computed
-    sched.add(req("again", 70, first=1))  # doc1 plus a follow-up
+    again = req("again", 70, first=1)  # doc1 plus a follow-up
+    sched.add(again)
     run(sched, runner)
     assert runner.restored == [("again", 60)]  # all the document: only the follow-up computed
     assert sched.stats.prompt_tokens_computed - computed == 70 - 60
+    assert (first.prefix_source, again.prefix_source) == (None, "ram")  # what the ledger says
+    follow = req("follow", 75, first=1)  # the slot itself now holds it
+    sched.add(follow)
+    run(sched, runner)
+    assert (follow.prefix_source, follow.cached_tokens) == ("slot", 70)
 
 
 def test_a_cached_prompt_is_never_restored_for_another_scope():

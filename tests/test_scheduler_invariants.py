@@ -238,3 +238,25 @@ def test_finish_reasons_map_to_one_status_each():
         "stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503, "error": 500}
     assert [r for r in FinishReason if r.completed] == [
         FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS]
+
+
+def test_a_sibling_copies_the_slot_holding_its_whole_prompt_not_one_sharing_its_start():
+    """A decoy idle slot shares the prompt's first tokens only: the siblings must copy the
+    first choice's slot, which holds all of it."""
+    prompt = list(range(1, 41))
+    sched = Scheduler(SlotPool(512, 4), FakeVocab(), 16)
+    runner = PositionalRunner(10_000)
+    run_all(sched, runner, [request("decoy", prompt[:8] + [99] * 32, max_tokens=1)])
+    solo = request("alone", prompt, max_tokens=8)
+    run_all(Scheduler(SlotPool(512, 4), FakeVocab(), 16), PositionalRunner(10_000), [solo])
+    first = request("c0", prompt, max_tokens=8)
+    siblings = [request(f"c{i}", prompt, max_tokens=8, prefix_of=first) for i in (1, 2)]
+    for req in (first, *siblings):
+        sched.add(req)
+    copies, first_slot = [], None
+    while sched.has_work():
+        plan, _ = step(sched, runner)
+        first_slot = next((a.slot_id for a in plan.admitted if a.request is first), first_slot)
+        copies += [a.copy_from for a in plan.admitted if a.request is not first]
+    assert copies == [first_slot] * 2
+    assert all(r.output_tokens == solo.output_tokens for r in siblings)
