@@ -148,3 +148,15 @@ def test_a_key_reload_audits_additions_removals_rotations_and_role_changes(tmp_p
     assert sorted(Ledger.rows) == [("key_added", "dave", ""), ("key_removed", "carol", ""),
                                    ("key_rotated", "bob", ""),
                                    ("role_changed", "alice", "user -> admin")]
+
+
+def test_a_caller_is_named_one_way_everywhere():
+    """One typed Caller (api/auth.py) instead of None, "local" and getattr defaults spelt per
+    route: the key's name wins; without keys the body's user names ledger rows, stored chats
+    belong to the local user, and the one desktop user is an admin."""
+    from localserve.api.auth import NOBODY, Caller
+
+    alice = Caller("alice", "user")
+    assert (alice.user("spoofed"), alice.owner, alice.is_admin) == ("alice", "alice", False)
+    assert (NOBODY.user("bob"), NOBODY.user(), NOBODY.owner, NOBODY.is_admin) == \
+        ("bob", None, "local", True)

@@ -13,6 +13,7 @@ import math
 
 from fastapi import Request
 
+from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.quotas import QuotaError
 from localserve.ledger import Ledger
@@ -28,7 +29,7 @@ def lease(request: Request, model: str | None = None, kind: str = "chat"):
 def limit_rate(request: Request) -> None:
     """Router dependency, after the key check and before the body is validated: a key over its
     request rate (--rate-limit) gets 429 on every route it can reach, before any work."""
-    user = getattr(request.state, "user", None)
+    user = caller(request).key
     limiter = request.app.state.rate_limiter
     if user is None or limiter is None:
         return
@@ -45,7 +46,7 @@ def hold_quota(request: Request) -> None:
     limit and when it resets. Holds a place in the key's quotas until the response ends
     (request.state.quota_hold, released by api/limits.py ReleaseReservations)."""
     keeper, ledger = request.app.state.quotas, request.app.state.office.ledger
-    user = getattr(request.state, "user", None)
+    user = caller(request).key
     if keeper is None or user is None:
         return
     try:
@@ -79,4 +80,4 @@ def _quota_refusal(ledger: Ledger | None, user: str, exc: QuotaError) -> OpenAIE
 
 def identity(request: Request, body: _Sampling) -> str | None:
     """Who is asking: the API key's name when keys are set, else the body's `user` field."""
-    return getattr(request.state, "user", None) or body.user
+    return caller(request).user(body.user)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
+from dataclasses import dataclass
 
 from fastapi import Request
 
@@ -57,9 +58,39 @@ def _offered_key(request: Request) -> bytes | None:
     return None if key is None else key.encode("latin-1")
 
 
+@dataclass(frozen=True)
+class Caller:
+    """Who is asking, as require_key found out: the key's name and role. Without keys there
+    is no name, and the one desktop user may see everything (role admin)."""
+
+    key: str | None = None
+    role: str = "admin"
+
+    @property
+    def is_admin(self) -> bool:
+        return self.role == "admin"
+
+    @property
+    def owner(self) -> str:
+        """Whose stored chats and responses these are: the key's name, else the local user."""
+        return self.key or "local"
+
+    def user(self, body_user: str | None = None) -> str | None:
+        """The name the ledger, shares and quotas use: the key's; without keys, what the
+        body's `user` field says (OpenAI's end-user id)."""
+        return self.key or body_user
+
+
+NOBODY = Caller()
+
+
+def caller(request: Request) -> Caller:
+    """The request's Caller (NOBODY on the routes require_key does not guard)."""
+    return getattr(request.state, "caller", NOBODY)
+
+
 async def require_key(request: Request) -> None:
-    """Router dependency: checks the key; records the caller's name and role in request.state
-    (no keys: no name, and the one desktop user may see everything)."""
+    """Router dependency: checks the key; records the Caller in request.state.caller."""
     try:
         who = request.app.state.keys.identify(request)
     except OpenAIError:
@@ -68,7 +99,7 @@ async def require_key(request: Request) -> None:
             client = request.client.host if request.client else "?"
             REFUSALS.note(ledger, client, f"{request.method} {request.url.path}")
         raise
-    request.state.user, request.state.role = who if who else (None, "admin")
+    request.state.caller = Caller(*who) if who else NOBODY
 
 
 class RefusalLog:
@@ -101,4 +132,4 @@ REFUSALS = RefusalLog()
 
 
 def is_admin(request: Request) -> bool:
-    return getattr(request.state, "role", "admin") == "admin"
+    return caller(request).is_admin

@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 
 from localserve import __version__
-from localserve.api.auth import is_admin
+from localserve.api.auth import caller, is_admin
 from localserve.api.routes_openai import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import GROUPS
@@ -64,7 +64,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     pool = host.loop.scheduler.pool
     snap = host.engine.snapshot.to_json()
     if not is_admin(request):  # a user sees their own rows by name, others' anonymously
-        me = request.state.user
+        me = caller(request).key
         for row in (*snap["slots"], *snap["queue"]["requests"]):
             if row["user"] != me:
                 row["user"] = row["request_id"] = None
@@ -120,7 +120,7 @@ async def usage(request: Request, group_by: str = "key",
         raise OpenAIError(404, "the ledger is off (--no-ledger)", code="ledger_off")
     if group_by not in GROUPS:
         raise OpenAIError(400, f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
-    key = None if is_admin(request) else request.state.user
+    key = None if is_admin(request) else caller(request).key
     rows = await run_in_threadpool(ledger_usage, ledger.path, _when(since, "from"),
                                    _when(until, "to"), group_by, key)
     return {"object": "list", "group_by": group_by, "data": rows}

@@ -25,6 +25,7 @@ from localserve.api.admission import lease
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
+from localserve.api.auth import caller
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
 from localserve.conversations import TooLarge
@@ -60,7 +61,7 @@ class ResponsesRequest(BaseModel):
 
 
 def _owner(request: Request) -> str:
-    return getattr(request.state, "user", None) or "local"
+    return caller(request).owner
 
 
 def _text(content, where: str) -> str:

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
+from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError
 from localserve.conversations import TooLarge
 
@@ -55,7 +56,7 @@ class ConversationBody(BaseModel):
 
 
 def _owner(request: Request) -> str:
-    return getattr(request.state, "user", None) or "local"
+    return caller(request).owner
 
 
 def _store(request: Request):
@@ -68,8 +69,8 @@ def _store(request: Request):
 @api_router.get("/whoami")
 async def whoami(request: Request):
     """The page finds its own rows in /slots by this name."""
-    return {"user": getattr(request.state, "user", None),
-            "role": getattr(request.state, "role", "admin")}
+    who = caller(request)
+    return {"user": who.key, "role": who.role}
 
 
 @api_router.get("/conversations")
