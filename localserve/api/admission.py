@@ -17,7 +17,6 @@ from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError, _Sampling
 from localserve.quotas import QuotaError
 from localserve.ledger import Ledger
-from localserve.model_host import ModelHost
 
 
 def lease(request: Request, model: str | None = None, kind: str = "chat"):
@@ -55,7 +54,7 @@ def hold_quota(request: Request) -> None:
         raise _quota_refusal(ledger, user, exc) from None
 
 
-def reserve_tokens(request: Request, host: ModelHost, n: int) -> None:
+def reserve_tokens(request: Request, n: int) -> None:
     """What a submitted request may use at most, held against its key's token quotas."""
     hold = getattr(request.state, "quota_hold", None)
     if hold is None:

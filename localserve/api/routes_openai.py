@@ -82,7 +82,7 @@ def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling
                           f"{n_slots} (--parallel)", param="n")
     params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings)
     prompt.check_token_ids(host, [t for t, _ in params.logit_bias], "logit_bias")
-    reserve_tokens(request, host, len(tokens) + params.max_tokens * body.n)
+    reserve_tokens(request, len(tokens) + params.max_tokens * body.n)
     choices: list[EngineRequest] = []
     for i in range(body.n):
         seeded = params if params.seed is None else replace(params, seed=params.seed + i)
