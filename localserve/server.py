@@ -188,7 +188,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
-    host, office = models.primary, models.office
+    default_host, office = models.primary, models.office
     try:
         warning = exposure_warning(settings, len(office.keys))  # reads --api-key-file now
         if warning:
@@ -198,7 +198,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
         for entry in models.entries.values():
             check_gguf(resolve_model(entry.host.settings.model))
         if settings.memory_check:
-            log.info(host.check_memory(str(resolve_model(host.settings.model))))
+            log.info(default_host.check_memory(str(resolve_model(default_host.settings.model))))
         if models.several:
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))

@@ -39,13 +39,13 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
     if models is None:
         models = (ModelRegistry.single(model_host) if model_host is not None
                   else ModelRegistry.from_settings(settings or Settings()))
-    host = models.primary
+    default_host = models.primary
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         install_loop_error_throttle(asyncio.get_running_loop())
-        if host.engine is None and not host.loaded.is_set():
-            host.start_loading()
+        if default_host.engine is None and not default_host.loaded.is_set():
+            default_host.start_loading()
         reaper = asyncio.create_task(models.unload_idle_forever())
         yield
         reaper.cancel()
@@ -58,7 +58,7 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
                   redoc_url=None, openapi_url=None)
     office = models.office
     app.state.office = office  # keys, ledger, conversations, per-key counters, drain
-    app.state.default_host = host  # the default model's host
+    app.state.default_host = default_host  # the default model's
     app.state.models = models  # every model, loaded on demand: routes lease one per request
     app.state.keys = KeyChecker(office.keys)
     app.state.rate_limiter = (RateLimiter(settings.rate_limit, settings.rate_burst)
