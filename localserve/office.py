@@ -76,6 +76,12 @@ class Office:
             return None
         return user
 
+    def live_scopes(self) -> set[str | None] | None:
+        """The cache scopes a prompt kept from before may belong to (None: any, keys off)."""
+        if not self.keys_enabled:
+            return None
+        return {self.cache_scope(name) for name, _ in self.keys.values()}
+
     # ---- what the models report to -----------------------------------------------------
     def observers(self, model_id: Callable[[], str]) -> list:
         """A model's engine observers beyond its own metrics: per-key counters (with keys) and

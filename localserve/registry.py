@@ -62,6 +62,7 @@ class Entry:
     leases: int = 0  # requests that chose this model and are not yet in its engine
     last_busy: float = field(default_factory=time.monotonic)
     closing: bool = False  # being unloaded to make room: new requests wait for the switch
+    yielding: int = 0  # switches waiting for it to go idle: its new requests wait behind them
     need_bytes: int | None = None  # estimated memory: weights + cache
 
     @property
@@ -99,6 +100,7 @@ class ModelRegistry:
             self.entries[spec.name] = Entry(spec, host)
         for entry in self.entries.values():
             entry.host.observers, entry.host.shares = office.observers, office.keys_enabled
+            entry.host.live_scopes = office.live_scopes
         self.metrics_registry = labelled_registry(lambda: [
             (name, e.host.metrics_registry) for name, e in self.entries.items()])
         self.max_loaded = s.max_loaded_models
@@ -162,8 +164,14 @@ class ModelRegistry:
             entry.last_busy = time.monotonic()
 
     async def _ensure_loaded(self, entry: Entry) -> None:
+        """Wait until `entry` is loaded and takes new requests. A model another model's switch
+        is waiting for takes none meanwhile (its running and queued requests finish): one
+        key's sustained load on it cannot starve the switch."""
         deadline = time.monotonic() + self.switch_timeout
-        while not (entry.loaded and not entry.closing):
+        while not (entry.loaded and not entry.closing and not entry.yielding):
+            if entry.loaded and entry.yielding:  # bounded: the pending switch has a deadline
+                await asyncio.sleep(0.05)
+                continue
             if entry.state is ModelState.LOADING:  # the start-up load, or another request's
                 await asyncio.to_thread(entry.host.loaded.wait, 1.0)
                 continue
@@ -185,7 +193,24 @@ class ModelRegistry:
                                   f"GiB with its cache, but only {free_after / GIB:.2f} GiB would "
                                   f"be free; the loaded models keep running.",
                                   code="insufficient_memory")
-        while any(v.busy for v in victims):  # their own requests are still served meanwhile
+        for victim in victims:
+            victim.yielding += 1
+        try:
+            await self._unload(victims, entry, deadline)
+        finally:
+            for victim in victims:
+                victim.yielding -= 1
+        log.info("loading %s on demand", entry.spec.name)
+        await asyncio.to_thread(entry.host.load)
+        if entry.host.load_error:
+            raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
+                                   f"{entry.host.load_error}")
+        entry.last_busy = time.monotonic()
+
+    async def _unload(self, victims: list[Entry], entry: Entry, deadline: float) -> None:
+        """Wait (at most until `deadline`) for the victims' requests to finish, then unload
+        them. They take no new requests meanwhile (Entry.yielding)."""
+        while any(v.busy for v in victims):
             if time.monotonic() > deadline:
                 raise ModelUnavailable(f"'{entry.spec.name}' waited {self.switch_timeout:g} s "
                                        f"for other models' requests to finish; retry shortly",
@@ -200,12 +225,6 @@ class ModelRegistry:
         finally:
             for victim in victims:
                 victim.closing = False
-        log.info("loading %s on demand", entry.spec.name)
-        await asyncio.to_thread(entry.host.load)
-        if entry.host.load_error:
-            raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
-                                   f"{entry.host.load_error}")
-        entry.last_busy = time.monotonic()
 
     async def _need(self, entry: Entry) -> int:
         if entry.need_bytes is None:
@@ -273,9 +292,13 @@ class ModelRegistry:
             entry.host.stop_engine()
 
     def drop_scope(self, user: str) -> None:
-        """Forget what a removed key cached, in every model's prompt cache."""
+        """Forget what a removed key cached, in every model's slots and prompt cache: through
+        a running engine's inbox (never from the signal handler's thread), else directly."""
         for entry in self.entries.values():
-            if entry.host.prompt_cache is not None:
+            loop = entry.host.loop
+            if loop is not None and loop.is_alive():
+                loop.drop_scope(user)
+            elif entry.host.prompt_cache is not None:
                 entry.host.prompt_cache.drop_scope(user)
 
     def stop(self) -> None:

@@ -153,3 +153,73 @@ def test_a_removed_keys_files_are_deleted(tmp_path):
     assert cache.spill() == 2 and len(list(tmp_path.glob("*.cache"))) == 2
     assert cache.drop_scope("alice") == 1
     assert [f.read_bytes()[-50:] for f in tmp_path.glob("*.cache")] == [b"b" * 50]
+
+
+class StateCheckingRunner(SavingRunner):
+    """Does the real runner's order (saves, then restores) and records the state each restore
+    would hand to llama.cpp."""
+
+    def decode(self, plan):
+        for save in plan.saves:
+            self.cache.put(save.scope, save.tokens, bytes([save.tokens[0] % 256]) * 100, 100)
+        self.restored += [(a.request.request_id, a.restore_state) for a in plan.admitted
+                          if a.restore]
+        return ScriptedRunner.decode(self, plan)
+
+
+def test_a_restore_read_from_disk_keeps_its_state_when_the_same_steps_save_trims_ram(tmp_path):
+    """The segfault of hardening round 4: a restore is planned (the entry read back from disk
+    into RAM), then the same step saves the slot it lands in, and that save's RAM trim sends the
+    just-loaded entry back to disk. The plan pinned the state: the restore still has it."""
+    from localserve.engine.prompt_disk import DiskTier
+
+    cache = PromptCache(150, DiskTier(tmp_path, 100_000, "m"))  # RAM holds one entry
+    sched = Scheduler(SlotPool(256, 1), FakeVocab(), 64, prompt_cache=cache)
+    runner = StateCheckingRunner({rid: [9, EOS] for rid in ("a", "b", "c", "again")}, cache)
+    for rid, first in (("a", 1), ("b", 100), ("c", 200)):
+        sched.add(req(rid, 60, first=first))
+        run(sched, runner)
+    entry, _ = cache.lookup(tokens(1, 60), None)
+    assert entry.state is None  # a's prompt went to disk
+    sched.add(req("again", 70, first=1))
+    run(sched, runner)
+    assert runner.restored == [("again", bytes([1]) * 100)]  # not None: no null buffer
+    assert entry.state is None  # the save did evict it again: only the pin kept the bytes
+
+
+def test_planted_folders_fifos_and_links_in_the_cache_folder_neither_stop_nor_hang_start_up(tmp_path):
+    import os
+
+    from localserve.engine.prompt_disk import DiskTier
+
+    cache = PromptCache(10_000, DiskTier(tmp_path, 10_000, "m"))
+    cache.put("alice", tokens(1, 40), b"a" * 50, 50)
+    assert cache.spill() == 1
+    (tmp_path / "folder.cache").mkdir()
+    os.mkfifo(tmp_path / "pipe.cache")  # opened plainly, this blocks start-up forever
+    (tmp_path / "link.cache").symlink_to("/etc/passwd")
+    again = PromptCache(10_000, DiskTier(tmp_path, 10_000, "m"))
+    assert len(again) == 1 and again.lookup(tokens(1, 40), "alice") is not None
+    assert (tmp_path / "folder.cache").is_dir() and (tmp_path / "pipe.cache").exists()
+
+
+def test_a_removed_key_is_forgotten_in_idle_slots_and_at_start_in_files(tmp_path):
+    from localserve.engine.prompt_disk import DiskTier
+
+    sched, cache = make_cached()
+    runner = SavingRunner({"a": [9, EOS]}, cache)
+    mine = req("a", 60)
+    mine.cache_scope = "alice"
+    sched.add(mine)
+    run(sched, runner)
+    assert sched.pool.slots[0].cached  # the idle slot still holds alice's prompt
+    sched.drop_scope("alice")
+    assert not sched.pool.slots[0].cached  # never saved nor reused again
+    disk = PromptCache(10_000, DiskTier(tmp_path, 10_000, "m"))
+    for scope in ("alice", "bob"):
+        disk.put(scope, tokens(1, 40), scope.encode() * 10, 50)
+    disk.spill()
+    again = PromptCache(10_000, DiskTier(tmp_path, 10_000, "m"))  # a restart: alice was removed
+    assert again.keep_scopes({"bob"}) == 1
+    assert again.lookup(tokens(1, 40), "alice") is None and len(list(tmp_path.iterdir())) == 1
+    assert PromptCache(10_000, DiskTier(tmp_path, 10_000, "m")).keep_scopes(None) == 0

@@ -135,6 +135,7 @@ def test_forced_tool_calls_are_well_formed_and_their_results_can_be_sent_back(sr
 
 
 def test_parallel_calls_stream_with_indexes_0_and_1():
+    from localserve.api.answer import ToolCalls
     from localserve.api.replies import Reply
     from localserve.api.schemas import ChatCompletionRequest
     from localserve.api.structured import ToolPlan, parse_tool_answer
@@ -144,7 +145,7 @@ def test_parallel_calls_stream_with_indexes_0_and_1():
     answer = json.dumps({"tool_calls": [{"name": "get_weather", "arguments": {"city": "Oslo"}},
                                         {"name": "get_time", "arguments": {"zone": "UTC"}}]})
     content, calls = parse_tool_answer(answer, reply.tools)
-    chunks = [json.loads(c["data"]) for c, _ in reply._tool_chunks(0, content, calls, "stop")]
+    chunks = [json.loads(c["data"]) for c in reply._tool_chunks(0, ToolCalls(content, calls))]
     parts = [c["choices"][0]["delta"]["tool_calls"][0] for c in chunks]
     assert [p["index"] for p in parts] == [0, 1]
     assert parts[0]["id"] != parts[1]["id"] and all(p["id"].startswith("call_") for p in parts)

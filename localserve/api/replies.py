@@ -13,83 +13,41 @@ Stream rules (what OpenAI and llama-server send, and clients rely on):
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-from itertools import accumulate
 import time
 import uuid
+from contextlib import aclosing
+from itertools import accumulate
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
-from localserve.api.reasoning import ThinkSplitter
-from localserve.api.schemas import OpenAIError, _Sampling
-from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
-from localserve.api.tool_formats import ProseThenCalls
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
+                                   joined_content, read)
+from localserve.api.schemas import _Sampling
+from localserve.api.structured import ToolPlan
 from localserve.engine.streams import ChoiceStreams
-from localserve.engine.finish import FinishReason
-from localserve.engine.request import TokenEvent
 
 
-def usage(last: dict[int, TokenEvent], reasoning_tokens: int = 0) -> dict:
-    """Every choice's final event, by index, summed: what the engine billed each (it bills a
-    prompt once for n > 1: scheduler.py, the one place that decides)."""
-    prompt = sum(e.prompt_tokens for e in last.values())
-    completion = sum(e.completion_tokens for e in last.values())
+def usage(ends: dict[int, Finish]) -> dict:
+    """Every choice's end, by index, summed: what the engine billed each (it bills a prompt
+    once for n > 1: scheduler.py, the one place that decides)."""
+    last = [end.last for end in ends.values()]
+    prompt = sum(e.prompt_tokens for e in last)
+    completion = sum(e.completion_tokens for e in last)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(e.cached_tokens for e in last.values())},
-            "completion_tokens_details": {"reasoning_tokens": reasoning_tokens}}
-
-
-def error_payload(event: TokenEvent) -> dict:
-    return {"error": {"message": event.error or "generation failed", "type": "server_error",
-                      "param": None, "code": str(event.finish_reason)}}
-
-
-def failure(event: TokenEvent) -> OpenAIError | None:
-    """The error a finished-by-failure event is answered with (one rule for every API shape,
-    its status from FinishReason.status): a queue timeout is a 503 to retry, an engine error
-    a 500."""
-    reason = event.finish_reason
-    if reason not in (FinishReason.TIMEOUT, FinishReason.ERROR):
-        return None
-    timeout = reason is FinishReason.TIMEOUT
-    return OpenAIError(reason.status, event.error or "generation failed", "server_error",
-                       code="queue_timeout" if timeout else None,
-                       headers={"Retry-After": "2"} if timeout else None)
+            "prompt_tokens_details": {"cached_tokens": sum(e.cached_tokens for e in last)},
+            "completion_tokens_details": {
+                "reasoning_tokens": sum(end.reasoning_tokens for end in ends.values())}}
 
 
 def ignored_header(names: list[str]) -> dict | None:
     """X-Ignored-Fields naming body fields nobody defines (none: no header)."""
     return {"X-Ignored-Fields": header_list(names)} if names else None
-
-
-async def collect_one(stream: ChoiceStreams, request: Request,
-                      each=None) -> tuple[str, TokenEvent]:
-    """A one-choice answer's whole text and final event (the Messages and Responses shapes),
-    each event also handed to `each` when given; a failure raises its error, a client that
-    left a 499."""
-    parts, last = [], None
-    watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
-    try:
-        async for _, event in stream:
-            parts.append(event.text)
-            if each is not None:
-                each(event)
-            if (failed := failure(event)) is not None:
-                raise failed
-            if event.finished:
-                last = event
-    finally:
-        stream.cancel()
-        watcher.cancel()
-    if last is None or last.finish_reason is FinishReason.ABORT:
-        raise OpenAIError(499, "the client closed the request", code="client_closed")
-    return "".join(parts), last
 
 
 async def respond_with(collect, events, stream: ChoiceStreams, request: Request,
@@ -102,25 +60,6 @@ async def respond_with(collect, events, stream: ChoiceStreams, request: Request,
     except BaseException:
         stream.cancel()  # the generator never ran: its finally cannot free the slot
         raise
-
-
-async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
-    """A non-streaming client that hangs up should free its slot too (streams notice by
-    themselves: sse-starlette cancels their generator)."""
-    while not stream.finished:
-        await asyncio.sleep(0.25)
-        if await request.is_disconnected():
-            stream.cancel()
-            return
-
-
-def think(splitter: ThinkSplitter, event: TokenEvent) -> tuple[str, str, int]:
-    """(reasoning, answer, tokens spent reasoning) of one event's text (api/reasoning.py)."""
-    thought, text = splitter.feed(event.text)
-    if event.finished:
-        rest = splitter.flush()
-        thought, text = thought + rest[0], text + rest[1]
-    return thought, text, len(event.token_ids) if thought and not text else 0
 
 
 class Reply:
@@ -177,116 +116,87 @@ class Reply:
                                     "model": self.model, "system_fingerprint": self.fingerprint,
                                     "choices": choices, **extra})}
 
+    def readers(self, n: int) -> list[ChoiceReader]:
+        return [ChoiceReader(self.tools, self.reasoning) for _ in range(n)]
+
     async def sse(self, stream: ChoiceStreams):
         """Each choice's chunks carry its index; they interleave as the choices progress."""
         n = len(stream.requests)
-        held = {i: [] for i in range(n)}  # with tools, each JSON answer is parsed once complete
-        last: dict[int, TokenEvent] = {}
-        thinking = {i: ThinkSplitter() for i in range(n)} if self.reasoning else None
-        reasoning_tokens = 0
-        native = self.tools is not None and self.tools.native is not None \
-            and self.tools.allow_text_response  # prose streams until the model calls
-        prose = {i: ProseThenCalls(self.tools.native) for i in range(n)} if native else None
+        readers = self.readers(n)
+        last: dict[int, Finish] = {}
         offsets = {i: len(self.prefix) for i in range(n)}  # text sent so far: text_offset
-        try:
+        async with aclosing(read(stream, readers)) as pieces:
             for i in range(n):
                 if self.chat:
                     yield self._chunk([self._delta(i, {"role": "assistant", "content": ""})])
                 if self.prefix:
                     yield self._chunk([self._delta(i, {"content": self.prefix})])
-            async for i, event in stream:
-                if failure(event) is not None:
-                    yield {"data": json.dumps(error_payload(event))}
+            async for i, piece in pieces:
+                if isinstance(piece, Failed):
+                    yield {"data": json.dumps(piece.error.body())}
                     break
-                if event.text and prose is not None:
-                    if text := prose[i].feed(event.text):
-                        yield self._chunk([self._delta(i, {"content": text})])
-                elif event.text and self.tools is not None:
-                    held[i].append(event.text)
-                elif thinking is not None:
-                    thought, text, spent = think(thinking[i], event)
-                    reasoning_tokens += spent
-                    if thought:
-                        yield self._chunk([self._delta(i, {"reasoning_content": thought})])
-                    if text:
-                        yield self._chunk([self._delta(i, {"content": text})])
-                elif event.text or event.logprobs:
-                    found = [event.logprobs] if event.logprobs else None
-                    yield self._chunk([self._delta(i, {"content": event.text}, logprobs=found,
+                if isinstance(piece, Thought):
+                    yield self._chunk([self._delta(i, {"reasoning_content": piece.text})])
+                elif isinstance(piece, Text):
+                    yield self._chunk([self._delta(i, {"content": piece.text},
+                                                   logprobs=list(piece.logprobs) or None,
                                                    offset=offsets[i])])
-                    offsets[i] += len(event.text)
-                if event.finished:
-                    finish = str(event.finish_reason)
-                    if self.tools is not None:
-                        content, calls = (prose[i].finish() if prose is not None else
-                                          parse_tool_answer("".join(held[i]), self.tools))
-                        for chunk, finish in self._tool_chunks(i, content, calls, finish):
-                            yield chunk
-                    yield self._chunk([self._delta(i, {}, finish)])
-                    last[i] = event
+                    offsets[i] += len(piece.text)
+                elif isinstance(piece, ToolCalls):
+                    for chunk in self._tool_chunks(i, piece):
+                        yield chunk
+                elif isinstance(piece, Finish):
+                    yield self._chunk([self._delta(i, {}, piece.reason)])
+                    last[i] = piece
             if self.body.include_usage and len(last) == n:
-                yield self._chunk([], usage=usage(last, reasoning_tokens))
+                yield self._chunk([], usage=usage(last))
             yield {"data": "[DONE]"}
-        finally:
-            stream.cancel()
 
-    def _tool_chunks(self, i: int, content: str | None, calls: list[dict], finish: str):
-        if content:
-            yield self._chunk([self._delta(i, {"content": content})]), finish
-        for index, call in enumerate(calls):
-            yield (self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})]),
-                   tool_finish(finish, bool(calls)))
+    def _tool_chunks(self, i: int, tools: ToolCalls):
+        if tools.prose:
+            yield self._chunk([self._delta(i, {"content": tools.prose})])
+        for index, call in enumerate(tools.calls):
+            yield self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})])
 
     # ---- one response ------------------------------------------------------------------
     async def collect(self, stream: ChoiceStreams, request: Request) -> dict:
         n = len(stream.requests)
         parts = {i: [self.prefix] for i in range(n)}
         found: dict[int, list] = {i: [] for i in range(n)}
-        last: dict[int, TokenEvent] = {}
-        thinking = {i: ThinkSplitter() for i in range(n)} if self.reasoning else None
         thoughts: dict[int, list] = {i: [] for i in range(n)}
-        reasoning_tokens = 0
-        watcher = asyncio.create_task(cancel_on_disconnect(request, stream))
-        try:
-            async for i, event in stream:
-                if thinking is not None:
-                    thought, text, spent = think(thinking[i], event)
-                    reasoning_tokens += spent
-                    thoughts[i].append(thought)
-                    parts[i].append(text)
-                else:
-                    parts[i].append(event.text)
-                if event.logprobs:
-                    found[i].append(event.logprobs)
-                if (failed := failure(event)) is not None:
-                    raise failed
-                if event.finished:
-                    last[i] = event
-        finally:
-            stream.cancel()
-            watcher.cancel()
-        if len(last) < n or any(e.finish_reason is FinishReason.ABORT for e in last.values()):
-            raise OpenAIError(499, "the client closed the request", code="client_closed")
+        tools: dict[int, ToolCalls] = {}
+        last: dict[int, Finish] = {}
+        async with aclosing(read(stream, self.readers(n), request)) as pieces:
+            async for i, piece in pieces:
+                if isinstance(piece, Failed):
+                    raise piece.error
+                if isinstance(piece, Text):
+                    parts[i].append(piece.text)
+                    found[i] += piece.logprobs
+                elif isinstance(piece, Thought):
+                    thoughts[i].append(piece.text)
+                elif isinstance(piece, ToolCalls):
+                    tools[i] = piece
+                elif isinstance(piece, Finish):
+                    last[i] = piece
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,
-                "choices": [self._choice(i, "".join(parts[i]), str(last[i].finish_reason), found[i],
-                                         "".join(thoughts[i])) for i in range(n)],
-                "usage": usage(last, reasoning_tokens)}
+                "choices": [self._choice(i, "".join(parts[i]), last[i], found[i],
+                                         "".join(thoughts[i]), tools.get(i)) for i in range(n)],
+                "usage": usage(last)}
 
-    def _choice(self, index: int, text: str, finish: str, found: list, thought: str = "") -> dict:
+    def _choice(self, index: int, text: str, end: Finish, found: list, thought: str,
+                tools: ToolCalls | None) -> dict:
         wanted = self.body.logprob_n is not None
         shaped = self._logprobs(found, offset=len(self.prefix)) if wanted else None
         if not self.chat:
-            return {"index": index, "text": text, "logprobs": shaped, "finish_reason": finish}
-        message = {"role": "assistant", "content": text, "refusal": None}
+            return {"index": index, "text": text, "logprobs": shaped, "finish_reason": end.reason}
+        message = {"role": "assistant", "content": joined_content(text, tools), "refusal": None}
         if thought:
             message["reasoning_content"] = thought
-        if self.tools is not None:
-            content, calls = parse_tool_answer(text, self.tools)
-            message["content"] = content
-            if calls:
-                message["tool_calls"], finish = calls, tool_finish(finish, bool(calls))
-        return {"index": index, "message": message, "logprobs": shaped, "finish_reason": finish}
+        if tools is not None and tools.calls:
+            message["tool_calls"] = tools.calls
+        return {"index": index, "message": message, "logprobs": shaped, "finish_reason": end.reason}
 
 
 PLAIN_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")

@@ -1,19 +1,20 @@
-"""The Responses API's answer (routes_responses.py): output items from the finished text
-(a reasoning item, a message, function_call items), whole or as typed stream events, each
-with its sequence_number; stored when the request asked (store)."""
+"""The Responses API's answer (routes_responses.py), written from the answer's pieces
+(answer.py): output items (a reasoning item, a message, function_call items), whole or as
+typed stream events, each with its sequence_number; stored when the request asked (store)."""
 
 from __future__ import annotations
 
 import json
 import time
 import uuid
+from contextlib import aclosing
 
 from fastapi import Request
 
-from localserve.api.reasoning import ThinkSplitter, split_reasoning
-from localserve.api.replies import collect_one, failure, think
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
+                                   joined_content, read)
 from localserve.api.schemas import OpenAIError
-from localserve.api.structured import ToolPlan, parse_tool_answer
+from localserve.api.structured import ToolPlan
 from localserve.engine.finish import FinishReason
 
 
@@ -23,7 +24,7 @@ class ResponseReply:
     def __init__(self, model: str, body, input_tokens: int,
                  tools: ToolPlan | None, reasoning: bool = False):
         self.id = "resp_" + uuid.uuid4().hex[:24]
-        self.reasoning = reasoning and tools is None  # a <think> block becomes a reasoning item
+        self.reasoning = reasoning  # a <think> block becomes a reasoning item (not with tools)
         self.reasoning_id = "rs_" + uuid.uuid4().hex[:24]
         self.message_index = 0  # 1 after a reasoning item
         self.message_id = "msg_" + uuid.uuid4().hex[:24]
@@ -32,14 +33,17 @@ class ResponseReply:
         self.turns: list[dict] = []  # the conversation so far, stored with the answer
         self.keep = None  # async (response, messages) -> None when the response is stored
         self.sequence = 0
-        self._thinking = ThinkSplitter() if self.reasoning else None
         self.reasoning_tokens = 0  # tokens of the answer spent inside its <think> block
 
-    def _items(self, text: str) -> list[dict]:
-        thought, text = split_reasoning(text) if self.reasoning else ("", text)
-        content, calls = parse_tool_answer(text, self.tools) if self.tools else (text, [])
+    def _reader(self) -> list[ChoiceReader]:
+        return [ChoiceReader(self.tools, self.reasoning)]
+
+    def _items(self, thought: str, text: str, tools: ToolCalls | None,
+               with_message: bool = False) -> list[dict]:
+        content = joined_content(text, tools)
+        calls = tools.calls if tools is not None else []
         items = [self._reasoning_item(thought)] if thought else []
-        items += [self._message(content)] if content or not calls else []
+        items += [self._message(content)] if content or not calls or with_message else []
         return items + [{"type": "function_call", "id": "fc_" + call["id"].removeprefix("call_"),
                          "call_id": call["id"], "name": call["function"]["name"],
                          "arguments": call["function"]["arguments"], "status": "completed"}
@@ -81,8 +85,9 @@ class ResponseReply:
                     "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
                     "total_tokens": self.input_tokens + used}}
 
-    async def _finish(self, text: str, last) -> dict:
-        response = self._response("completed", self._items(text), last)
+    async def _finish(self, items: list[dict], end: Finish) -> dict:
+        self.reasoning_tokens = end.reasoning_tokens
+        response = self._response("completed", items, end.last)
         if self.keep is not None:
             await self.keep(response, self.turns + [self._as_turn(response["output"])])
         return response
@@ -97,17 +102,21 @@ class ResponseReply:
             for item in output if item["type"] == "function_call"]
         return {**turn, "tool_calls": calls} if calls else turn
 
-    def _split(self, event) -> tuple[str, str]:
-        """An event's (reasoning, answer) text, counting the tokens spent reasoning."""
-        if self._thinking is None:
-            return "", event.text
-        thought, text, spent = think(self._thinking, event)
-        self.reasoning_tokens += spent
-        return thought, text
-
     async def collect(self, stream, request: Request) -> dict:
-        text, last = await collect_one(stream, request, each=self._split)
-        return await self._finish(text, last)
+        thoughts, texts, tools = [], [], None
+        async with aclosing(read(stream, self._reader(), request)) as pieces:
+            async for _, piece in pieces:
+                if isinstance(piece, Failed):
+                    raise piece.error
+                if isinstance(piece, Thought):
+                    thoughts.append(piece.text)
+                elif isinstance(piece, Text):
+                    texts.append(piece.text)
+                elif isinstance(piece, ToolCalls):
+                    tools = piece
+                elif isinstance(piece, Finish):
+                    end = piece
+        return await self._finish(self._items("".join(thoughts), "".join(texts), tools), end)
 
     def _event(self, kind: str, **data) -> dict:
         self.sequence += 1
@@ -115,53 +124,53 @@ class ResponseReply:
                                                    **data})}
 
     async def events(self, stream):
-        """Plain text streams as output_text deltas; a tools answer is parsed once complete
-        (as in chat) and sent as its items."""
-        parts: list[str] = []
-        opened = False
-        thoughts = []
-        try:
+        """Text streams as output_text deltas (after the reasoning item, when the model
+        reasons; before tool calls, when the model's format lets prose come first); the rest
+        of the items once the answer is complete."""
+        thoughts, texts, tools, opened = [], [], None, False
+        async with aclosing(read(stream, self._reader())) as pieces:
             yield self._event("response.created", response=self._response("in_progress", []))
             yield self._event("response.in_progress", response=self._response("in_progress", []))
-            async for _, event in stream:
-                if (failed := failure(event)) is not None:
+            async for _, piece in pieces:
+                if isinstance(piece, Failed):
                     yield self._event("response.failed", response={
                         **self._response("failed", []), "error": {
-                            "code": "server_error", "message": failed.message}})
+                            "code": "server_error", "message": piece.error.message}})
                     return
-                parts.append(event.text)
-                thought, text = self._split(event)
-                thoughts.append(thought)
-                if text and self.tools is None:
+                if isinstance(piece, Thought):
+                    thoughts.append(piece.text)
+                elif isinstance(piece, Text):
+                    texts.append(piece.text)
                     if not opened:
-                        for piece in self._announce_reasoning("".join(thoughts)):
-                            yield piece
-                        for piece in self._open_message():
-                            yield piece
+                        for event in (*self._announce_reasoning("".join(thoughts)),
+                                      *self._open_message()):
+                            yield event
                         opened = True
                     yield self._event("response.output_text.delta", item_id=self.message_id,
                                       output_index=self.message_index, content_index=0,
-                                      delta=text, logprobs=[])
-                if not event.finished:
-                    continue
-                try:
-                    response = await self._finish("".join(parts), event)
-                except OpenAIError as exc:
-                    yield self._event("error", code=exc.code, message=exc.message, param=None)
-                    return
-                for index, item in enumerate(response["output"]):
-                    if item["type"] == "reasoning" and opened:
-                        continue  # sent whole before the message began
-                    if item["type"] == "reasoning":
-                        for piece in self._announce_reasoning(item["content"][0]["text"]):
-                            yield piece
-                        continue
-                    for piece in self._close_item(index, item, announced=opened and item["type"] == "message"):
-                        yield piece
-                kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
-                yield self._event(kind, response=response)
-        finally:
-            stream.cancel()
+                                      delta=piece.text, logprobs=[])
+                elif isinstance(piece, ToolCalls):
+                    tools = piece
+                elif isinstance(piece, Finish):
+                    items = self._items("".join(thoughts), "".join(texts), tools, opened)
+                    try:
+                        response = await self._finish(items, piece)
+                    except OpenAIError as exc:
+                        yield self._event("error", code=exc.code, message=exc.message, param=None)
+                        return
+                    for event in self._close_items(response, opened):
+                        yield event
+                    kind = ("response.incomplete" if response["status"] == "incomplete"
+                            else "response.completed")
+                    yield self._event(kind, response=response)
+
+    def _close_items(self, response: dict, opened: bool):
+        for index, item in enumerate(response["output"]):
+            if item["type"] == "reasoning":
+                if not opened:  # else sent whole before the message began
+                    yield from self._announce_reasoning(item["content"][0]["text"])
+                continue
+            yield from self._close_item(index, item, announced=opened and item["type"] == "message")
 
     def _announce_reasoning(self, thought: str):
         """A reasoning item, whole, before the answer's message (which then has index 1)."""

@@ -4,6 +4,7 @@ so they answer at once even while a long prefill is running."""
 from __future__ import annotations
 
 from datetime import datetime
+from pathlib import Path
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -63,11 +64,8 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
         return not_loaded(request, entry)
     pool = host.loop.scheduler.pool
     snap = host.engine.snapshot.to_json()
-    if not is_admin(request):  # a user sees their own rows by name, others' anonymously
-        me = caller(request).key
-        for row in (*snap["slots"], *snap["queue"]["requests"]):
-            if row["user"] != me:
-                row["user"] = row["request_id"] = None
+    if not is_admin(request):
+        hide_others(snap, caller(request).key)
     if view is None:
         spec = host.settings.spec != "off"
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
@@ -126,6 +124,22 @@ async def usage(request: Request, group_by: str = "key",
     return {"object": "list", "group_by": group_by, "data": rows}
 
 
+def hide_others(snap: dict, me: str | None) -> None:
+    """A user sees their own rows whole; others' rows anonymously and without their token
+    counts or where their prefix came from ("ram" tells that someone came back to an earlier
+    conversation): the slots' states and the totals stay."""
+    for row in (*snap["slots"], *snap["queue"]["requests"]):
+        if row["user"] == me:
+            continue
+        row["user"] = row["request_id"] = None
+        for field in ("n_cached", "n_prompt_tokens", "n_decoded", "cached_tokens"):
+            if field in row:
+                row[field] = 0
+        for field in ("prefix_source", "age_s"):
+            if field in row:
+                row[field] = None
+
+
 @router.get("/props")
 async def props(request: Request, model: str | None = None):
     """Model, backend, the -c split and scheduler settings: what a dashboard's header shows."""
@@ -135,6 +149,7 @@ async def props(request: Request, model: str | None = None):
         return not_loaded(request, entry)
     s = host.settings
     pool = host.loop.scheduler.pool
+    model_path = str(host.model_path) if host.model_path else None  # users see its name only
     return {
         **host.facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
@@ -142,7 +157,7 @@ async def props(request: Request, model: str | None = None):
         "total_slots": len(pool.slots),  # llama-server's name for n_slots
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
         "chat_template": host.template.source if host.template else None,
-        "model_path": str(host.model_path) if host.model_path else None,
+        "model_path": model_path if is_admin(request) else Path(model_path).name if model_path else None,
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
             "speculative": s.spec != "off"}},

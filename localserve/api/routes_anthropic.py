@@ -21,15 +21,13 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import lease
-from localserve.api.reasoning import ThinkSplitter, split_reasoning
-from localserve.api.replies import collect_one, failure, ignored_header, respond_with, think
+from localserve.api.message_reply import MessageReply, anthropic_error  # noqa: F401 (app.py)
+from localserve.api.replies import ignored_header, respond_with
 from localserve.api.routes_openai import chat_tokens, reasons, start_chat
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
-from localserve.api.structured import parse_tool_answer, tool_finish
 
 router = APIRouter(prefix="/v1")
-STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # Fields of Anthropic's API that would change the answer and this server cannot honour.
 REFUSED = ("mcp_servers", "container", "context_management")
 
@@ -173,113 +171,3 @@ async def count_tokens(body: CountTokensRequest, request: Request):
     async with lease(request, chat.model) as host:
         tokens, _, _ = await chat_tokens(host, chat)
     return {"input_tokens": len(tokens)}
-
-
-class MessageReply:
-    def __init__(self, model: str, input_tokens: int, tools, reasoning: bool = False):
-        self.id = "msg_" + uuid.uuid4().hex[:24]
-        self.model, self.input_tokens, self.tools = model, input_tokens, tools
-        self.reasoning = reasoning and tools is None  # <think> blocks become thinking blocks
-
-    def _blocks(self, text: str) -> tuple[list[dict], bool]:
-        """Content blocks of a finished answer; True when it called tools."""
-        if self.tools is None:
-            thought, text = split_reasoning(text) if self.reasoning else ("", text)
-            thinking = [{"type": "thinking", "thinking": thought, "signature": ""}] if thought else []
-            return thinking + [{"type": "text", "text": text}], False
-        content, calls = parse_tool_answer(text, self.tools)
-        blocks = [{"type": "text", "text": content}] if content else []
-        blocks += [{"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
-                    "name": call["function"]["name"],
-                    "input": json.loads(call["function"]["arguments"])} for call in calls]
-        return blocks, bool(calls)
-
-    def _message(self, content: list, stop_reason, output_tokens: int, cached: int = 0) -> dict:
-        return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
-                "content": content, "stop_reason": stop_reason, "stop_sequence": None,
-                "usage": {"input_tokens": self.input_tokens, "output_tokens": output_tokens,
-                          "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
-
-    async def collect(self, stream, request: Request) -> dict:
-        text, last = await collect_one(stream, request)
-        blocks, called = self._blocks(text)
-        reason = STOP_REASONS.get(tool_finish(str(last.finish_reason), called), "end_turn")
-        return self._message(blocks, reason, last.completion_tokens, last.cached_tokens)
-
-    @staticmethod
-    def _event(kind: str, **data) -> dict:
-        return {"event": kind, "data": json.dumps({"type": kind, **data})}
-
-    async def events(self, stream):
-        """Text streams as it comes, after a thinking block when the model reasons (tool
-        answers are parsed once complete, as in chat)."""
-        held, index, opened = [], 0, None  # opened: the kind of block being streamed
-        splitter = ThinkSplitter() if self.reasoning else None
-        try:
-            yield self._event("message_start", message=self._message([], None, 0))
-            async for _, event in stream:
-                if (failed := failure(event)) is not None:
-                    yield {"event": "error", "data": json.dumps(anthropic_error(failed))}
-                    return
-                if event.text and self.tools is not None:
-                    held.append(event.text)
-                    pieces = ()
-                elif splitter is not None:
-                    thought, text, _ = think(splitter, event)
-                    pieces = (("thinking", thought), ("text", text))
-                else:
-                    pieces = (("text", event.text),)
-                for kind, piece in pieces:
-                    if not piece:
-                        continue
-                    if opened not in (None, kind):
-                        yield self._event("content_block_stop", index=index)
-                        index, opened = index + 1, None
-                    if opened is None:
-                        yield self._event("content_block_start", index=index, content_block=(
-                            {"type": "text", "text": ""} if kind == "text"
-                            else {"type": "thinking", "thinking": "", "signature": ""}))
-                        opened = kind
-                    yield self._event("content_block_delta", index=index, delta=(
-                        {"type": "text_delta", "text": piece} if kind == "text"
-                        else {"type": "thinking_delta", "thinking": piece}))
-                if not event.finished:
-                    continue
-                if opened is not None:
-                    yield self._event("content_block_stop", index=index)
-                    index += 1
-                called = False
-                if self.tools is not None:
-                    blocks, called = self._blocks("".join(held))
-                    for block in blocks:
-                        for piece in self._block_events(index, block):
-                            yield piece
-                        index += 1
-                reason = STOP_REASONS.get(tool_finish(str(event.finish_reason), called), "end_turn")
-                yield self._event("message_delta", delta={"stop_reason": reason, "stop_sequence": None},
-                                  usage={"output_tokens": event.completion_tokens})
-                yield self._event("message_stop")
-        finally:
-            stream.cancel()
-
-    def _block_events(self, index: int, block: dict):
-        if block["type"] == "text":
-            yield self._event("content_block_start", index=index, content_block={"type": "text", "text": ""})
-            yield self._event("content_block_delta", index=index,
-                              delta={"type": "text_delta", "text": block["text"]})
-        else:
-            yield self._event("content_block_start", index=index, content_block={**block, "input": {}})
-            yield self._event("content_block_delta", index=index, delta={
-                "type": "input_json_delta", "partial_json": json.dumps(block["input"])})
-        yield self._event("content_block_stop", index=index)
-
-
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
-               503: "overloaded_error", 529: "overloaded_error"}
-
-
-def anthropic_error(exc: OpenAIError) -> dict:
-    """Anthropic's error body for the same refusal."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(exc.status, "api_error"),
-                                       "message": exc.message}}

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import aclosing
 from typing import ClassVar
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, model_validator
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
@@ -17,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api import prompt, structured, tool_formats
 from localserve.api.admission import hold_quota, lease
 from localserve.api.routes_openai import submit
-from localserve.api.replies import failure
+from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
                                     refuse_too_many_messages)
 from localserve.engine.finish import FinishReason
@@ -83,41 +85,36 @@ async def _run(request: Request, host, body: NativeCompletion, tokens: list[int]
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(host, body, stream, started), sep="\n")
-    text, tokens_out, found, last = [], [], [], None
-    try:
-        async for _, event in stream:
-            if (failed := failure(event)) is not None:
-                raise failed
-            text.append(event.text)
-            tokens_out += event.token_ids
-            found += [event.logprobs] if event.logprobs else []
-            last = event
-    finally:
-        stream.cancel()
-    final = _final(host, body, "".join(text), tokens_out, last, stream.requests[0], started)
+    text, found = [], []
+    async with aclosing(read(stream, [ChoiceReader()], request)) as pieces:
+        async for _, piece in pieces:
+            if isinstance(piece, Failed):
+                raise piece.error
+            if isinstance(piece, Text):
+                text.append(piece.text)
+                found += piece.logprobs
+            elif isinstance(piece, Finish):
+                end = piece
+    final = _final(host, body, "".join(text), end, stream.requests[0], started)
     return {**final, **_probabilities(host, found, body)}
 
 
 async def _sse(host, body, stream, started):
-    tokens_out = []
-    try:
-        async for _, event in stream:
-            if (failed := failure(event)) is not None:
-                yield {"data": json.dumps({"error": {"message": failed.message,
-                                                     "code": failed.status}})}
+    async with aclosing(read(stream, [ChoiceReader()])) as pieces:
+        async for _, piece in pieces:
+            if isinstance(piece, Failed):
+                yield {"data": json.dumps({"error": {"message": piece.error.message,
+                                                     "code": piece.error.status}})}
                 return
-            tokens_out += event.token_ids
-            if event.text or event.logprobs:
-                chunk = {"content": event.text, "stop": False, "id_slot": -1,
-                         **_probabilities(host, [event.logprobs] if event.logprobs else [], body)}
+            if isinstance(piece, Text):
+                chunk = {"content": piece.text, "stop": False, "id_slot": -1,
+                         **_probabilities(host, list(piece.logprobs), body)}
                 if body.return_tokens:
-                    chunk["tokens"] = list(event.token_ids)
+                    chunk["tokens"] = list(piece.token_ids)
                 yield {"data": json.dumps(chunk)}
-            if event.finished:
-                yield {"data": json.dumps(_final(host, body, "", tokens_out, event,
-                                                 stream.requests[0], started))}
-    finally:
-        stream.cancel()
+            elif isinstance(piece, Finish):
+                yield {"data": json.dumps(_final(host, body, "", piece, stream.requests[0],
+                                                 started))}
 
 
 def _probabilities(host, found: list, body: NativeCompletion) -> dict:
@@ -134,10 +131,11 @@ def _probabilities(host, found: list, body: NativeCompletion) -> dict:
         for token, logprob, top in found]}
 
 
-def _final(host, body, text, tokens_out, last, engine_request, started) -> dict:
+def _final(host, body, text, end: Finish, engine_request, started) -> dict:
     now = time.monotonic()
     first = engine_request.first_token_time or now
-    predicted = last.completion_tokens if last else 0
+    last, tokens_out = end.last, engine_request.output_tokens
+    predicted = last.completion_tokens
     if last.finish_reason is FinishReason.LENGTH:
         stop_type = "limit"
     elif tokens_out and host.runner.is_eog(tokens_out[-1]):
@@ -182,14 +180,18 @@ async def infill(body: Infill, request: Request):
 
 @router.post("/tokenize")
 async def tokenize(body: TokenizeBody, request: Request):
+    """All of it on a worker thread, the JSON too: a large text's ids and pieces must not
+    stall the event loop (everyone's /health and streams)."""
     async with lease(request, body.model) as host:
         prompt.check_size(host, 1, len(body.content.encode()), "content")
         runner = host.runner
-        ids = await run_in_threadpool(runner.tokenize, body.content, body.add_special,
-                                      body.parse_special)
-        if not body.with_pieces:
-            return {"tokens": ids}
-        return {"tokens": [_piece(runner, t) for t in ids]}
+
+        def answer() -> JSONResponse:
+            ids = runner.tokenize(body.content, body.add_special, body.parse_special)
+            pieces = [_piece(runner, t) for t in ids] if body.with_pieces else ids
+            return JSONResponse({"tokens": pieces})
+
+        return await run_in_threadpool(answer)
 
 
 def _piece(runner, token: int) -> dict:
@@ -202,9 +204,13 @@ def _piece(runner, token: int) -> dict:
 
 @router.post("/detokenize")
 async def detokenize(body: DetokenizeBody, request: Request):
+    """On a worker thread, like /tokenize (800k ids take a second and more to check)."""
     async with lease(request, body.model) as host:
-        tokens = prompt.check_token_ids(host, body.tokens, "tokens")
-        return {"content": await run_in_threadpool(host.detokenize, tokens)}
+        def answer() -> JSONResponse:
+            tokens = prompt.check_token_ids(host, body.tokens, "tokens")
+            return JSONResponse({"content": host.detokenize(tokens)})
+
+        return await run_in_threadpool(answer)
 
 
 @router.post("/apply-template")

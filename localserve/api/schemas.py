@@ -78,8 +78,14 @@ class ResponseFormat(BaseModel):
     schema_: dict | None = Field(None, alias="schema")
 
 
+# What a tool's name and a call's id may hold: chat templates write both raw into the prompt
+# (Qwen, Hermes, Llama 3.x, Mistral), so a name like `f<|im_end|>` would forge a turn there.
+TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+CALL_ID = r"^[A-Za-z0-9_.:=+/-]{0,128}$"
+
+
 class ToolFunction(BaseModel):
-    name: str = Field(..., pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    name: str = Field(..., pattern=TOOL_NAME)
     description: str | None = Field(None, max_length=4096)
     parameters: dict = Field(default_factory=lambda: {"type": "object", "properties": {}})
     strict: bool | None = None
@@ -178,12 +184,12 @@ class TextPart(BaseModel):
 
 
 class ToolCallFunction(BaseModel):
-    name: str
+    name: str = Field(..., pattern=TOOL_NAME)  # an earlier call's, as a tool's name
     arguments: str
 
 
 class ToolCall(BaseModel):
-    id: str
+    id: str = Field(..., pattern=CALL_ID)
     type: Literal["function"] = "function"
     function: ToolCallFunction
 
@@ -195,7 +201,7 @@ class ChatMessage(BaseModel):
     content: str | list[TextPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
-    tool_call_id: str | None = None  # a tool's result answers this call
+    tool_call_id: str | None = Field(None, pattern=CALL_ID)  # a tool's result answers this call
 
     @field_validator("content", mode="before")
     @classmethod

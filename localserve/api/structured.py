@@ -138,6 +138,9 @@ def tool_setup(host: ModelHost, body: ChatCompletionRequest) -> tuple[list[dict]
         return None
     if body.response_format is not None and body.response_format.type != "text":
         raise OpenAIError(400, "use tools or response_format, not both", param="response_format")
+    for field in ("grammar", "json_schema"):  # the tools' grammar would replace them unsaid
+        if getattr(body, field, None) is not None:
+            raise OpenAIError(400, f"use tools or {field}, not both", param=field)
     if len(body.tools) > MAX_TOOLS:
         raise OpenAIError(400, f"at most {MAX_TOOLS} tools", param="tools")
     tools = body.tools

@@ -15,6 +15,8 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # the client went away (or cancelled): counted as aborted
     TIMEOUT = "timeout"  # waited past --queue-timeout without a slot: counted as failed
     ERROR = "error"  # the server could not go on (decode failure, shutdown): counted as failed
+    GRAMMAR_COST = "grammar_cost"  # its grammar grew too costly to constrain (a neighbour's
+    # pace is the price): ended by the runner's per-token bound, counted as failed
 
     def __str__(self) -> str:
         return self.value
@@ -28,4 +30,4 @@ class FinishReason(str, enum.Enum):
     def status(self) -> int:
         """The HTTP status this ending is answered with, and kept in the ledger with: the one
         table (499 is nginx's "client closed the request")."""
-        return {"abort": 499, "timeout": 503, "error": 500}.get(self.value, 200)
+        return {"abort": 499, "timeout": 503, "error": 500, "grammar_cost": 400}.get(self.value, 200)

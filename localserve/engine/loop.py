@@ -58,6 +58,11 @@ class Stop:
     pass
 
 
+@dataclass(frozen=True)
+class DropScope:
+    scope: str  # a removed key's: its cached prompts go, in the prompt cache and idle slots
+
+
 class EngineLoop(threading.Thread):
     def __init__(self, scheduler: Scheduler, runner: Runner, max_queue: int | None = None,
                  queue_timeout_s: float | None = None, observers: Iterable[EngineObserver] = (),
@@ -107,6 +112,11 @@ class EngineLoop(threading.Thread):
     def stop(self) -> None:
         self.stopping = True
         self.inbox.put(Stop())
+
+    def drop_scope(self, scope: str) -> None:
+        """Forget what a removed key cached, applied between steps: the loop thread is the
+        only one that touches the slots and the prompt cache."""
+        self.inbox.put(DropScope(scope))
 
     # ---- the loop thread ----------------------------------------------------------------
     def run(self) -> None:
@@ -162,7 +172,7 @@ class EngineLoop(threading.Thread):
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s
             self.sampling_s += out.sample_s
-            events = self.scheduler.update(plan, out.sampled)
+            events = self.scheduler.update(plan, out.sampled, out.costly_grammars)
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
             if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
@@ -202,6 +212,8 @@ class EngineLoop(threading.Thread):
                 return False
             if isinstance(item, Add):
                 self._add(item.request)
+            elif isinstance(item, DropScope):
+                self.scheduler.drop_scope(item.scope)
             else:
                 found = self.scheduler.abort(item.request_id)
                 if found:

@@ -26,13 +26,16 @@ class Admission:
     """A slot newly given a request this step. The runner clears the slot's cache beyond
     `kept_tokens` (the reused prefix) and builds the request's sampler. With `copy_from`, the
     kept prefix is first copied from that slot's sequence (a sibling choice of n > 1); with
-    `restore`, it is first restored from the prompt cache."""
+    `restore`, it is first restored from the prompt cache: from `restore_state`, the entry's
+    state taken when the step was planned, so that this step's own saves (whose RAM trim may
+    send the entry back to disk) cannot pull it from under the restore."""
 
     slot_id: int
     request: Request
     kept_tokens: int
     copy_from: int | None = None
     restore: CachedPrompt | None = None
+    restore_state: object | None = None
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,11 @@ class StepPlan:
 class StepOutput:
     """What the runner made of one StepPlan: for each sampled chunk's slot, the token sampled
     (for a drafted chunk, the drafts that held and the token sampled after them), the
-    log-probabilities of the rows that asked for them, and where the time went."""
+    log-probabilities of the rows that asked for them, where the time went, and the slots whose
+    grammar cost more than its bound to constrain a token (their requests are ended)."""
 
     sampled: dict[int, int | list[int]]
     logprobs: dict[int, tuple] = field(default_factory=dict)
+    costly_grammars: frozenset[int] = frozenset()
     decode_s: float = 0.0  # inside llama_decode
     sample_s: float = 0.0  # inside the samplers

@@ -153,10 +153,20 @@ class PromptCache:
 
     def drop_scope(self, scope: str) -> int:
         """Forget everything a key cached, files too (the key was removed); how many entries."""
-        gone = [e for e in [*self.ram.values(), *self.on_disk.values()] if e.scope == scope]
-        for entry in gone:
+        return self._remove_where(lambda entry: entry.scope == scope)
+
+    def keep_scopes(self, scopes: set | None) -> int:
+        """At start: delete what keys removed while the server was down cached (a later key
+        of the same name must not inherit it); None keeps all. How many entries went."""
+        if scopes is None:
+            return 0
+        return self._remove_where(lambda entry: entry.scope not in scopes)
+
+    def _remove_where(self, condition) -> int:
+        gone = {e.entry_id: e for e in [*self.ram.values(), *self.on_disk.values()] if condition(e)}
+        for entry in gone.values():
             self.remove(entry)
-        return len({e.entry_id for e in gone})
+        return len(gone)
 
     def _add(self, entry: CachedPrompt) -> None:
         entry.entry_id, entry.hashes = next(self._ids), block_hashes(entry.tokens)

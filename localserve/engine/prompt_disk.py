@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
 import uuid
 import zlib
 from pathlib import Path
@@ -49,7 +50,7 @@ class DiskTier:
     def read(self, path: Path) -> tuple[dict, bytes] | None:
         """(header, state) of a sound file of this model; None (logged, file deleted) else."""
         try:
-            with open(path, "rb") as fh:
+            with open_regular(path) as fh:
                 header = json.loads(fh.readline(1 << 24))
                 state = fh.read()
             problem = self._problem(header, state)
@@ -57,7 +58,7 @@ class DiskTier:
             problem = f"unreadable ({exc.__class__.__name__})"
         if problem:
             log.warning("prompt cache: skipped and deleted %s: %s", path.name, problem)
-            path.unlink(missing_ok=True)
+            discard(path)
             return None
         return header, state
 
@@ -81,18 +82,39 @@ class DiskTier:
         """Every file whose header is sound, oldest first: (path, header, size); the others
         are deleted. The state's checksum is checked when it is read (read())."""
         found = []
-        for path in sorted(self.folder.glob("*.cache"), key=lambda p: p.stat().st_mtime):
+        for path in sorted(self.folder.glob("*.cache"), key=lambda p: p.lstat().st_mtime):
+            if not stat.S_ISREG(path.lstat().st_mode):  # a folder, FIFO or link planted here
+                log.warning("prompt cache: skipped %s: not a regular file", path.name)
+                continue
             try:
-                with open(path, "rb") as fh:
+                with open_regular(path) as fh:
                     header = json.loads(fh.readline(1 << 24))
                     start = fh.tell()
-                size = path.stat().st_size
+                    size = os.fstat(fh.fileno()).st_size
                 problem = self._header_problem(header, size - start)
             except (OSError, ValueError) as exc:
                 problem = f"unreadable ({exc.__class__.__name__})"
             if problem:
                 log.warning("prompt cache: skipped and deleted %s: %s", path.name, problem)
-                path.unlink(missing_ok=True)
+                discard(path)
             else:
                 found.append((path, header, size))
         return found
+
+
+def open_regular(path: Path):
+    """Open a regular file for reading without ever blocking or following a link: a FIFO
+    or a folder put in the cache's place is an OSError, not a hang or a crash."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{path.name} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def discard(path: Path) -> None:
+    """Delete a file of the cache's; something else in its place is left alone."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass

@@ -29,6 +29,14 @@ class LessWork:
         cache.stats.tokens_restored += min(shared, len(tokens) - 1)
         return self.pool.lru_idle(), min(shared, len(tokens) - 1), entry
 
+    def drop_scope(self, scope: str) -> int:
+        """A removed key: forget its prompts in idle slots (never saved, never reused again)
+        and in the prompt cache, files too; how many cache entries went."""
+        for slot in self.pool.slots:
+            if not slot.busy and slot.cache_scope == scope:
+                slot.forget()
+        return self.prompt_cache.drop_scope(scope) if self.prompt_cache is not None else 0
+
     def _save(self, plan: StepPlan, slot: Slot) -> None:
         """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it
         is too short, or kept already)."""

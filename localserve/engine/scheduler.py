@@ -248,7 +248,8 @@ class Scheduler(LessWork):
         if req.admitted_time is None:
             req.admitted_time = time.monotonic()
         plan.admitted.append(Admission(slot.slot_id, req, keep,
-                                       source.slot_id if source else None, restore))
+                                       source.slot_id if source else None, restore,
+                                       restore.state if restore else None))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
@@ -325,10 +326,12 @@ class Scheduler(LessWork):
         return done
 
     # ---- after the decode ----------------------------------------------------------
-    def update(self, plan: StepPlan,
-               sampled: dict[int, int | list[int]]) -> list[tuple[Request, TokenEvent]]:
+    def update(self, plan: StepPlan, sampled: dict[int, int | list[int]],
+               costly_grammars: frozenset[int] = frozenset()) -> list[tuple[Request, TokenEvent]]:
         """`sampled`: a token per sampled row; for a drafted chunk, the drafts that held and
-        the token sampled after them (see drafts.py)."""
+        the token sampled after them (see drafts.py). A request in `costly_grammars` (its
+        grammar took more than its bound to constrain a token) keeps this step's tokens and
+        ends there."""
         self._count(plan)
         events = []
         for chunk in plan.chunks:
@@ -347,6 +350,11 @@ class Scheduler(LessWork):
                 events.append((chunk.request, self._accept_or_fail(slot, token)))
                 if slot.request is not chunk.request:
                     break  # it ended there: tokens drafted past its end never reach the client
+            if chunk.slot_id in costly_grammars and slot.request is chunk.request:
+                events.append((chunk.request, self._end(slot, FinishReason.GRAMMAR_COST, error=(
+                    "the grammar became too costly to constrain a token after "
+                    f"{chunk.request.num_output_tokens} tokens (a colleague's answers wait "
+                    "while it runs); simplify its alternatives"))))
         return events
 
     def _accept_or_fail(self, slot: Slot, token: int) -> TokenEvent:

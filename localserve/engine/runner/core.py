@@ -7,6 +7,7 @@ ctypes releases the GIL inside llama_decode, so the HTTP side keeps serving duri
 from __future__ import annotations
 
 import ctypes
+from collections import deque
 import logging
 import os
 import threading
@@ -70,6 +71,8 @@ class LlamaRunner(Sampling):
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
+        self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
+        self.grammar_costs: dict[int, deque] = {}  # per slot: its last tokens' grammar CPU s
         self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
         self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
         self._one = (C.llama_token_data * 1)()
@@ -199,6 +202,7 @@ class LlamaRunner(Sampling):
             self._new_grammar(admission.slot_id, admission.request.params.grammar,
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
+        self.costly_grammars = set()
         batch = self.batch
         rows: list[tuple[SeqChunk, int]] = []  # each sampled chunk and its first sampled row
         i = 0
@@ -233,7 +237,8 @@ class LlamaRunner(Sampling):
                                          self.logprob_n[c.slot_id])
                     for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
         return StepOutput(sampled, logprobs, decode_s=decoded - started,
-                          sample_s=time.perf_counter() - decoded)
+                          sample_s=time.perf_counter() - decoded,
+                          costly_grammars=frozenset(self.costly_grammars))
 
     def save_sequence(self, slot_id: int, scope: str | None, tokens: list[int]) -> None:
         """Put a slot's sequence (holding `tokens`) into the prompt cache."""
@@ -247,9 +252,11 @@ class LlamaRunner(Sampling):
                                  self.config.cache_type_v)
 
     def _restore(self, admission) -> None:
-        entry = admission.restore
+        """Load the state the plan pinned; a missing one is an error, never a null buffer
+        handed to llama.cpp (that is a segfault)."""
+        entry, state = admission.restore, admission.restore_state
         C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
-        if not write_sequence(self.ctx, admission.slot_id, entry.state, entry.nbytes):
+        if state is None or not write_sequence(self.ctx, admission.slot_id, state, entry.nbytes):
             C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
             self.prompt_cache.remove(entry)
             raise DecodeError(f"could not restore a cached prompt of {len(entry.tokens)} tokens")

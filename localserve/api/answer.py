@@ -1,0 +1,184 @@
+"""The answer, read once (llama.cpp's task_result_state): the one reader of engine event streams
+in api/. It turns a request's events into typed pieces; every API shape (OpenAI chat and text
+completions, Anthropic Messages, Responses, llama-server's /completion, Ollama) only writes its
+shape from them.
+
+    Text(text, logprobs, token_ids)   answer text as it streams
+    Thought(text, tokens)             reasoning, from a leading <think> block (reasoning.py)
+    ToolCalls(prose, calls)           once the answer is complete: prose still held, its calls
+    Finish(reason, last, reasoning)   the end: the reason as clients see it ("tool_calls" when
+                                      it called), the engine's billed counts in `last`
+    Failed(error)                     no answer: 503 queue timeout, 500 engine error, 400 a
+                                      grammar grown too costly, 499 the client left
+
+Rules written here once, for every shape: a failure ends the answer; <think> is split off only
+without tools; with tools in the model's own format and tool_choice "auto", prose streams until
+the format's trigger and the calls are parsed once complete; otherwise a tools answer (JSON
+constrained) is held and parsed once complete; a choice that ends without its final event (the
+client left, a cancel) is a 499. read() cancels the request when its reader leaves, and for a
+whole (non-streamed) answer also when the client hangs up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import AsyncIterator, Union
+
+from fastapi import Request
+
+from localserve.api.reasoning import ThinkSplitter
+from localserve.api.schemas import OpenAIError
+from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
+from localserve.api.tool_formats import ProseThenCalls
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import TokenEvent
+from localserve.engine.streams import ChoiceStreams
+
+
+@dataclass(frozen=True)
+class Text:
+    text: str
+    logprobs: tuple = ()  # the (token, logprob, top) entries of the tokens behind it, if asked
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Thought:
+    text: str
+    tokens: int  # tokens spent on it
+
+
+@dataclass(frozen=True)
+class ToolCalls:
+    prose: str | None  # text not yet sent as Text (None: the answer has no text)
+    calls: list[dict]  # OpenAI's shape: {id, type, function: {name, arguments}}
+
+
+@dataclass(frozen=True)
+class Finish:
+    reason: str
+    last: TokenEvent  # prompt_tokens, completion_tokens, cached_tokens as billed
+    reasoning_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: OpenAIError
+
+
+Piece = Union[Text, Thought, ToolCalls, Finish, Failed]
+
+
+def failure(event: TokenEvent) -> OpenAIError | None:
+    """The error a finished-by-failure event is answered with, its status from
+    FinishReason.status (the one table): a queue timeout is a 503 to retry, an engine error a
+    500, a grammar grown too costly a 400."""
+    reason = event.finish_reason
+    if reason is None or reason.completed or reason is FinishReason.ABORT:
+        return None
+    timeout = reason is FinishReason.TIMEOUT
+    kind = "server_error" if reason.status >= 500 else "invalid_request_error"
+    return OpenAIError(reason.status, event.error or "generation failed", kind,
+                       code={"timeout": "queue_timeout", "grammar_cost": "grammar_cost"}.get(reason),
+                       headers={"Retry-After": "2"} if timeout else None)
+
+
+def client_closed() -> OpenAIError:
+    return OpenAIError(499, "the client closed the request", code="client_closed")
+
+
+class ChoiceReader:
+    """One choice's events -> pieces (see the module doc)."""
+
+    def __init__(self, tools: ToolPlan | None = None, reasoning: bool = False):
+        self.tools = tools
+        self.thinking = ThinkSplitter() if reasoning and tools is None else None
+        streams_prose = tools is not None and tools.native is not None and tools.allow_text_response
+        self.prose = ProseThenCalls(tools.native) if streams_prose else None
+        self.held: list[str] = []  # a tools answer parsed once complete
+        self.reasoning_tokens = 0
+
+    def read(self, event: TokenEvent) -> list[Piece]:
+        if (failed := failure(event)) is not None:
+            return [Failed(failed)]
+        if event.finish_reason is FinishReason.ABORT:
+            return [Failed(client_closed())]
+        pieces = self._text(event)
+        if event.finished:
+            pieces += self._end(event)
+        return pieces
+
+    def _text(self, event: TokenEvent) -> list[Piece]:
+        if self.tools is not None:
+            if self.prose is None:
+                self.held.append(event.text)
+                return []
+            text = self.prose.feed(event.text)
+            return [Text(text)] if text else []
+        if self.thinking is not None:
+            thought, text = self.thinking.feed(event.text)
+            if event.finished:
+                rest = self.thinking.flush()
+                thought, text = thought + rest[0], text + rest[1]
+            spent = len(event.token_ids) if thought and not text else 0
+            self.reasoning_tokens += spent
+            return ([Thought(thought, spent)] if thought else []) + ([Text(text)] if text else [])
+        if event.text or event.logprobs:
+            return [Text(event.text, (event.logprobs,) if event.logprobs else (), event.token_ids)]
+        return []
+
+    def _end(self, event: TokenEvent) -> list[Piece]:
+        pieces: list[Piece] = []
+        called = False
+        if self.tools is not None:
+            prose, calls = (self.prose.finish() if self.prose is not None
+                            else parse_tool_answer("".join(self.held), self.tools))
+            pieces.append(ToolCalls(prose, calls))
+            called = bool(calls)
+        reason = tool_finish(str(event.finish_reason), called)
+        return pieces + [Finish(reason, event, self.reasoning_tokens)]
+
+
+async def read(stream: ChoiceStreams, readers: list[ChoiceReader],
+               request: Request | None = None) -> AsyncIterator[tuple[int, Piece]]:
+    """Every choice's pieces as (index, piece), in the order they come. Leaving (or closing the
+    generator) cancels what still runs; with `request` (a whole answer) a client that hangs
+    up cancels it too. Use it with contextlib.aclosing, so that leaving early frees the slot
+    at once."""
+    watcher = asyncio.create_task(cancel_on_disconnect(request, stream)) if request else None
+    ended: set[int] = set()
+    try:
+        async for index, event in stream:
+            for piece in readers[index].read(event):
+                if isinstance(piece, (Finish, Failed)):
+                    ended.add(index)
+                yield index, piece
+        for index in range(len(readers)):
+            if index not in ended:
+                yield index, Failed(client_closed())
+    finally:
+        stream.cancel()
+        if watcher is not None:
+            watcher.cancel()
+
+
+async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
+    """A non-streaming client that hangs up frees its slot too (streams notice by themselves:
+    sse-starlette cancels their generator)."""
+    while not stream.finished:
+        await asyncio.sleep(0.25)
+        if await request.is_disconnected():
+            stream.cancel()
+            return
+
+
+def joined_content(streamed: str, tools: ToolCalls | None) -> str | None:
+    """A whole answer's text: what streamed, then the prose held with its calls; with calls,
+    stripped (None when empty), as the model's own format reads it."""
+    if tools is None:
+        return streamed
+    if not streamed:
+        return tools.prose
+    text = streamed + (tools.prose or "")
+    return (text.strip() or None) if tools.calls else text
