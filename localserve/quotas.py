@@ -69,14 +69,17 @@ class Reservation:
     the token quotas until the ledger has its real usage. Released once (api/limits.py
     ReleaseReservations, after the response ends, whatever way it ends)."""
 
-    def __init__(self, keeper: "QuotaKeeper", key: str):
+    def __init__(self, keeper: "QuotaKeeper", key: str, stamp: float | None = None):
         self.keeper, self.key, self.tokens, self.released = keeper, key, 0, False
+        self.stamp = stamp  # its place in requests_per_minute
 
     def reserve_tokens(self, n: int, tokens_today: int, tokens_month: int) -> None:
         self.keeper._reserve_tokens(self, n, tokens_today, tokens_month)
 
-    def release(self) -> None:
-        self.keeper._release(self)
+    def release(self, refused: bool = False) -> None:
+        """refused: the request was turned away before any work (a 4xx of its body), so it
+        does not count against requests_per_minute either."""
+        self.keeper._release(self, refused)
 
 
 class QuotaKeeper:
@@ -106,9 +109,9 @@ class QuotaKeeper:
                 raise QuotaError("max_concurrent", f"key '{key}' already has {self._active[key]} "
                                  f"requests running or waiting (max_concurrent "
                                  f"{q.max_concurrent}); send the next when one finishes", 1.0)
-            self._count_minute(key, q)
+            stamp = self._count_minute(key, q)
             self._active[key] += 1
-            return Reservation(self, key)
+            return Reservation(self, key, stamp)
 
     def _reserve_tokens(self, held: Reservation, n: int, tokens_today: int,
                         tokens_month: int) -> None:
@@ -119,13 +122,16 @@ class QuotaKeeper:
             self._reserved[held.key] += n
             held.tokens += n
 
-    def _release(self, held: Reservation) -> None:
+    def _release(self, held: Reservation, refused: bool = False) -> None:
         with self._lock:
             if held.released:
                 return
             held.released = True
             self._active[held.key] -= 1
             self._reserved[held.key] -= held.tokens
+            stamps = self._minute.get(held.key, [])
+            if refused and held.stamp in stamps:
+                stamps.remove(held.stamp)
 
     def _check_tokens(self, key: str, q: Quota, tokens_today: int, tokens_month: int) -> None:
         now = datetime.now()
@@ -144,13 +150,15 @@ class QuotaKeeper:
                              f"are held by its running requests); the quota resets on "
                              f"{first:%Y-%m-%d}", _until(first))
 
-    def _count_minute(self, key: str, q: Quota) -> None:
+    def _count_minute(self, key: str, q: Quota) -> float | None:
         if q.requests_per_minute is None:
-            return
+            return None
         stamps = [t for t in self._minute.get(key, []) if self.clock() - t < 60.0]
         if len(stamps) >= q.requests_per_minute:
             raise QuotaError("requests_per_minute", f"key '{key}' sent {len(stamps)} "
                              f"requests in the last minute (requests_per_minute "
                              f"{q.requests_per_minute:g})", math.ceil(60.0 - (self.clock() - stamps[0])))
-        stamps.append(self.clock())
+        stamp = self.clock()
+        stamps.append(stamp)
         self._minute[key] = stamps
+        return stamp

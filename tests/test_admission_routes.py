@@ -36,3 +36,25 @@ def test_every_model_route_checks_the_key_and_the_rate():
     assert unguarded <= OUTSIDE_THE_RATE, unguarded - OUTSIDE_THE_RATE
     keyless = {path for _, path, guards in seen if require_key not in guards}
     assert keyless <= {"/health", "/", "/chat", "/web/{name}", "/favicon.ico"}, keyless
+
+
+# Routes that run no model: the catalog, stored answers, the page's conversations, monitoring.
+NO_MODEL = {"/v1/models", "/models", "/v1/models/{model:path}", "/models/{model:path}", "/web/api/whoami",
+            "/v1/responses/{response_id}", "/web/api/conversations", "/web/api/conversations/export",
+            "/web/api/conversations/{conversation_id}"} | OUTSIDE_THE_RATE
+
+
+def test_every_route_that_runs_a_model_takes_the_quota_hold_as_a_dependency():
+    """No route takes the hold by hand: a new model route on a router without it fails here,
+    and so does one of the vocabulary routes (/tokenize, count_tokens, ...) left without."""
+    from localserve.api.admission import hold_quota
+
+    app = create_app(Settings(api_keys=("route-test-key",)))
+    seen = list(routes_and_guards(app))
+    held = {path for _, path, guards in seen if hold_quota in guards}
+    unheld = {path for _, path, guards in seen if hold_quota not in guards}
+    assert unheld <= NO_MODEL, unheld - NO_MODEL
+    assert {"/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens",
+            "/v1/responses/input_tokens", "/v1/chat/completions", "/infill",
+            "/v1/embeddings"} <= held
+    assert not held & {"/v1/models", "/v1/responses/{response_id}"}

@@ -24,6 +24,21 @@ def test_max_concurrent_counts_reservations_until_released():
         keeper.reserve("alice", 0, 0)
 
 
+def test_a_request_refused_for_its_body_does_not_use_up_requests_per_minute():
+    keeper = QuotaKeeper({"alice": Quota(requests_per_minute=2)}, clock=lambda: 100.0)
+    for _ in range(5):
+        keeper.reserve("alice", 0, 0).release(refused=True)  # 400s: a client fixing its body
+    kept = keeper.reserve("alice", 0, 0)
+    kept.release()
+    keeper.reserve("alice", 0, 0).release()
+    with pytest.raises(QuotaError) as refused:
+        keeper.reserve("alice", 0, 0)
+    assert refused.value.limit == "requests_per_minute"
+    kept.release(refused=True)  # released once: a late "refused" gives nothing back
+    with pytest.raises(QuotaError):
+        keeper.reserve("alice", 0, 0)
+
+
 def test_reserved_tokens_count_against_the_daily_quota_until_settled():
     keeper = QuotaKeeper({"default": Quota(tokens_per_day=1500)})
     first = keeper.reserve("carol", 0, 0)

@@ -1,9 +1,10 @@
-"""The layers stay layered: nothing below the HTTP package imports it (the server and the CLI,
-which assemble everything, excepted), and no two modules import each other, however
-indirectly. Checked by reading every module's import statements (type-only ones too)."""
+"""The layers stay layered: each layer imports only those below it (LAYERS: the engine, the
+office, the models, HTTP; the server and the CLI, which assemble everything, excepted), route
+modules never import each other, and no two modules import each other, however indirectly.
+Checked by reading every module's import statements (type-only ones too), with the syntax tree.
+Each guard is also run on a deliberate break, so that it is known to fail for what it names."""
 
 import ast
-import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localserve"
@@ -66,13 +67,37 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_nothing_below_the_http_layer_imports_it():
+# (modules of a layer, by prefix) -> what they may never import, by prefix.
+ENGINE = ("localserve.engine",)
+OFFICE = ("localserve.office", "localserve.ledger", "localserve.quotas", "localserve.keys",
+          "localserve.conversations")
+MODELS = ("localserve.registry", "localserve.model_host", "localserve.model_specs")
+HTTP = ("localserve.api",)
+LAYERS = [(ENGINE, OFFICE + MODELS + HTTP), (OFFICE, MODELS + HTTP), (MODELS, HTTP)]
+
+
+def layer_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    below_http = [(name, target) for name, targets in graph.items() for target in targets
+                  if target.startswith(HTTP) and not name.startswith(HTTP)
+                  and name not in ASSEMBLERS]
+    across = [(name, target) for sources, forbidden in LAYERS for name, targets in graph.items()
+              if name.startswith(sources) for target in targets if target.startswith(forbidden)]
+    routes = [(name, target) for name, targets in graph.items() for target in targets
+              if name.startswith("localserve.api.routes_") and target != name
+              and target.startswith("localserve.api.routes_")]
+    return sorted(set(below_http + across + routes))
+
+
+def test_each_layer_imports_only_the_layers_below_and_routes_never_each_other():
     graph = import_graph()
     assert "localserve.registry" in graph and "localserve.api.app" in graph
-    upward = sorted((name, target) for name, targets in graph.items() for target in targets
-                    if target.startswith("localserve.api") and not name.startswith("localserve.api")
-                    and name not in ASSEMBLERS)
-    assert upward == []
+    assert layer_breaks(graph) == []
+    for name, target in [("localserve.engine.scheduler", "localserve.office"),
+                         ("localserve.office", "localserve.registry"),
+                         ("localserve.model_host", "localserve.api.serving"),
+                         ("localserve.api.routes_native", "localserve.api.routes_openai")]:
+        broken = {**graph, name: graph[name] | {target}}
+        assert layer_breaks(broken) == [(name, target)], (name, target)
 
 
 def test_no_import_cycles():
@@ -80,11 +105,38 @@ def test_no_import_cycles():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+MUTATORS = {"clear", "extend", "append", "pop", "insert", "remove", "sort", "reverse",
+            "__setitem__", "__delitem__", "__iadd__"}
+
+
+def is_cached(node) -> bool:
+    """`x.cached`, or a subscript or slice of it."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    return isinstance(node, ast.Attribute) and node.attr == "cached"
+
+
+def cache_edits(source: str) -> list[int]:
+    """Lines that store into `.cached` (=, +=, a slice store, del) or call a mutating method."""
+    lines = []
+    for node in ast.walk(ast.parse(source)):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        called = (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                  and node.func.attr in MUTATORS and is_cached(node.func.value))
+        if called or any(is_cached(t) for t in targets):
+            lines.append(node.lineno)
+    return lines
+
+
 def test_only_the_slot_edits_what_its_cache_holds():
     """llama.cpp's server_slot owns its prompt cache operations; so does Slot (computed,
     forget, assign): no other module changes `cached`, so it cannot drift from the sequence."""
-    edit = re.compile(r"\.cached\s*(=[^=]|\+=)|\.cached\.(clear|extend|append|pop|insert|remove)"
-                      r"\(|del [\w.]+\.cached\[")
     editors = [str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py")
-               if edit.search(path.read_text())]
+               if cache_edits(path.read_text())]
     assert editors == ["engine/slots.py"]
+    for edit in ("slot.cached[:] = []", "slot.cached = []", "slot.cached += [1]",
+                 "del slot.cached[3:]", "slot.cached.extend(t)", "s.cached[0] = 1",
+                 "slot.cached.__setitem__(0, 1)"):
+        assert cache_edits(edit) == [1], edit
+    assert cache_edits("n = len(slot.cached)\nx = slot.cached[:3]\nslot.cached == []") == []

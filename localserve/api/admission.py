@@ -1,10 +1,13 @@
 """Admission: what every route that runs a model goes through before its work is queued.
 
-    require_key (auth.py)  who is asking: 401 without a valid key
-    limit_rate             the key's request rate: 429 (a router dependency: every route)
-    hold_quota             the key's quotas: 429; holds a place until the response ends
-    lease                  the model, loaded and ready: 404 unknown, 503 loading
+    require_key (auth.py)  who is asking: 401 without a valid key         } router
+    limit_rate             the key's request rate: 429                     } dependencies
+    hold_quota             the key's quotas: 429; holds a place until the  } (app.py: one
+                           response ends                                   } list, `admitted`)
+    lease                  the model, loaded and ready: 404 unknown, 503 loading (in the route,
+                           which knows the body's model)
     reserve_tokens         what the submitted request may use, held against token quotas
+                           (serving.submit, once the prompt is known)
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ def limit_rate(request: Request) -> None:
 
 
 def hold_quota(request: Request) -> None:
-    """For routes that run the model: [quotas] from the TOML, over one -> 429 saying which
-    limit and when it resets. Holds a place in the key's quotas until the response ends
-    (request.state.quota_hold, released by api/limits.py ReleaseReservations)."""
+    """Router dependency of every route that runs a model: [quotas] from the TOML, over one
+    -> 429 saying which limit and when it resets. Holds a place in the key's quotas until the
+    response ends (request.state.quota_hold, released by api/limits.py ReleaseReservations,
+    however the response ends)."""
     keeper, ledger = request.app.state.quotas, request.app.state.office.ledger
     user = caller(request).key
     if keeper is None or user is None:

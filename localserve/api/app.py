@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, routes_native,
                             routes_openai, routes_rerank, routes_responses, routes_web)
-from localserve.api.admission import limit_rate
+from localserve.api.admission import hold_quota, limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard
@@ -65,15 +65,18 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
                               if office.keys_enabled and settings.rate_limit > 0 else None)
     app.state.quotas = (QuotaKeeper(settings.quotas)
                         if office.keys_enabled and settings.quotas else None)
+    # Admission, one list for every route that runs a model (generates, embeds, tokenizes,
+    # renders, or may load one): the key, its rate, its quota hold (admission.py). No route
+    # takes the hold by hand; the catalog and stored answers need only the key and the rate.
     guarded = [Depends(require_key), Depends(limit_rate)]
-    app.include_router(routes_openai.router, dependencies=guarded)
-    app.include_router(routes_openai.bare_router, dependencies=guarded, include_in_schema=False)
-    app.include_router(routes_native.router, dependencies=guarded)
-    app.include_router(routes_anthropic.router, dependencies=guarded)
-    app.include_router(routes_responses.router, dependencies=guarded)
-    app.include_router(routes_rerank.router, dependencies=guarded)
-    app.include_router(routes_embeddings.router, dependencies=guarded)
-    app.include_router(routes_embeddings.bare_router, dependencies=guarded, include_in_schema=False)
+    admitted = [*guarded, Depends(hold_quota)]
+    for router in (routes_openai.router, routes_native.router, routes_anthropic.router,
+                   routes_responses.router, routes_rerank.router, routes_embeddings.router):
+        app.include_router(router, dependencies=admitted)
+    for router in (routes_openai.bare_router, routes_embeddings.bare_router):
+        app.include_router(router, dependencies=admitted, include_in_schema=False)
+    app.include_router(routes_openai.catalog_router, dependencies=guarded)
+    app.include_router(routes_responses.stored_router, dependencies=guarded)
     if settings.web:
         app.include_router(routes_web.page_router)
         app.include_router(routes_web.api_router, dependencies=guarded, include_in_schema=False)

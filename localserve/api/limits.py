@@ -75,18 +75,31 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
+# Statuses of a request turned away for its body before any work: not counted by
+# requests_per_minute (a client fixing its request must not be locked out by its mistakes).
+REFUSED = (400, 404, 413, 422)
+
+
 class ReleaseReservations:
-    """A request's hold on its key's quotas (quotas.Reservation, set by the routes as
-    request.state.quota_hold) ends when its response has been sent, streamed or not, or the
+    """A request's hold on its key's quotas (quotas.Reservation, set by admission.hold_quota
+    as request.state.quota_hold) ends when its response has been sent, streamed or not, or the
     client went away: whatever way the app returns."""
 
     def __init__(self, app):
         self.app = app
 
     async def __call__(self, scope, receive, send):
+        status = None
+
+        async def noting_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            await self.app(scope, receive, send)
+            await self.app(scope, receive, noting_send)
         finally:
             hold = scope.get("state", {}).get("quota_hold")
             if hold is not None:
-                hold.release()
+                hold.release(refused=status in REFUSED)

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve import __version__
 from localserve.api.auth import caller, is_admin
-from localserve.api.routes_openai import server_defaults
+from localserve.api.serving import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import GROUPS
 from localserve.ledger import usage as ledger_usage

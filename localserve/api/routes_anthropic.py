@@ -1,7 +1,7 @@
 """Anthropic's Messages API (POST /v1/messages, /v1/messages/count_tokens) for agents and
 editors that speak it: a thin adapter. The body is translated into a chat completion request
 and goes through the very same admission, template, grammar and engine path
-(routes_openai.start_chat); only the shapes differ:
+(serving.start_chat); only the shapes differ:
 
     system + messages (text, tool_use, tool_result blocks)  ->  chat messages (tool calls, tool role)
     tools (input_schema), tool_choice auto/any/tool/none   ->  tools, tool_choice auto/required/named/none
@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from localserve.api.admission import lease
 from localserve.api.message_reply import MessageReply, anthropic_error  # noqa: F401 (app.py)
 from localserve.api.replies import ignored_header, respond_with
-from localserve.api.routes_openai import chat_tokens, reasons, start_chat
+from localserve.api.serving import chat_tokens, reasons, start_chat
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
 

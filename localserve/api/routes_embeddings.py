@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.prompt import check_size, check_token_ids
-from localserve.api.admission import hold_quota, identity, lease
+from localserve.api.admission import identity, lease
 from localserve.api.schemas import OpenAIError
 from localserve.engine.errors import DecodeError
 from localserve.ledger import request_row
@@ -80,7 +80,6 @@ def _encode(vector: list[float], form: str):
 @router.post("/embeddings")
 @bare_router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
-    hold_quota(request)
     async with lease(request, body.model, kind="embedding") as host:
         if body.dimensions is not None:
             raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "

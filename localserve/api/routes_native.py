@@ -17,8 +17,8 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured, tool_formats
-from localserve.api.admission import hold_quota, lease
-from localserve.api.routes_openai import submit
+from localserve.api.admission import lease
+from localserve.api.serving import submit
 from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
                                     refuse_too_many_messages)
@@ -157,14 +157,12 @@ def _final(host, body, text, end: Finish, engine_request, started) -> dict:
 @router.post("/completion")
 @router.post("/completions")  # llama-server's alias; the OpenAI shape is /v1/completions
 async def completion(body: NativeCompletion, request: Request):
-    hold_quota(request)
     async with lease(request, body.model) as host:
         return await _run(request, host, body, await _prompt_tokens(host, body))
 
 
 @router.post("/infill")
 async def infill(body: Infill, request: Request):
-    hold_quota(request)
     async with lease(request, body.model) as host:
         fim = host.runner.fim_tokens
         if fim is None:

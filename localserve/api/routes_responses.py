@@ -1,7 +1,7 @@
 """OpenAI's Responses API (POST /v1/responses, GET/DELETE /v1/responses/{id},
 POST /v1/responses/input_tokens) for the agent SDKs that speak it: a thin adapter. The body is
 translated into a chat completion request and goes through the same admission, template,
-grammar and engine path (routes_openai.start_chat); only the shapes differ:
+grammar and engine path (serving.start_chat); only the shapes differ:
 
     instructions + input items (messages, function_call,   ->  chat messages (system, tool
     function_call_output)                                      calls, tool role)
@@ -24,13 +24,14 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api.admission import lease
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
-from localserve.api.routes_openai import chat_tokens, reasons, start_chat
+from localserve.api.serving import chat_tokens, reasons, start_chat
 from localserve.api.auth import caller
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
 from localserve.conversations import TooLarge
 
 router = APIRouter(prefix="/v1")
+stored_router = APIRouter()  # stored answers: read and deleted, no model runs
 # Fields that would change the answer and this server cannot honour: refused by name.
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
 TEXT_PARTS = ("input_text", "output_text", "text")
@@ -205,7 +206,7 @@ async def _save(request: Request, response: dict, messages: list[dict]) -> None:
                           f"or start a new chain", code="response_too_large") from None
 
 
-@router.get("/responses/{response_id}")
+@stored_router.get("/v1/responses/{response_id}")
 async def get_response(response_id: str, request: Request):
     found = await run_in_threadpool(_store(request).get, _owner(request), response_id)
     if found is None:
@@ -214,7 +215,7 @@ async def get_response(response_id: str, request: Request):
     return found["response"]
 
 
-@router.delete("/responses/{response_id}")
+@stored_router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request):
     if not await run_in_threadpool(_store(request).delete, _owner(request), response_id):
         raise OpenAIError(404, f"No response with id '{response_id}' is stored for this key",

@@ -1,0 +1,121 @@
+"""The serving core every API shape shares, after admission (admission.py) has leased the
+model: the request's sampling settings (its own, else the server's defaults), its chat prompt
+(tools or response_format as a grammar, the template, tokenizing on worker threads), who it
+is billed to, the token reservation against its key's quotas, and its queueing in the engine
+(submit). Route modules import this, never each other (vLLM's OpenAIServing role).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from fastapi import Request
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api import prompt, structured
+from localserve.api.admission import identity, lease, reserve_tokens
+from localserve.api.reasoning import uses_reasoning
+from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
+from localserve.config import Settings
+from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
+from localserve.engine.request import Request as EngineRequest
+from localserve.engine.request import SamplingParams
+from localserve.engine.streams import ChoiceStreams
+from localserve.model_host import ModelHost
+
+
+# Request fields that fall back to the server's defaults (--temp, --top-k, --top-p, --seed).
+SERVER_DEFAULTS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "seed": "seed"}
+
+
+def server_defaults(server: Settings) -> dict:
+    """What a request that leaves these fields out gets (shown in /props)."""
+    return {field: getattr(server, flag) if getattr(server, flag) is not None
+            else _Sampling.model_fields[field].default for field, flag in SERVER_DEFAULTS.items()}
+
+
+def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
+                    server: Settings | None = None) -> SamplingParams:
+    """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's."""
+    room = n_ctx - n_prompt
+    fallback = server_defaults(server) if server is not None else {}
+    chosen = {field: getattr(body, field) if field in body.model_fields_set or not fallback
+              else fallback[field] for field in SERVER_DEFAULTS}
+    limit = body.token_limit or (server.n_predict if server is not None else None) or room
+    return SamplingParams(grammar=grammar, logprobs=body.logprob_n, max_tokens=min(limit, room),
+        min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+        presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+        stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
+        logit_bias=logit_bias(body), **chosen)
+
+
+def logit_bias(body: _Sampling) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {token id: bias} (ids checked against the vocabulary by submit)."""
+    return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
+
+
+def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling,
+           grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
+    """Queue the request's `n` choices: the first computes the prompt, the others copy it from
+    its slot and sample with their own seeds (seed + i when a seed is given). What they may use
+    is held against the key's token quotas first."""
+    user = identity(request, body)
+    n_ctx = host.n_ctx_per_slot
+    if not tokens:
+        raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
+    if len(tokens) >= n_ctx:
+        s = host.settings
+        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
+                          f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
+                          f", and the answer needs room too. Shorten the prompt, or raise -c or "
+                          f"lower --parallel.", code="context_length_exceeded", param="messages")
+    n_slots = host.settings.parallel
+    if body.n > n_slots:
+        raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
+                          f"{n_slots} (--parallel)", param="n")
+    params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings)
+    prompt.check_token_ids(host, [t for t, _ in params.logit_bias], "logit_bias")
+    reserve_tokens(request, len(tokens) + params.max_tokens * body.n)
+    choices: list[EngineRequest] = []
+    for i in range(body.n):
+        seeded = params if params.seed is None else replace(params, seed=params.seed + i)
+        choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
+                                     cache_scope=request.app.state.office.cache_scope(user),
+                                     prefix_of=choices[0] if choices else None))
+    try:
+        return host.engine.submit_choices(choices)
+    except UserQueueFull as exc:
+        raise OpenAIError(429, f"{exc}; wait for some to finish.", code="queue_share_exceeded",
+                          headers={"Retry-After": "2"})
+    except QueueFull as exc:
+        raise OpenAIError(503, f"The server is busy: {exc}. Retry in a few seconds.",
+                          "server_error", code="queue_full", headers={"Retry-After": "2"})
+    except EngineUnavailable as exc:
+        raise OpenAIError(503, f"the server cannot take requests now: {exc}", "server_error")
+
+
+def reasons(host: ModelHost) -> bool:
+    """Whether this model's answers may open with a <think> block to split off."""
+    return uses_reasoning(host.settings.reasoning_format,
+                          host.template.source if host.template else None)
+
+
+async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
+    """(prompt tokens, grammar, tool plan) of a chat request: tools or response_format become
+    a grammar, the messages go through the template (worker threads: see prompt.py)."""
+    tools = await run_in_threadpool(structured.tool_setup, host, body)
+    if tools is not None:
+        messages, grammar, plan = tools
+    else:
+        messages, plan = [m.as_template_dict() for m in body.messages], None
+        grammar = await run_in_threadpool(structured.request_grammar, host, body)
+    tools_for_template = plan.template_tools if plan is not None else None
+    return await prompt.chat_prompt(host, messages, tools_for_template), grammar, plan
+
+
+async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):
+    """Admit and queue a chat request: (its model's host, its streams, its tool plan). The
+    one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
+    async with lease(request, body.model) as host:
+        tokens, grammar, plan = await chat_tokens(host, body)
+        return host, submit(request, host, tokens, body, grammar, endpoint), plan
