@@ -20,6 +20,7 @@ import logging
 import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 
 import psutil
 
@@ -63,6 +64,8 @@ class Entry:
     last_busy: float = field(default_factory=time.monotonic)
     closing: bool = False  # being unloaded to make room: new requests wait for the switch
     yielding: int = 0  # switches waiting for it to go idle: its new requests wait behind them
+    keep_alive: float | None = None  # a client's idle time before unloading (Ollama's
+    # keep_alive; negative: never), else the server's --idle-unload
     need_bytes: int | None = None  # estimated memory: weights + cache
 
     @property
@@ -260,22 +263,47 @@ class ModelRegistry:
                 + (f" beside the pinned {', '.join(pinned)}" if pinned else "") + ".")
 
     # ---- unloading idle models ---------------------------------------------------------
+    def keep_alive(self, name: str | None, seconds: float) -> None:
+        """Ollama's keep_alive: how long this model stays loaded once idle (0: unload after
+        the request; negative: never). With one model it stays: nothing could replace it."""
+        if self.several:
+            self.entry(name).keep_alive = seconds
+
+    def idle_limit(self, entry: Entry) -> float | None:
+        """Seconds idle before `entry` is unloaded; None: never."""
+        if entry.spec.pin or not self.several:
+            return None
+        limit = entry.keep_alive if entry.keep_alive is not None else (
+            self.idle_unload if self.idle_unload > 0 else None)
+        return None if limit is None or limit < 0 else limit
+
+    def expires_at(self, entry: Entry) -> str | None:
+        """When an idle `entry` will be unloaded (Ollama's /api/ps), as an ISO time."""
+        limit = self.idle_limit(entry)
+        if limit is None:
+            return None
+        left = max(0.0, entry.last_busy + limit - time.monotonic())
+        return datetime.fromtimestamp(time.time() + left, timezone.utc).isoformat()
+
     async def unload_idle_forever(self) -> None:
-        """--idle-unload: every half second, unload models idle that long (never pinned ones)."""
-        if not self.several or self.idle_unload <= 0:
+        """Every half second, unload models idle longer than their limit (idle_limit):
+        --idle-unload, or the keep_alive a client asked for; never pinned ones."""
+        if not self.several:
             return
         while True:
             await asyncio.sleep(0.5)
             now = time.monotonic()
             for entry in self.entries.values():
+                limit = self.idle_limit(entry)
                 if entry.busy:
                     entry.last_busy = now
-                elif entry.loaded and not entry.spec.pin and now - entry.last_busy >= self.idle_unload:
+                elif entry.loaded and limit is not None and now - entry.last_busy >= limit:
                     async with self._switch:
                         if entry.loaded and not entry.busy:
                             log.info("unloading %s: idle for %.0f s", entry.spec.name,
                                      now - entry.last_busy)
                             await asyncio.to_thread(entry.host.unload)
+                            entry.keep_alive = None
 
     # ---- what clients and the dashboard see --------------------------------------------
     def cards(self) -> list[dict]:

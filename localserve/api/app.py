@@ -12,7 +12,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, routes_native,
-                            routes_openai, routes_rerank, routes_responses, routes_web)
+                            routes_ollama, routes_openai, routes_rerank, routes_responses,
+                            routes_web)
 from localserve.api.admission import hold_quota, limit_rate
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
@@ -71,12 +72,14 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
     guarded = [Depends(require_key), Depends(limit_rate)]
     admitted = [*guarded, Depends(hold_quota)]
     for router in (routes_openai.router, routes_native.router, routes_anthropic.router,
-                   routes_responses.router, routes_rerank.router, routes_embeddings.router):
+                   routes_responses.router, routes_rerank.router, routes_embeddings.router,
+                   routes_ollama.router):
         app.include_router(router, dependencies=admitted)
     for router in (routes_openai.bare_router, routes_embeddings.bare_router):
         app.include_router(router, dependencies=admitted, include_in_schema=False)
     app.include_router(routes_openai.catalog_router, dependencies=guarded)
     app.include_router(routes_responses.stored_router, dependencies=guarded)
+    app.include_router(routes_ollama.catalog_router, dependencies=guarded)
     if settings.web:
         app.include_router(routes_web.page_router)
         app.include_router(routes_web.api_router, dependencies=guarded, include_in_schema=False)
@@ -99,9 +102,11 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
 
 
 def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
-    """OpenAI's error shape, or Anthropic's on the Messages API's paths."""
-    anthropic = request is not None and request.url.path.startswith("/v1/messages")
-    body = routes_anthropic.anthropic_error(exc) if anthropic else exc.body()
+    """OpenAI's error shape, or Anthropic's on the Messages API's paths, or Ollama's
+    ({"error": "..."}, what its client raises from) on /api/."""
+    path = request.url.path if request is not None else ""
+    body = (routes_anthropic.anthropic_error(exc) if path.startswith("/v1/messages") else
+            {"error": exc.message} if path.startswith("/api/") else exc.body())
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 

@@ -1,74 +1,18 @@
-"""POST /v1/embeddings (and /embeddings): what RAG frontends call. The served model embeds
-each input with last-token pooling (engine/runner/embeddings.py), on a worker thread."""
+"""POST /v1/embeddings (and /embeddings): what RAG frontends call, in OpenAI's shape; the
+embedding itself is api/embedding.py's (shared with Ollama's /api/embed)."""
 
 from __future__ import annotations
 
 import base64
 import struct
-import time
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
-from localserve.api.prompt import check_size, check_token_ids
-from localserve.api.admission import identity, lease
-from localserve.api.schemas import OpenAIError
-from localserve.engine.errors import DecodeError
-from localserve.ledger import request_row
+from localserve.api.admission import lease
+from localserve.api.embedding import EmbeddingRequest, embed
 
 router = APIRouter(prefix="/v1")
 bare_router = APIRouter()
-MAX_INPUTS = 256
-
-
-class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    input: str | list[str] | list[int] | list[list[int]]
-    model: str | None = None
-    encoding_format: str = Field("float", pattern="^(float|base64)$")
-    dimensions: int | None = None
-    user: str | None = None
-
-
-def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
-    raw = body.input
-    if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):
-        raw = [raw]
-    if not raw or len(raw) > MAX_INPUTS:
-        raise OpenAIError(400, f"send 1 to {MAX_INPUTS} inputs", param="input")
-    out = []
-    for i, item in enumerate(raw):
-        if isinstance(item, str):
-            check_size(host, 1, len(item.encode()), f"input[{i}]")
-            tokens = host.runner.tokenize(item, add_special=True, parse_special=False)
-        else:
-            tokens = check_token_ids(host, item, f"input[{i}]")
-        if not 0 < len(tokens) <= host.n_ctx_per_slot:
-            raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
-                              f"{host.n_ctx_per_slot}", code="context_length_exceeded",
-                              param="input")
-        out.append(tokens)
-    return out
-
-
-async def _embed_one(request: Request, host, embedder, tokens: list[int],
-                     user: str | None) -> list[float]:
-    """One input, in its key's turn; a client that left, or a server draining, stops the rest
-    (the model is freed only once no input is inside llama.cpp: Embedder.close waits)."""
-    if request.app.state.office.draining or await request.is_disconnected():
-        raise OpenAIError(503, "the server is shutting down, or the client left",
-                          "server_error")
-    turns = host.embedding_turns
-    await turns.take(user)
-    try:
-        with host.embedding_running():
-            return await run_in_threadpool(embedder.embed, tokens)
-    except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
-        raise OpenAIError(503, f"the model cannot embed now: {exc}; retry", "server_error") from None
-    finally:
-        turns.give_back()
 
 
 def _encode(vector: list[float], form: str):
@@ -81,20 +25,7 @@ def _encode(vector: list[float], form: str):
 @bare_router.post("/embeddings")
 async def embeddings(body: EmbeddingRequest, request: Request):
     async with lease(request, body.model, kind="embedding") as host:
-        if body.dimensions is not None:
-            raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
-                              f"{host.runner.n_embd} dimensions", param="dimensions")
-        started = time.monotonic()
-        inputs = await run_in_threadpool(_inputs, host, body)
-        embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
-        user = identity(request, body)
-        vectors = [await _embed_one(request, host, embedder, tokens, user) for tokens in inputs]
-    n_tokens = sum(len(t) for t in inputs)
-    ledger = request.app.state.office.ledger
-    if ledger is not None:
-        ledger.record(request_row(
-            identity(request, body), "/v1/embeddings", host.model_id, n_tokens, 0, 0, "stop",
-            queue_s=0.0, duration_s=time.monotonic() - started))
+        vectors, n_tokens = await embed(request, host, body, "/v1/embeddings")
     return {"object": "list", "model": host.model_id,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(vectors)],

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+                      model_validator)
 
 MAX_STOP_STRINGS = 16
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context: a number this large is a client bug
@@ -111,6 +112,13 @@ class _Sampling(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     refused: ClassVar[dict] = UNSUPPORTED  # a route that implements one of them narrows it
+    # A context smaller than the slot that the client asked for (Ollama's num_ctx): the prompt
+    # and the answer must fit in it. Set by an adapter, never from the body.
+    _context_limit: int | None = PrivateAttr(None)
+
+    @property
+    def context_limit(self) -> int | None:
+        return self._context_limit
 
     @model_validator(mode="before")
     @classmethod

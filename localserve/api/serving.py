@@ -60,9 +60,13 @@ def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first."""
     user = identity(request, body)
-    n_ctx = host.n_ctx_per_slot
+    n_ctx = min(host.n_ctx_per_slot, body.context_limit or host.n_ctx_per_slot)
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
+    if len(tokens) >= n_ctx and body.context_limit:
+        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but it asked for "
+                          f"a context of {n_ctx} (num_ctx), and the answer needs room too.",
+                          code="context_length_exceeded", param="num_ctx")
     if len(tokens) >= n_ctx:
         s = host.settings
         raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "

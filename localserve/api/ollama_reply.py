@@ -1,0 +1,116 @@
+"""Ollama's answer shapes (routes_ollama.py), written from the answer's pieces (answer.py): NDJSON
+lines while streaming (Ollama's default), or one object; the last carries `done: true`, the
+`done_reason`, the token counts and the durations in nanoseconds, as Ollama writes them.
+
+    /api/chat      {"model", "created_at", "message": {"role", "content", "thinking"?,
+                    "tool_calls"?: [{"function": {"name", "arguments": {...}}}]}, "done": false}
+    /api/generate  {"model", "created_at", "response", "thinking"?, "done": false}
+    final          ... "done": true, "done_reason": "stop" | "length", "total_duration",
+                   "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count",
+                   "eval_duration"
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import aclosing
+from datetime import datetime, timezone
+
+from fastapi import Request
+
+from localserve.api.answer import ChoiceReader, Failed, Finish, Text, Thought, ToolCalls, read
+from localserve.api.structured import ToolPlan
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def ns(seconds: float) -> int:
+    return max(0, int(seconds * 1e9))
+
+
+def ollama_calls(calls: list[dict]) -> list[dict]:
+    """OpenAI's calls (arguments as a JSON string) in Ollama's shape (arguments as an object)."""
+    return [{"function": {"name": call["function"]["name"],
+                          "arguments": json.loads(call["function"]["arguments"] or "{}")}}
+            for call in calls]
+
+
+class OllamaReply:
+    def __init__(self, model: str, chat: bool, tools: ToolPlan | None = None,
+                 reasoning: bool = False, show_thinking: bool = True, started: float = 0.0,
+                 loaded: float = 0.0):
+        self.model, self.chat, self.tools = model, chat, tools
+        self.reasoning, self.show_thinking = reasoning, show_thinking
+        self.started, self.loaded = started, loaded  # monotonic: arrival, model leased
+
+    def _line(self, text: str = "", thinking: str = "", calls: list[dict] | None = None) -> dict:
+        line = {"model": self.model, "created_at": now_iso()}
+        if self.chat:
+            message = {"role": "assistant", "content": text}
+            if thinking:
+                message["thinking"] = thinking
+            if calls:
+                message["tool_calls"] = ollama_calls(calls)
+            return {**line, "message": message}
+        return {**line, "response": text, **({"thinking": thinking} if thinking else {})}
+
+    def _final(self, end: Finish, engine_request, **whole) -> dict:
+        now = time.monotonic()
+        first = engine_request.first_token_time or now
+        admitted = engine_request.admitted_time or first
+        last = end.last
+        return {**self._line(**whole), "done": True,
+                "done_reason": "length" if end.reason == "length" else "stop",
+                "total_duration": ns(now - self.started),
+                "load_duration": ns(self.loaded - self.started),
+                "prompt_eval_count": last.prompt_tokens,
+                "prompt_eval_duration": ns(first - admitted),
+                "eval_count": last.completion_tokens, "eval_duration": ns(now - first)}
+
+    def _readers(self) -> list[ChoiceReader]:
+        return [ChoiceReader(self.tools, self.reasoning)]
+
+    async def collect(self, stream, request: Request) -> dict:
+        texts, thoughts, calls = [], [], []
+        async with aclosing(read(stream, self._readers(), request)) as pieces:
+            async for _, piece in pieces:
+                if isinstance(piece, Failed):
+                    raise piece.error
+                if isinstance(piece, Text):
+                    texts.append(piece.text)
+                elif isinstance(piece, Thought) and self.show_thinking:
+                    thoughts.append(piece.text)
+                elif isinstance(piece, ToolCalls):
+                    texts.append(piece.prose or "")
+                    calls = piece.calls
+                elif isinstance(piece, Finish):
+                    end = piece
+        text = "".join(texts)
+        return self._final(end, stream.requests[0], text=text.strip() if calls else text,
+                           thinking="".join(thoughts), calls=calls)
+
+    async def lines(self, stream):
+        """NDJSON: a line per piece of text or thinking, the calls in one line, then the final
+        one; a failure is one {"error": ...} line (what the ollama client raises from)."""
+        async with aclosing(read(stream, self._readers())) as pieces:
+            async for _, piece in pieces:
+                if isinstance(piece, Failed):
+                    yield json.dumps({"error": piece.error.message}) + "\n"
+                    return
+                if isinstance(piece, Text):
+                    line = self._line(text=piece.text)
+                elif isinstance(piece, Thought):
+                    if not self.show_thinking:
+                        continue
+                    line = self._line(thinking=piece.text)
+                elif isinstance(piece, ToolCalls):
+                    if not (piece.prose or piece.calls):
+                        continue
+                    line = self._line(text=piece.prose or "", calls=piece.calls)
+                else:
+                    yield json.dumps(self._final(piece, stream.requests[0])) + "\n"
+                    continue
+                yield json.dumps({**line, "done": False}) + "\n"

@@ -1,0 +1,360 @@
+"""Ollama's API (/api/*), for the frontends and editor plug-ins that speak only it (Open WebUI's
+Ollama connection, Continue, the official `ollama` client): a thin adapter, like the Messages
+one. Bodies become the same chat or completion requests and go through the same admission
+(app.py's `admitted` dependencies: key, rate, quota hold), serving (serving.py) and answer
+(answer.py) path; ollama_reply.py writes Ollama's NDJSON lines or one object.
+
+    /api/chat       messages, tools, format, options, think, keep_alive  -> a chat request
+    /api/generate   prompt (+ system) through the chat template; raw: as is; suffix: FIM
+    /api/embed, /api/embeddings                                          -> embedding.py
+    /api/tags, /api/ps, /api/show, /api/version                          -> the catalog
+    /api/pull, push, create, copy, delete   -> 501, naming what localserve does instead
+
+Every option either changes the answer as Ollama's does or is refused with a 400 naming it;
+load-time options (num_gpu, num_thread, ...) are the server's to set and are listed back in
+X-Ignored-Fields. Errors come in Ollama's shape, {"error": "..."} (app.py).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+from starlette.concurrency import run_in_threadpool
+
+from localserve.api import prompt, structured
+from localserve.api.admission import lease
+from localserve.api.embedding import EmbeddingRequest, embed
+from localserve.api.ollama_model import show, tags_entry
+from localserve.api.ollama_reply import OllamaReply, now_iso
+from localserve.api.replies import ignored_header
+from localserve.api.schemas import CompletionRequest, OpenAIError, translated_chat
+from localserve.api.serving import chat_tokens, reasons, submit
+
+router = APIRouter(prefix="/api")  # runs a model: admitted (app.py)
+catalog_router = APIRouter(prefix="/api")  # what is served, and model management's 501s
+OLLAMA_VERSION = "0.12.0"  # the Ollama API whose shapes this follows (localserve's own: /props)
+
+SAMPLING = {"temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
+            "presence_penalty", "frequency_penalty"}
+# Options that leave the answer as it is at these values (anything else is refused). The
+# others (load-time ones: num_gpu, num_thread, use_mmap, ...; mirostat_tau without mirostat)
+# are the server's to set: listed back in X-Ignored-Fields.
+HARMLESS = {"typical_p": (1, 1.0), "tfs_z": (1, 1.0), "mirostat": (0,), "repeat_last_n": (64,)}
+
+
+class OllamaBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    format: str | dict | None = None
+    options: dict | None = None
+    stream: bool = True
+    keep_alive: float | int | str | None = None
+    think: bool | str | None = None
+    logprobs: bool | None = None
+
+
+class ChatBody(OllamaBody):
+    messages: list[dict] = []
+    tools: list[dict] | None = None
+
+
+class GenerateBody(OllamaBody):
+    prompt: str = ""
+    suffix: str | None = None
+    system: str | None = None
+    template: str | None = None
+    context: list[int] | None = None
+    raw: bool = False
+    images: list | None = None
+
+
+# ---- translation ---------------------------------------------------------------------------
+
+def sampling(body: OllamaBody) -> tuple[dict, list[str], int | None]:
+    """(chat request fields, options ignored because the server sets them, num_ctx asked)."""
+    fields, ignored, options = {}, [], dict(body.options or {})
+    if body.logprobs:
+        raise OpenAIError(400, "'logprobs' is not supported on Ollama's API here; use "
+                          "/v1/chat/completions with logprobs", param="logprobs")
+    predict = options.pop("num_predict", None)
+    if predict is not None and predict not in (-1, -2):
+        if not isinstance(predict, int) or predict < 1:
+            raise OpenAIError(400, "options.num_predict: a positive count, or -1 (no limit)",
+                              param="options.num_predict")
+        fields["max_tokens"] = predict
+    num_ctx = options.pop("num_ctx", None)
+    for name, value in options.items():
+        if name in SAMPLING:
+            fields[name] = value
+        elif name in HARMLESS:
+            if value not in HARMLESS[name]:
+                raise OpenAIError(400, f"options.{name} = {value!r} is not supported by this "
+                                  f"server; leave it out (or at {HARMLESS[name][0]})",
+                                  param=f"options.{name}")
+        else:
+            ignored.append(f"options.{name}")
+    if body.format == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        fields["response_format"] = {"type": "json_schema", "json_schema": {
+            "name": "format", "schema": body.format}}
+    elif body.format not in (None, ""):
+        raise OpenAIError(400, "format: \"json\" or a JSON schema", param="format")
+    return fields, ignored + sorted(body.model_extra or {}), num_ctx
+
+
+def chat_messages(messages: list[dict]) -> list[dict]:
+    """Ollama's messages as OpenAI's: calls get ids (Ollama's have none), a tool's result
+    answers the latest call of its tool_name."""
+    out, ids = [], {}
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise OpenAIError(400, f"messages[{i}] must be an object", param="messages")
+        if message.get("images"):
+            raise OpenAIError(400, "images are not supported: this server's model reads text "
+                              "only", param=f"messages[{i}].images")
+        turn = {"role": message.get("role"), "content": message.get("content") or ""}
+        calls = message.get("tool_calls") or []
+        if calls:
+            turn["tool_calls"] = []
+            for j, call in enumerate(calls):
+                function = (call or {}).get("function") or {}
+                ids[function.get("name")] = call_id = f"call_{i}_{j}"
+                args = function.get("arguments", {})
+                turn["tool_calls"].append({"id": call_id, "type": "function", "function": {
+                    "name": function.get("name"),
+                    "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        if turn["role"] == "tool":
+            turn["tool_call_id"] = ids.get(message.get("tool_name") or message.get("name"), "")
+        out.append(turn)
+    return out
+
+
+def keep_alive_seconds(value) -> float | None:
+    """Ollama's keep_alive ("5m", "1h30m", 300, -1, "0") in seconds; negative: forever."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = value.strip()
+    if re.fullmatch(r"-?\d+(\.\d+)?", text):
+        return float(text)
+    parts = re.fullmatch(r"(-)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", text)
+    if not text or parts is None:
+        raise OpenAIError(400, f"keep_alive: a duration like \"5m\" or seconds, not {value!r}",
+                          param="keep_alive")
+    sign, hours, minutes, seconds = parts.groups()
+    total = int(hours or 0) * 3600 + int(minutes or 0) * 60 + float(seconds or 0)
+    return -total if sign else total
+
+
+def thinking(body: OllamaBody, host) -> bool:
+    """Whether thoughts are shown; think: true on a model that does not reason is refused."""
+    if isinstance(body.think, str):
+        raise OpenAIError(400, "think levels are not supported; send true or false", param="think")
+    if body.think and not reasons(host):
+        raise OpenAIError(400, f"'{host.model_id}' does not support thinking", param="think")
+    return body.think is not False
+
+
+def as_chat(body: OllamaBody, messages: list[dict], fields: dict, num_ctx: int | None, host):
+    if num_ctx is not None and num_ctx > host.n_ctx_per_slot:
+        raise OpenAIError(400, f"options.num_ctx {num_ctx} is above this server's {host.n_ctx_per_slot}"
+                          f"-token slots (-c split over --parallel); leave it out, or ask the "
+                          f"admin for larger slots", param="options.num_ctx")
+    chat = translated_chat({"model": body.model, "messages": messages, **fields,
+                            "tools": getattr(body, "tools", None) or None, "stream": body.stream})
+    chat._context_limit = num_ctx
+    return chat
+
+
+def remember_keep_alive(request: Request, body: OllamaBody) -> None:
+    seconds = keep_alive_seconds(body.keep_alive)
+    if seconds is not None:
+        request.app.state.models.keep_alive(body.model, seconds)
+
+
+async def respond(reply: OllamaReply, stream, request: Request, streaming: bool, ignored):
+    headers = ignored_header(ignored)
+    if not streaming:
+        return JSONResponse(await reply.collect(stream, request), headers=headers)
+    return StreamingResponse(reply.lines(stream), media_type="application/x-ndjson",
+                             headers=headers)
+
+
+# ---- routes that run a model ----------------------------------------------------------------
+
+@router.post("/chat")
+async def chat(body: ChatBody, request: Request):
+    started = time.monotonic()
+    fields, ignored, num_ctx = sampling(body)
+    remember_keep_alive(request, body)
+    async with lease(request, body.model) as host:
+        loaded = time.monotonic()
+        show_thinking = thinking(body, host)
+        if not body.messages:  # Ollama's way to load a model: an empty chat
+            return {"model": host.model_id, "created_at": now_iso(), "message": {
+                "role": "assistant", "content": ""}, "done": True, "done_reason": "load"}
+        chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
+        tokens, grammar, plan = await chat_tokens(host, chat_request)
+        stream = submit(request, host, tokens, chat_request, grammar, "/api/chat")
+    reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
+    return await respond(reply, stream, request, body.stream, ignored)
+
+
+@router.post("/generate")
+async def generate(body: GenerateBody, request: Request):
+    started = time.monotonic()
+    for name, why in (("template", "the model's own chat template is used; send raw: true "
+                                   "with a prompt you formatted yourself"),
+                      ("context", "send the conversation to /api/chat instead"),
+                      ("images", "this server's model reads text only")):
+        if getattr(body, name):
+            raise OpenAIError(400, f"'{name}' is not supported: {why}", param=name)
+    if body.raw and body.system:
+        raise OpenAIError(400, "'system' needs the chat template, which raw: true skips",
+                          param="system")
+    fields, ignored, num_ctx = sampling(body)
+    remember_keep_alive(request, body)
+    async with lease(request, body.model) as host:
+        loaded = time.monotonic()
+        show_thinking = thinking(body, host)
+        if not body.prompt and not body.suffix:  # Ollama's way to load a model
+            return {"model": host.model_id, "created_at": now_iso(), "response": "",
+                    "done": True, "done_reason": "load"}
+        if body.raw or body.suffix is not None:
+            plan = None  # Ollama's default num_predict is no limit: max_tokens None, not 16
+            completion = CompletionRequest(prompt=body.prompt or " ",
+                                           **{"max_tokens": None, **fields})
+            completion._context_limit = num_ctx
+            tokens, grammar = await raw_tokens(host, body), await grammar_of(host, completion)
+            stream = submit(request, host, tokens, completion, grammar, "/api/generate")
+        else:
+            messages = ([{"role": "system", "content": body.system}] if body.system else []) \
+                + [{"role": "user", "content": body.prompt}]
+            chat_request = as_chat(body, messages, fields, num_ctx, host)
+            tokens, grammar, plan = await chat_tokens(host, chat_request)
+            stream = submit(request, host, tokens, chat_request, grammar, "/api/generate")
+    reply = OllamaReply(host.model_id, False, plan, reasons(host) and not body.raw,
+                        show_thinking, started, loaded)
+    return await respond(reply, stream, request, body.stream, ignored)
+
+
+async def raw_tokens(host, body: GenerateBody) -> list[int]:
+    """The prompt as is (raw), or wrapped in the model's fill-in-the-middle tokens (suffix)."""
+    if body.suffix is None:
+        return await prompt.text_prompt(host, body.prompt)
+    fim = host.runner.fim_tokens
+    if fim is None:
+        raise OpenAIError(400, f"'{host.model_id}' has no fill-in-the-middle tokens, so "
+                          f"'suffix' cannot work with it; use a code model that has them",
+                          param="suffix")
+    before = await prompt.text_prompt(host, body.prompt) if body.prompt else []
+    after = await prompt.text_prompt(host, body.suffix) if body.suffix else []
+    return [fim[0], *before, fim[1], *after, fim[2]]
+
+
+async def grammar_of(host, completion: CompletionRequest) -> str | None:
+    return await run_in_threadpool(structured.request_grammar, host, completion)
+
+
+class EmbedBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[str] = ""
+    truncate: bool = True
+    dimensions: int | None = None
+    keep_alive: float | int | str | None = None
+    options: dict | None = None
+
+
+@router.post("/embed")
+async def embed_route(body: EmbedBody, request: Request):
+    started = time.monotonic()
+    remember_keep_alive(request, body)
+    async with lease(request, body.model, kind="embedding") as host:
+        loaded = time.monotonic()
+        vectors, n_tokens = await embed(request, host, EmbeddingRequest(
+            input=body.input, model=body.model, dimensions=body.dimensions), "/api/embed")
+    return {"model": host.model_id, "embeddings": vectors,
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "load_duration": int((loaded - started) * 1e9), "prompt_eval_count": n_tokens}
+
+
+class EmbeddingsBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str
+    keep_alive: float | int | str | None = None
+    options: dict | None = None
+
+
+@router.post("/embeddings")
+async def embeddings_route(body: EmbeddingsBody, request: Request):
+    """Ollama's older embedding route: one prompt, one vector."""
+    remember_keep_alive(request, body)
+    async with lease(request, body.model, kind="embedding") as host:
+        vectors, _ = await embed(request, host, EmbeddingRequest(input=body.prompt,
+                                                                 model=body.model), "/api/embeddings")
+    return {"embedding": vectors[0]}
+
+
+# ---- the catalog ----------------------------------------------------------------------------
+
+@catalog_router.get("/version")
+async def version():
+    return {"version": OLLAMA_VERSION}
+
+
+@catalog_router.get("/tags")
+async def tags(request: Request):
+    return {"models": [tags_entry(entry) for entry in request.app.state.models.entries.values()]}
+
+
+@catalog_router.get("/ps")
+async def ps(request: Request):
+    """The loaded models, with when they will be unloaded if idle (none: pinned or never)."""
+    registry = request.app.state.models
+    return {"models": [{**tags_entry(entry), "expires_at": registry.expires_at(entry),
+                        "size_vram": 0, "context_length": entry.host.n_ctx_per_slot}
+                       for entry in registry.entries.values() if entry.loaded]}
+
+
+class ShowBody(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    name: str | None = None  # older clients' spelling
+    verbose: bool = False
+
+
+@catalog_router.post("/show")
+async def show_route(body: ShowBody, request: Request):
+    entry = request.app.state.models.entry(body.model or body.name)
+    return show(entry, reasons(entry.host) if entry.loaded else False)
+
+
+MANAGED_BY_ADMIN = ("localserve serves the GGUF files its admin configured (-m, or [models.*] "
+                    "in --config); `localserve pull NAME` downloads one on the server machine. "
+                    "This API cannot {what} models.")
+
+
+@catalog_router.post("/pull")
+@catalog_router.post("/push")
+@catalog_router.post("/create")
+@catalog_router.post("/copy")
+@catalog_router.delete("/delete")
+@catalog_router.post("/blobs/{digest}")
+async def managed_by_admin(request: Request):
+    what = request.url.path.rsplit("/", 1)[-1]
+    what = "upload" if what.startswith("sha256") else what
+    raise OpenAIError(501, MANAGED_BY_ADMIN.format(what=what), code="not_implemented")
+
