@@ -111,8 +111,11 @@ class ChatTemplate:
         return "".join(p.text for p in self.render_parts(messages, add_generation_prompt))
 
     def render_parts(self, messages: list[dict], add_generation_prompt: bool = True,
-                     tools: list[dict] | None = None) -> list[PromptPart]:
-        """The prompt as template parts and caller parts, in order (see the module doc)."""
+                     tools: list[dict] | None = None, continue_final: bool = False,
+                     variables: dict | None = None) -> list[PromptPart]:
+        """The prompt as template parts and caller parts, in order (see the module doc).
+        continue_final: the last message (the assistant's) is left open, to be continued: the
+        template's text after it (its end of turn) is cut."""
         nonce = secrets.token_hex(8)
         contents = {}
         masked = []
@@ -124,7 +127,10 @@ class ChatTemplate:
             # the marker escaped: the caller's text goes there, escaped the same way
             contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(text))
             masked.append({**message, "content": marker})
-        rendered = self._render(masked, add_generation_prompt, tools)
+        rendered = self._render(masked, add_generation_prompt and not continue_final, tools,
+                                variables)
+        if continue_final:
+            rendered = self._open_last(rendered, f"\ue000{nonce}-{len(messages) - 1}\ue001")
         parts = []
         pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001|" + '"\\\\ue000' + nonce
                              + r'-\d+\\ue001")')
@@ -136,9 +142,17 @@ class ChatTemplate:
                 parts.append(PromptPart(piece, trusted=True))
         return parts
 
+    @staticmethod
+    def _open_last(rendered: str, marker: str) -> str:
+        at = rendered.rfind(marker)
+        if at < 0:
+            raise ChatTemplateError("this model's chat template does not write a final "
+                                    "assistant message to continue")
+        return rendered[:at + len(marker)]
+
     def _render(self, messages: list[dict], add_generation_prompt: bool,
-                tools: list[dict] | None = None) -> str:
-        extra = {"tools": tools} if tools else {}  # a template's own tool format (tool_formats.py)
+                tools: list[dict] | None = None, variables: dict | None = None) -> str:
+        extra = {**(variables or {}), **({"tools": tools} if tools else {})}  # tool_formats.py
         try:
             return self.template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)

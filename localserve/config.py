@@ -54,6 +54,9 @@ class Settings:
     api_keys: tuple[str, ...] = ()
     api_key_file: str | None = None
     cors_origins: tuple[str, ...] = ()
+    # Key names of frontends (Open WebUI) whose X-OpenWebUI-User-* headers name the colleague
+    # a request is for: the ledger, quotas, shares and prompt cache then see that colleague.
+    trusted_frontends: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback (no-key loopback)
     max_body_bytes: int = 4 * 1024 * 1024
     # Shares between API keys (only with keys: without them no identity can be trusted).

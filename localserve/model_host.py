@@ -46,7 +46,7 @@ class ModelHost:
         # whether keys are set, so that queue places and slots are shared per key.
         self.observers: Callable[[Callable[[], str]], list] = lambda model_id: []
         self.shares = False
-        self.live_scopes: Callable[[], set | None] = lambda: None  # whose kept prompts may load
+        self.live_scope: Callable[[str | None], bool] = lambda scope: True  # kept prompts' owner
         self.unloaded = False  # unloaded by the registry (idle, or to make room): loadable again
         self._forget_fatal = lambda: None  # undoes the engine loop's fatal-error handler
         self.model_path: Path | None = None
@@ -196,7 +196,7 @@ class ModelHost:
             disk = DiskTier(folder, s.cache_disk * MIB, self.runner.state_fingerprint())
         cache = PromptCache(bound, disk)
         if disk:
-            gone = cache.keep_scopes(self.live_scopes())
+            gone = cache.keep_scopes(self.live_scope)
             log.info("prompt cache on disk: up to %d MiB in %s (--cache-disk), %d prompts kept "
                      "from before (%d of keys no longer in the key file deleted)",
                      s.cache_disk, disk.folder, len(cache.on_disk), gone)

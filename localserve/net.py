@@ -16,3 +16,17 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def lan_address() -> str | None:
+    """This machine's address on its local network (the one colleagues type), or None: the
+    source address of the default route, found without sending anything."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))  # UDP: no packet leaves
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if is_loopback(address) else address

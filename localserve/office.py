@@ -76,11 +76,24 @@ class Office:
             return None
         return user
 
-    def live_scopes(self) -> set[str | None] | None:
-        """The cache scopes a prompt kept from before may belong to (None: any, keys off)."""
-        if not self.keys_enabled:
-            return None
-        return {self.cache_scope(name) for name, _ in self.keys.values()}
+    def unknown_names(self) -> list[str]:
+        """Names in [quotas.*] and --trust-user-header that are no key's (a misspelt
+        [quotas.bbo] would otherwise limit nobody, silently)."""
+        names = {name for name, _ in self.keys.values()}
+        frontends = names & set(self.settings.trusted_frontends)
+        quoted = [f"[quotas.{n}]" for n in self.settings.quotas if n != "default"
+                  and n not in names and n.split(":", 1)[0] not in frontends]
+        return quoted + [f"--trust-user-header {n}" for n in self.settings.trusted_frontends
+                         if n not in names]
+
+    def live_scope(self, scope: str | None) -> bool:
+        """May a prompt kept from before under `scope` still be used: keys off, a current key,
+        or a colleague of a trusted frontend (--trust-user-header)?"""
+        if scope == self.cache_scope(None) or not self.keys_enabled:
+            return True
+        names = {name for name, _ in self.keys.values()}
+        return scope in names or scope.split(":", 1)[0] in (
+            names & set(self.settings.trusted_frontends))
 
     # ---- what the models report to -----------------------------------------------------
     def observers(self, model_id: Callable[[], str]) -> list:

@@ -153,6 +153,10 @@ GROUPS: dict[str, list[Option]] = {
                "429 + Retry-After; 0 turns it off"),
         Option("rate_burst", ("--rate-burst",), "requests a key may send at once before "
                "--rate-limit applies"),
+        Option("trusted_frontends", ("--trust-user-header",), "a key's name (repeatable) whose "
+               "requests may name the colleague they are for in X-OpenWebUI-User-Email/-Name/-Id "
+               "(Open WebUI's ENABLE_FORWARD_USER_INFO_HEADERS): usage, quotas, shares and "
+               "the prompt cache are then that colleague's", "none: off", repeat=True),
     ],
     "lifecycle": [
         Option("drain_timeout", ("--drain-timeout",), "on Ctrl-C/SIGTERM, seconds to let running "

@@ -103,7 +103,7 @@ class ModelRegistry:
             self.entries[spec.name] = Entry(spec, host)
         for entry in self.entries.values():
             entry.host.observers, entry.host.shares = office.observers, office.keys_enabled
-            entry.host.live_scopes = office.live_scopes
+            entry.host.live_scope = office.live_scope
         self.metrics_registry = labelled_registry(lambda: [
             (name, e.host.metrics_registry) for name, e in self.entries.items()])
         self.max_loaded = s.max_loaded_models

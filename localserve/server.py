@@ -18,7 +18,7 @@ import uvicorn
 from localserve.api.app import create_app
 from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
-from localserve.net import is_loopback
+from localserve.net import is_loopback, lan_address
 from localserve.config import Settings, SettingsError, resolve_model
 from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
 from localserve.private_state import private_dir
@@ -166,10 +166,15 @@ def say_what_runs(settings: Settings, office: Office) -> None:
     """One line each: where the page and the API are, who may use them, with what quotas,
     and where the state lives."""
     log.info("listening on http://%s:%d/v1", settings.host, settings.port)
-    if settings.web:
+    everywhere = settings.host in ("0.0.0.0", "::", "")
+    lan = lan_address() if everywhere else None
+    if lan:
+        log.info("for colleagues: http://%s:%d/v1 (API) and http://%s:%d/ (chat page)", lan,
+                 settings.port, lan, settings.port)
+    elif settings.web:
         host = "localhost" if is_loopback(settings.host) else settings.host
-        log.info("chat page: http://%s:%d/ (for colleagues: this machine's address)", host,
-                 settings.port)
+        log.info("chat page: http://%s:%d/%s", host, settings.port,
+                 " (for colleagues: this machine's address)" if everywhere else "")
     roles = [role for _, role in office.keys.values()]
     if roles:
         admins = sorted(name for name, role in office.keys.values() if role == "admin")
@@ -178,6 +183,8 @@ def say_what_runs(settings: Settings, office: Office) -> None:
     for name, quota in sorted(settings.quotas.items()):
         limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
         log.info("quota [%s]: %s", name, limits)
+    for name in office.unknown_names() if office.keys_enabled else ():
+        log.warning("%s names no key in the key file: it applies to nobody (misspelt?)", name)
     if settings.ledger or settings.web or settings.cache_disk:
         log.info("state folder: %s", office.state_dir().resolve())
 

@@ -125,7 +125,7 @@ def test_refusals_say_what_and_come_in_ollamas_error_shape(srv):
         (lambda: c.chat(model="any", messages=[{"role": "user", "content": "x"}],
                         options={"num_ctx": 100_000}), 400, "num_ctx"),
         (lambda: c.chat(model="any", messages=[{"role": "user", "content": "x"}],
-                        options={"mirostat": 2}), 400, "mirostat"),
+                        options={"tfs_z": 0.5}), 400, "tfs_z"),
         (lambda: c.generate(model="any", prompt="x", template="{{ .Prompt }}"), 400, "template"),
         (lambda: c.chat(model="any", think=True, messages=[{"role": "user", "content": "x"}]),
          400, "thinking"),

@@ -106,11 +106,23 @@ def test_one_user_may_hold_only_their_share_of_the_queue():
 def test_rate_limiter_allows_a_burst_then_the_rate():
     now = [0.0]
     limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
-    assert [limiter.try_acquire("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert limiter.try_acquire("alice") == pytest.approx(0.5)
-    assert limiter.try_acquire("bob") == 0.0  # buckets are per key
+    assert [limiter.try_acquire("alice") for _ in range(3)] == [(True, 0.0)] * 3
+    taken, wait = limiter.try_acquire("alice")
+    assert not taken and wait == pytest.approx(0.5)
+    assert limiter.try_acquire("bob") == (True, 0.0)  # buckets are per key
     now[0] = 0.5
-    assert limiter.try_acquire("alice") == 0.0
+    assert limiter.try_acquire("alice") == (True, 0.0)
+
+
+def test_requests_that_may_wait_take_places_in_line_in_order_up_to_their_bound():
+    now = [0.0]
+    limiter = RateLimiter(rate=2.0, burst=2, clock=lambda: now[0])
+    waits = [limiter.try_acquire("alice", max_wait=2.0) for _ in range(7)]
+    assert [taken for taken, _ in waits] == [True] * 6 + [False]
+    assert [wait for _, wait in waits[:6]] == pytest.approx([0, 0, 0.5, 1.0, 1.5, 2.0])
+    assert limiter.try_acquire("alice") == (False, pytest.approx(2.5))  # the line is ahead
+    now[0] = 3.0
+    assert limiter.try_acquire("alice") == (True, 0.0)
 
 
 def test_chat_template_keeps_message_text_apart_from_its_markers():

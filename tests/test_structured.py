@@ -231,7 +231,8 @@ NEGATIVE = [
     ("tool_choice not offered", {"tools": [WEATHER], "tool_choice": {
         "type": "function", "function": {"name": "launch"}}}, "launch"),
     ("logit_bias keyed by text", {"logit_bias": {"hello": 5}}, "logit_bias"),
-    ("mirostat (not supported)", {"mirostat": 2}, "mirostat"),
+    ("mirostat out of range", {"mirostat": 3}, "mirostat"),
+    ("tfs_z (removed from llama.cpp)", {"tfs_z": 0.9}, "tfs_z"),
 ]
 
 

@@ -9,9 +9,11 @@ user named "[/]" must neither crash the dashboard nor draw a fake link.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from datetime import date
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import httpx
@@ -199,14 +201,27 @@ class Dashboard(App):
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     parser = parser or argparse.ArgumentParser(prog="localserve top")
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
-    parser.add_argument("--api-key", help="API key, if the server requires one")
+    parser.add_argument("--api-key", help="API key, if the server requires one (visible in ps: "
+                        "prefer --api-key-file or LOCALSERVE_API_KEY)")
+    parser.add_argument("--api-key-file", help="a file holding the API key (its first line)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
     return parser
 
 
+def api_key(args: argparse.Namespace, environ=os.environ) -> str | None:
+    """--api-key, else the first line of --api-key-file, else $LOCALSERVE_API_KEY: the last two
+    keep the key out of the process list."""
+    if args.api_key:
+        return args.api_key
+    if args.api_key_file:
+        lines = Path(args.api_key_file).expanduser().read_text().splitlines()
+        return lines[0].strip() if lines else None
+    return environ.get("LOCALSERVE_API_KEY") or None
+
+
 def run(args: argparse.Namespace) -> int:
     url = args.url.rstrip("/")
-    Dashboard(http_fetcher(url, args.api_key), url=url, interval=args.interval).run()
+    Dashboard(http_fetcher(url, api_key(args)), url=url, interval=args.interval).run()
     return 0
 
 

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from fastapi import Request
@@ -28,19 +29,30 @@ def lease(request: Request, model: str | None = None, kind: str = "chat"):
     return request.app.state.models.lease(model, kind)
 
 
-def limit_rate(request: Request) -> None:
+# Routes whose requests wait for their turn within the rate instead of a 429: a document
+# upload sends one embedding request per chunk at once (Open WebUI).
+WAITS_ITS_TURN = ("/v1/embeddings", "/embeddings", "/api/embed", "/api/embeddings")
+MAX_RATE_WAIT_S = 60.0
+
+
+async def limit_rate(request: Request) -> None:
     """Router dependency, after the key check and before the body is validated: a key over its
-    request rate (--rate-limit) gets 429 on every route it can reach, before any work."""
+    request rate (--rate-limit) gets 429 on every route it can reach, before any work;
+    embeddings wait their turn (up to MAX_RATE_WAIT_S) instead."""
     user = caller(request).key
     limiter = request.app.state.rate_limiter
     if user is None or limiter is None:
         return
-    wait = limiter.try_acquire(user)
-    if wait > 0:
-        raise OpenAIError(429, f"Too many requests from key '{user}': the limit is "
-                          f"{limiter.rate:g} per second (burst {limiter.burst}). Retry in "
-                          f"{wait:.1f} s.", code="rate_limit_exceeded",
-                          headers={"Retry-After": str(max(1, math.ceil(wait)))})
+    waits = request.url.path in WAITS_ITS_TURN
+    taken, wait = limiter.try_acquire(user, MAX_RATE_WAIT_S if waits else 0.0)
+    if taken:
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return
+    raise OpenAIError(429, f"Too many requests from key '{user}': the limit is "
+                      f"{limiter.rate:g} per second (burst {limiter.burst}). Retry in "
+                      f"{wait:.1f} s.", code="rate_limit_exceeded",
+                      headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
 
 def hold_quota(request: Request) -> None:

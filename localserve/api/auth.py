@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import time
 from dataclasses import dataclass
 
@@ -99,7 +100,27 @@ async def require_key(request: Request) -> None:
             client = request.client.host if request.client else "?"
             REFUSALS.note(ledger, client, f"{request.method} {request.url.path}")
         raise
-    request.state.caller = Caller(*who) if who else NOBODY
+    request.state.caller = forwarded(request, Caller(*who)) if who else NOBODY
+
+
+FORWARDED = ("x-openwebui-user-email", "x-openwebui-user-name", "x-openwebui-user-id")
+COLLEAGUE = re.compile(r"[\w.@+-]{1,64}")
+
+
+def forwarded(request: Request, frontend: Caller) -> Caller:
+    """A trusted frontend's request for a colleague (--trust-user-header: Open WebUI forwards
+    who is signed in): that colleague, as `frontend:colleague`, with a user's role whatever the
+    frontend key's. Any other key's headers are not read: a client cannot name itself."""
+    if frontend.key not in request.app.state.office.settings.trusted_frontends:
+        return frontend
+    header = next((h for h in FORWARDED if request.headers.get(h)), None)
+    if header is None:  # the frontend's own requests (titles, tags): its key's
+        return frontend
+    colleague = request.headers[header].strip()
+    if not COLLEAGUE.fullmatch(colleague):
+        raise OpenAIError(400, f"{header}: 1 to 64 letters, digits or . @ + - _",
+                          param=header)
+    return Caller(f"{frontend.key}:{colleague}", "user")
 
 
 class RefusalLog:

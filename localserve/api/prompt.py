@@ -49,9 +49,15 @@ def check_token_ids(host: ModelHost, ids: list[int], param: str) -> list[int]:
     return list(ids)
 
 
-def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None) -> list[int]:
+def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None,
+                 ending: str = "assistant", variables: dict | None = None) -> list[int]:
+    """ending: "assistant" (the template's generation prompt: a new answer), "none" (the
+    messages as they are), "continue" (the final assistant message left open); variables:
+    the request's chat_template_kwargs."""
+    shape = {"add_generation_prompt": ending == "assistant", "continue_final": ending == "continue",
+             "variables": variables}
     try:
-        parts = host.template.render_parts(messages, tools=tools)
+        parts = host.template.render_parts(messages, tools=tools, **shape)
     except ChatTemplateError as exc:
         if tools or not any(m["role"] in ("system", "tool") for m in messages):
             raise OpenAIError(400, str(exc), param="messages")
@@ -59,19 +65,19 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
         # text and tool results become the user's (the generic tool format puts its tools in
         # the system message, and its results come back with the tool role)
         try:
-            parts = host.template.render_parts(as_alternating_turns(messages))
+            parts = host.template.render_parts(as_alternating_turns(messages), **shape)
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
     return host.tokenize_parts(parts)
 
 
-async def chat_prompt(host: ModelHost, rendered: list[dict],
-                      tools: list[dict] | None = None) -> list[int]:
+async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
+                      ending: str = "assistant", variables: dict | None = None) -> list[int]:
     """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt);
-    tools for a template that renders them itself."""
+    tools for a template that renders them itself; ending, variables: see _chat_tokens."""
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")
-    return await run_in_threadpool(_chat_tokens, host, rendered, tools)
+    return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables)
 
 
 async def text_prompt(host: ModelHost, prompt: str) -> list[int]:

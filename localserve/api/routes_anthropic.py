@@ -136,7 +136,11 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
     if body.thinking and body.thinking.get("type") != "disabled":
         raise OpenAIError(400, "'thinking' is not supported by this server's model; send the "
                           "request without it", param="thinking")
-    chat = {"model": body.model, "messages": _messages(body), "max_tokens": body.max_tokens,
+    messages = _messages(body)
+    last = messages[-1] if messages else {}
+    chat = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
+            # Anthropic's prefill: a final assistant message is continued, not answered
+            "continue_final_message": last.get("role") == "assistant" and not last.get("tool_calls"),
             "stream": body.stream, "stop": body.stop_sequences,
             "user": (body.metadata or {}).get("user_id")}
     for name in ("temperature", "top_p", "top_k"):

@@ -39,12 +39,13 @@ router = APIRouter(prefix="/api")  # runs a model: admitted (app.py)
 catalog_router = APIRouter(prefix="/api")  # what is served, and model management's 501s
 OLLAMA_VERSION = "0.12.0"  # the Ollama API whose shapes this follows (localserve's own: /props)
 
-SAMPLING = {"temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
-            "presence_penalty", "frequency_penalty"}
+SAMPLING = {"temperature", "top_k", "top_p", "min_p", "typical_p", "mirostat", "mirostat_tau",
+            "mirostat_eta", "seed", "stop", "repeat_penalty", "presence_penalty",
+            "frequency_penalty"}
 # Options that leave the answer as it is at these values (anything else is refused). The
-# others (load-time ones: num_gpu, num_thread, use_mmap, ...; mirostat_tau without mirostat)
-# are the server's to set: listed back in X-Ignored-Fields.
-HARMLESS = {"typical_p": (1, 1.0), "tfs_z": (1, 1.0), "mirostat": (0,), "repeat_last_n": (64,)}
+# others (load-time ones: num_gpu, num_thread, use_mmap, ...) are the server's to set:
+# listed back in X-Ignored-Fields.
+HARMLESS = {"tfs_z": (1, 1.0), "repeat_last_n": (64,)}
 
 
 class OllamaBody(BaseModel):

@@ -46,9 +46,9 @@ class StreamOptions(BaseModel):
 # response header X-Ignored-Fields.)
 UNSUPPORTED = {
     "functions": (None, []), "function_call": (None, "none"), "audio": (None,),
-    "modalities": (None, ["text"]), "prediction": (None,), "reasoning_effort": (None,),
-    "web_search_options": (None,), "n_probs": (None, 0), "mirostat": (None, 0),
-    "typical_p": (None, 1, 1.0), "tfs_z": (None, 1, 1.0), "dry_multiplier": (None, 0, 0.0),
+    "modalities": (None, ["text"]), "prediction": (None,),
+    "web_search_options": (None,), "n_probs": (None, 0), "tfs_z": (None, 1, 1.0),
+    "dry_multiplier": (None, 0, 0.0),
     "xtc_probability": (None, 0, 0.0), "samplers": (None,), "lora": (None, []),
     "suffix": (None, ""), "best_of": (None, 1),
 }
@@ -56,8 +56,9 @@ UNSUPPORTED = {
 
 # llama-server's sampling extensions, which the Messages and Responses adapters pass on to the
 # chat request they become (as llama-server does) instead of ignoring them.
-EXTENSIONS = ("grammar", "json_schema", "seed", "min_p", "repeat_penalty", "presence_penalty",
-              "frequency_penalty", "logit_bias", "ignore_eos")
+EXTENSIONS = ("grammar", "json_schema", "seed", "min_p", "typical_p", "mirostat", "mirostat_tau",
+              "mirostat_eta", "repeat_penalty", "presence_penalty", "frequency_penalty",
+              "logit_bias", "ignore_eos")
 
 
 def extensions(extra: dict | None) -> dict:
@@ -144,6 +145,10 @@ class _Sampling(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
+    typical_p: float = Field(1.0, gt=0.0, le=1.0)
+    mirostat: Literal[0, 1, 2] = 0  # llama-server's: Mirostat v1 or v2 instead of top-k/p
+    mirostat_tau: float = Field(5.0, gt=0.0, le=100.0)
+    mirostat_eta: float = Field(0.1, gt=0.0, le=1.0)
     seed: int | None = None
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -276,10 +281,24 @@ def refuse_too_many_messages(data):
     return data
 
 
+# What the server hands every chat template itself.
+TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_token",
+                "raise_exception"}
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # vLLM's and llama-server's: end the prompt with the template's assistant header (a new
+    # answer, the default), or with nothing, or leave the final assistant message open and
+    # continue it (Open WebUI's Continue button).
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    # Variables for the chat template (vLLM's and llama-server's chat_template_kwargs, e.g.
+    # Qwen 3's enable_thinking); reasoning_effort goes there for a template that reads it.
+    chat_template_kwargs: dict[str, str | int | float | bool | None] | None = Field(None, max_length=16)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
@@ -287,7 +306,38 @@ class ChatCompletionRequest(_Sampling):
     def _top_needs_logprobs(self):
         if self.top_logprobs is not None and not self.logprobs:
             raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.continue_final_message:
+            if "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt:
+                raise OpenAIError(400, "continue_final_message continues the last message: "
+                                  "send add_generation_prompt false (or leave it out)",
+                                  param="continue_final_message")
+            if self.messages[-1].role != "assistant":
+                raise OpenAIError(400, "continue_final_message needs an assistant message last",
+                                  param="continue_final_message")
         return self
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _plain_variables(cls, value):
+        for name in value or {}:
+            if not name.isidentifier() or name in TEMPLATE_OWN:
+                raise ValueError(f"{name[:40]!r} cannot be set: a template variable's name, not "
+                                 f"one of {', '.join(sorted(TEMPLATE_OWN))}")
+        return value
+
+    @property
+    def template_kwargs(self) -> dict:
+        kwargs = dict(self.chat_template_kwargs or {})
+        if self.reasoning_effort is not None:
+            kwargs["reasoning_effort"] = self.reasoning_effort
+        return kwargs
+
+    @property
+    def ending(self) -> str:
+        """How the rendered prompt ends (prompt._chat_tokens)."""
+        if self.continue_final_message:
+            return "continue"
+        return "assistant" if self.add_generation_prompt else "none"
 
     @property
     def logprob_n(self) -> int | None:

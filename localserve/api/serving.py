@@ -7,6 +7,7 @@ is billed to, the token reservation against its key's quotas, and its queueing i
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 from fastapi import Request
@@ -43,7 +44,9 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | N
               else fallback[field] for field in SERVER_DEFAULTS}
     limit = body.token_limit or (server.n_predict if server is not None else None) or room
     return SamplingParams(grammar=grammar, logprobs=body.logprob_n, max_tokens=min(limit, room),
-        min_p=body.min_p, repeat_penalty=body.repeat_penalty,
+        min_p=body.min_p, typical_p=body.typical_p, mirostat=body.mirostat,
+        mirostat_tau=body.mirostat_tau, mirostat_eta=body.mirostat_eta,
+        repeat_penalty=body.repeat_penalty,
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
         logit_bias=logit_bias(body), **chosen)
@@ -52,6 +55,18 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | N
 def logit_bias(body: _Sampling) -> tuple[tuple[int, float], ...]:
     """OpenAI's {token id: bias} (ids checked against the vocabulary by submit)."""
     return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
+
+
+def tools_share(host: ModelHost, body: _Sampling) -> str:
+    """What the tools sent take of a prompt too long for its slot (frontends such as Open
+    WebUI send a dozen built-in tools with every chat): said in the refusal."""
+    tools = getattr(body, "tools", None)
+    if not tools:
+        return ""
+    schemas = json.dumps([tool.model_dump(exclude_none=True) for tool in tools])
+    n = len(host.runner.tokenize(schemas, add_special=False, parse_special=False))
+    return (f" The {len(tools)} tools' definitions alone take about {n} tokens: send fewer "
+            f"tools (in Open WebUI, turn off the tools it attaches to this model's chats).")
 
 
 def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling,
@@ -71,8 +86,9 @@ def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling
         s = host.settings
         raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
                           f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
-                          f", and the answer needs room too. Shorten the prompt, or raise -c or "
-                          f"lower --parallel.", code="context_length_exceeded", param="messages")
+                          f", and the answer needs room too.{tools_share(host, body)} Shorten the "
+                          f"prompt, or raise -c or lower --parallel.",
+                          code="context_length_exceeded", param="messages")
     n_slots = host.settings.parallel
     if body.n > n_slots:
         raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
@@ -114,7 +130,14 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
         messages, plan = [m.as_template_dict() for m in body.messages], None
         grammar = await run_in_threadpool(structured.request_grammar, host, body)
     tools_for_template = plan.template_tools if plan is not None else None
-    return await prompt.chat_prompt(host, messages, tools_for_template), grammar, plan
+    source = host.template.source if host.template else ""
+    if body.reasoning_effort is not None and "reasoning_effort" not in source:
+        raise OpenAIError(400, f"'{host.model_id}' has no reasoning effort to set (its chat "
+                          f"template does not read reasoning_effort); leave it out",
+                          param="reasoning_effort")
+    tokens = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
+                                      body.template_kwargs)
+    return tokens, grammar, plan
 
 
 async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):

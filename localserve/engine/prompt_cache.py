@@ -39,6 +39,12 @@ class CachedPrompt:
     disk_bytes: int = 0
 
 
+def within(entry_scope: str | None, scope: str) -> bool:
+    """Is `entry_scope` the key `scope`, or one of the colleagues it speaks for (a trusted
+    frontend's `scope:colleague`)?"""
+    return entry_scope == scope or (entry_scope or "").startswith(scope + ":")
+
+
 def block_hashes(tokens: list[int]) -> list[int]:
     """Chained hashes of the full blocks: block i's hash stands for tokens[:(i+1) * BLOCK]."""
     out, h = [], 0
@@ -153,14 +159,13 @@ class PromptCache:
 
     def drop_scope(self, scope: str) -> int:
         """Forget everything a key cached, files too (the key was removed); how many entries."""
-        return self._remove_where(lambda entry: entry.scope == scope)
+        return self._remove_where(lambda entry: within(entry.scope, scope))
 
-    def keep_scopes(self, scopes: set | None) -> int:
+    def keep_scopes(self, live) -> int:
         """At start: delete what keys removed while the server was down cached (a later key
-        of the same name must not inherit it); None keeps all. How many entries went."""
-        if scopes is None:
-            return 0
-        return self._remove_where(lambda entry: entry.scope not in scopes)
+        of the same name must not inherit it): entries whose scope `live(scope)` refuses.
+        How many entries went."""
+        return self._remove_where(lambda entry: not live(entry.scope))
 
     def _remove_where(self, condition) -> int:
         gone = {e.entry_id: e for e in [*self.ram.values(), *self.on_disk.values()] if condition(e)}

@@ -40,6 +40,10 @@ class SamplingParams:
     top_k: int = 0
     top_p: float = 1.0
     min_p: float = 0.0
+    typical_p: float = 1.0
+    mirostat: int = 0  # 1 or 2: Mirostat (v1, v2) aims at a target surprise instead of top-k/p
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
     seed: int | None = None
     repeat_penalty: float = 1.0
     presence_penalty: float = 0.0

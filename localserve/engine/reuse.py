@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from localserve.engine.drafts import NgramDrafter
 from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
-from localserve.engine.prompt_cache import BLOCK, CachedPrompt
+from localserve.engine.prompt_cache import BLOCK, CachedPrompt, within
 from localserve.engine.request import Request
 from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotState
 
@@ -33,7 +33,7 @@ class LessWork:
         """A removed key: forget its prompts in idle slots (never saved, never reused again)
         and in the prompt cache, files too; how many cache entries went."""
         for slot in self.pool.slots:
-            if not slot.busy and slot.cache_scope == scope:
+            if not slot.busy and within(slot.cache_scope, scope):
                 slot.forget()
         return self.prompt_cache.drop_scope(scope) if self.prompt_cache is not None else 0
 

@@ -39,7 +39,8 @@ SAMPLE_TOKENS = 2048  # about how many tokens, spread over the vocabulary, the f
 
 class Sampling:
     def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
-        """A sampler chain in llama.cpp's usual order: penalties, top-k, top-p, min-p, temp, dist.
+        """A sampler chain in llama.cpp's usual order: penalties, top-k, typical-p, top-p, min-p,
+        temp, dist (or temp, Mirostat).
         Penalties see the history (prompt, plus output so far for a preempted request)."""
         old = self.samplers.pop(slot_id, None)
         if old is not None:
@@ -54,17 +55,24 @@ class Sampling:
         if p.penalized:
             add(C.llama_sampler_init_penalties(self.n_vocab, p.penalty_last_n, p.repeat_penalty,
                                                p.frequency_penalty, p.presence_penalty))
+        seed = C.LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
         if p.greedy:
             add(C.llama_sampler_init_greedy())
+        elif p.mirostat:  # llama.cpp's common_sampler: temperature, then Mirostat alone
+            add(C.llama_sampler_init_temp(p.temperature))
+            add(C.llama_sampler_init_mirostat(self.n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100)
+                if p.mirostat == 1 else
+                C.llama_sampler_init_mirostat_v2(seed, p.mirostat_tau, p.mirostat_eta))
         else:
             if p.top_k > 0:
                 add(C.llama_sampler_init_top_k(p.top_k))
+            if p.typical_p < 1.0:
+                add(C.llama_sampler_init_typical(p.typical_p, 1))
             if p.top_p < 1.0:
                 add(C.llama_sampler_init_top_p(p.top_p, 1))
             if p.min_p > 0.0:
                 add(C.llama_sampler_init_min_p(p.min_p, 1))
             add(C.llama_sampler_init_temp(p.temperature))
-            seed = C.LLAMA_DEFAULT_SEED if p.seed is None else p.seed & 0xFFFFFFFF
             add(C.llama_sampler_init_dist(seed))
         if p.penalized:
             for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:

@@ -1,0 +1,95 @@
+"""What office frontends (Open WebUI above all) send, on the real server with keys: colleagues
+named by a trusted frontend's forwarded-user header, Continue and add_generation_prompt,
+Open WebUI's sampling knobs, too many tools for a slot, a burst of embeddings per upload."""
+
+import asyncio
+
+import httpx
+import pytest
+
+from conftest import key_file, ledger_rows, running, wait_for
+
+WEBUI, ALICE = "webui-key-000999", "alice-key-000111"
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("frontends")
+    keys = key_file(folder, f"webui:{WEBUI}:user", f"alice:{ALICE}:user")
+    with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
+                 "--trust-user-header", "webui", "--rate-limit", "2", "--rate-burst", "4",
+                 "--state-dir", str(folder / "state"), log_name="frontends") as server:
+        server.state = folder / "state"
+        yield server
+
+
+def chat(srv, key=WEBUI, headers=None, **body):
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+            "temperature": 0, **body}
+    return httpx.post(srv.url + "/v1/chat/completions", json=body, timeout=120,
+                      headers={"Authorization": f"Bearer {key}", **(headers or {})})
+
+
+def test_a_trusted_frontends_colleagues_are_billed_under_their_own_names(srv):
+    for who in ("carol@office.lan", "dave@office.lan"):
+        r = chat(srv, headers={"X-OpenWebUI-User-Email": who, "X-OpenWebUI-User-Name": "x"})
+        assert r.status_code == 200, r.text
+    chat(srv, key=ALICE, headers={"X-OpenWebUI-User-Email": "mallory@office.lan"})
+    chat(srv)  # the frontend's own request (a title): its key's
+
+    def names():
+        return {key for key, _, _ in ledger_rows(srv.state, "/v1/chat/completions")}
+    wait_for(lambda: len(names()) >= 4, what="four ledger names")
+    assert names() == {"webui:carol@office.lan", "webui:dave@office.lan", "alice", "webui"}
+    bad = chat(srv, headers={"X-OpenWebUI-User-Email": "carol <script>"})
+    assert bad.status_code == 400 and "x-openwebui-user-email" in bad.text
+
+
+def test_continue_final_message_leaves_the_last_answer_open(srv):
+    turns = [{"role": "user", "content": "Write a poem."},
+             {"role": "assistant", "content": "Roses are red,"}]
+    closed = chat(srv, messages=turns).json()["usage"]["prompt_tokens"]
+    opened = chat(srv, messages=turns, continue_final_message=True,
+                  add_generation_prompt=False).json()
+    assert opened["usage"]["prompt_tokens"] < closed  # no end of turn, no new assistant header
+    bare = chat(srv, messages=turns[:1], add_generation_prompt=False).json()["usage"]
+    assert bare["prompt_tokens"] < chat(srv, messages=turns[:1]).json()["usage"]["prompt_tokens"]
+    both = chat(srv, messages=turns, continue_final_message=True, add_generation_prompt=True)
+    assert both.status_code == 400 and "add_generation_prompt" in both.text
+    prefill = httpx.post(srv.url + "/v1/messages", timeout=120, headers={"x-api-key": ALICE},
+                         json={"max_tokens": 4, "messages": turns})
+    assert prefill.json()["usage"]["input_tokens"] == opened["usage"]["prompt_tokens"]
+
+
+def test_open_webuis_sampling_knobs_are_honoured_or_refused_by_name(srv):
+    for knobs in ({"typical_p": 0.9, "temperature": 0.8, "seed": 3},
+                  {"mirostat": 2, "mirostat_tau": 4.0, "mirostat_eta": 0.2, "seed": 3,
+                   "temperature": 0.8}):
+        first, again = chat(srv, **knobs, max_tokens=8), chat(srv, **knobs, max_tokens=8)
+        assert first.status_code == 200, first.text
+        assert first.json()["choices"][0]["message"] == again.json()["choices"][0]["message"]
+    effort = chat(srv, reasoning_effort="high")
+    assert effort.status_code == 400 and "reasoning_effort" in effort.text
+
+
+def test_too_many_tools_for_a_slot_are_refused_saying_what_they_take(srv):
+    tools = [{"type": "function", "function": {
+        "name": f"tool_{i}", "description": "Looks things up in the office wiki. " * 8,
+        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}}
+        for i in range(24)]
+    r = chat(srv, tools=tools)
+    assert r.status_code == 400, r.text[:200]
+    assert "24 tools' definitions" in r.json()["error"]["message"]
+
+
+def test_a_burst_of_embeddings_waits_its_turn_where_chats_get_429(srv):
+    async def burst(path, body, n):
+        async with httpx.AsyncClient(timeout=120, headers={"Authorization": f"Bearer {ALICE}"}) as c:
+            return [r.status_code for r in await asyncio.gather(
+                *(c.post(srv.url + path, json=body) for _ in range(n)))]
+
+    chunks = asyncio.run(burst("/v1/embeddings", {"input": "a chunk of a document"}, 12))
+    assert chunks == [200] * 12
+    chats = asyncio.run(burst("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, 12))
+    assert 429 in chats
