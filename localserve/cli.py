@@ -58,11 +58,33 @@ def _top_parser(sub) -> None:
 def run_models(_: argparse.Namespace) -> int:
     from localserve.config import MODELS_DIR, available_models
 
+    from localserve.pull import recommended_table
+
     models = available_models()
     for name, path in models:
         print(f"{path.stat().st_size / 2**20:8.1f} MiB  {name}  ({path})")
     if not models:
         print(f"no models: put .gguf files in {MODELS_DIR}, or run scripts/setup for the default")
+    print(f"\nRecommended for an office (`localserve pull NAME` puts one in {MODELS_DIR}):\n")
+    print(recommended_table())
+    return 0
+
+
+def run_pull(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from localserve.config import MODELS_DIR
+    from localserve.pull import PullError, pull
+
+    try:
+        path = pull(args.name, Path(args.dir) if args.dir else MODELS_DIR, args.sha256)
+    except PullError as exc:
+        print(f"localserve pull: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nlocalserve pull: stopped; run it again to continue the download", file=sys.stderr)
+        return 130
+    print(f"serve it: localserve up -m {path.name}")
     return 0
 
 
@@ -156,7 +178,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"localserve {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     _up_parser(sub)
-    sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default)")
+    sub.add_parser("models", help="list the GGUF files -m can name (models/ and the default), "
+                   "and the models recommended for an office")
+    pulling = sub.add_parser("pull", help="download a recommended model (or OWNER/REPO/FILE.gguf) "
+                             "into models/, resumable and checked")
+    pulling.add_argument("name", help="a name from `localserve models`, or OWNER/REPO/FILE.gguf")
+    pulling.add_argument("--sha256", help="the file's expected sha256, when the hub gives none")
+    pulling.add_argument("--dir", help="where to put it (default: models/)")
     _top_parser(sub)
     _bench_parser(sub)
     _usage_parser(sub)
@@ -242,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         return run_bench(args)
     if args.command == "models":
         return run_models(args)
+    if args.command == "pull":
+        return run_pull(args)
     if args.command == "usage":
         return run_usage(args)
     if args.command == "rpc-worker":

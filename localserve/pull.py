@@ -1,0 +1,178 @@
+"""`localserve pull NAME`: a model worth serving, downloaded into models/ from a model hub
+(Hugging Face, or $HF_ENDPOINT: a mirror, or a test server). Resumable (a `.part` file is
+continued with an HTTP Range request), checked (the hub's sha256, sent as the file's
+X-Linked-Etag, or --sha256), with a progress line; offline, one line says what is needed.
+
+NAME is a short name from RECOMMENDED (`localserve models` lists them), or `OWNER/REPO/FILE.gguf`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class Recommended:
+    name: str
+    repo: str
+    file: str
+    size_gb: float  # the file
+    ram_gb: int  # to serve it with an office's context (weights + an 8k-16k cache)
+    what: str
+
+
+# Q4_K_M quantizations by well-known quantizers: the usual balance of quality and size on CPUs
+# and small GPUs. Names as they publish them (written without network access to check them: a
+# wrong one is a clear "no such file"); the hub's own sha256 is checked at download.
+RECOMMENDED = (
+    Recommended("qwen2.5-7b", "bartowski/Qwen2.5-7B-Instruct-GGUF",
+                "Qwen2.5-7B-Instruct-Q4_K_M.gguf", 4.7, 8,
+                "office chat, summaries, tools; 29 languages"),
+    Recommended("llama3.1-8b", "bartowski/Meta-Llama-3.1-8B-Instruct-GGUF",
+                "Meta-Llama-3.1-8B-Instruct-Q4_K_M.gguf", 4.9, 8,
+                "office chat and tools, English first"),
+    Recommended("qwen2.5-coder-7b", "bartowski/Qwen2.5-Coder-7B-Instruct-GGUF",
+                "Qwen2.5-Coder-7B-Instruct-Q4_K_M.gguf", 4.7, 8,
+                "code: editors' chat and completion (fill-in-the-middle)"),
+    Recommended("llama3.2-3b", "bartowski/Llama-3.2-3B-Instruct-GGUF",
+                "Llama-3.2-3B-Instruct-Q4_K_M.gguf", 2.0, 4,
+                "laptops and small machines: quick answers, titles, tags"),
+    Recommended("gemma3-4b", "bartowski/google_gemma-3-4b-it-GGUF",
+                "google_gemma-3-4b-it-Q4_K_M.gguf", 2.5, 5, "small and multilingual"),
+    Recommended("nomic-embed", "nomic-ai/nomic-embed-text-v1.5-GGUF",
+                "nomic-embed-text-v1.5.Q8_0.gguf", 0.14, 1,
+                "embeddings for document search (RAG): serve with kind = \"embedding\""),
+)
+
+
+class PullError(Exception):
+    """Why a download could not be made; the message is the one line shown."""
+
+
+def endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+
+
+def resolve(name: str) -> tuple[str, str]:
+    """(repo, file) of a short name or of OWNER/REPO/FILE.gguf."""
+    for model in RECOMMENDED:
+        if model.name == name:
+            return model.repo, model.file
+    parts = name.split("/")
+    if len(parts) == 3 and parts[2].endswith(".gguf"):
+        return f"{parts[0]}/{parts[1]}", parts[2]
+    names = ", ".join(m.name for m in RECOMMENDED)
+    raise PullError(f"'{name}' is neither a recommended model ({names}) nor OWNER/REPO/FILE.gguf")
+
+
+def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
+         client: httpx.Client | None = None) -> Path:
+    """Download `name` into `folder` (continuing a .part left by an interrupted pull); the
+    finished file's path. Raises PullError with the one line to show."""
+    repo, file = resolve(name)
+    target = folder / file
+    if target.exists():
+        print(f"{target} is already here", file=out)
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    url = f"{endpoint()}/{repo}/resolve/main/{file}"
+    own = client is None
+    client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30, read=120))
+    try:
+        expected = _download(client, url, part, out) or sha256
+    except httpx.HTTPError as exc:
+        raise PullError(f"cannot download {url} ({exc.__class__.__name__}: {exc}): pulling needs "
+                        f"the internet once (or HF_ENDPOINT naming a mirror); or fetch the file "
+                        f"elsewhere and put it in {folder}") from None
+    finally:
+        if own:
+            client.close()
+    if sha256 and expected and sha256 != expected:
+        raise PullError(f"--sha256 {sha256} differs from the hub's {expected}")
+    digest = _sha256(part)
+    if expected and digest != expected:
+        part.unlink()
+        raise PullError(f"{file}: the download's sha256 is {digest}, the hub says {expected}; "
+                        f"the partial file was deleted, pull again")
+    part.rename(target)
+    print(f"{target}: {target.stat().st_size / 1e9:.2f} GB"
+          + (", sha256 checked" if expected else ", no checksum given by the hub"), file=out)
+    return target
+
+
+def _download(client: httpx.Client, url: str, part: Path, out) -> str | None:
+    """Fetch into `part`, continuing what it holds; the hub's sha256 of the file, if given."""
+    have = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={have}-"} if have else {}
+    with client.stream("GET", url, headers=headers) as response:
+        if response.status_code == 416:  # asked past the end: the .part is whole already
+            return _expected(response)
+        if response.status_code == 404:
+            raise PullError(f"no such file on the hub: {url}")
+        response.raise_for_status()
+        if response.status_code != 206:  # the server starts over: so does the file
+            have = 0
+        total = have + int(response.headers.get("content-length", 0))
+        progress = Progress(total, have, out)
+        with open(part, "ab" if have else "wb") as fh:
+            for chunk in response.iter_bytes(CHUNK):
+                fh.write(chunk)
+                progress.add(len(chunk))
+        progress.done()
+        return _expected(response)
+
+
+def _expected(response: httpx.Response) -> str | None:
+    """The hub's sha256 of the file: its X-Linked-Etag (large files) as 64 hex digits."""
+    tag = (response.headers.get("x-linked-etag") or "").strip('"').removeprefix("W/").strip('"')
+    return tag.lower() if len(tag) == 64 and all(c in "0123456789abcdefABCDEF" for c in tag) else None
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(CHUNK), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Progress:
+    """One line, rewritten at most twice a second: percent, bytes, speed."""
+
+    def __init__(self, total: int, have: int, out):
+        self.total, self.have, self.out = total, have, out
+        self.started, self.shown, self.fresh = time.monotonic(), 0.0, 0
+
+    def add(self, n: int) -> None:
+        self.have += n
+        self.fresh += n
+        now = time.monotonic()
+        if now - self.shown >= 0.5:
+            self.shown = now
+            self._show(now)
+
+    def _show(self, now: float) -> None:
+        speed = self.fresh / max(now - self.started, 1e-6) / 1e6
+        share = f"{100 * self.have / self.total:5.1f}%" if self.total else "     "
+        print(f"\r{share}  {self.have / 1e9:6.2f} / {self.total / 1e9:.2f} GB  {speed:6.1f} MB/s",
+              end="", file=self.out, flush=True)
+
+    def done(self) -> None:
+        self._show(time.monotonic())
+        print(file=self.out)
+
+
+def recommended_table() -> str:
+    lines = [f"{'name':<18}{'file':>8}{'RAM':>6}  what for"]
+    lines += [f"{m.name:<18}{m.size_gb:>6.1f}GB{m.ram_gb:>4}GB  {m.what}" for m in RECOMMENDED]
+    return "\n".join(lines)
