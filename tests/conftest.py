@@ -28,7 +28,7 @@ class RunningServer:
     """`localserve up ARGS` on a free port (or another server's `program`, e.g. llama-server)."""
 
     def __init__(self, *args: str, log_name: str = "server", program: list[str] | None = None,
-                 preexec_fn=None):
+                 preexec_fn=None, cwd: Path = ROOT):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log_dir = Path(os.environ.get("PYTEST_LOG_DIR", "/tmp"))
@@ -39,7 +39,7 @@ class RunningServer:
         self.state_dir = tempfile.mkdtemp(prefix="localserve-state-")
         env = {**os.environ, "LOCALSERVE_STATE_DIR": self.state_dir}
         self.proc = subprocess.Popen([*program, "--port", str(self.port), *args],
-                                     cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT,
+                                     cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
                                      preexec_fn=preexec_fn, env=env)
 
     def wait_ready(self, timeout: float = 120) -> "RunningServer":

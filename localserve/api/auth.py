@@ -103,23 +103,21 @@ async def require_key(request: Request) -> None:
     request.state.caller = forwarded(request, Caller(*who)) if who else NOBODY
 
 
-FORWARDED = ("x-openwebui-user-email", "x-openwebui-user-name", "x-openwebui-user-id")
-COLLEAGUE = re.compile(r"[\w.@+-]{1,64}")
+FORWARDED = ("x-openwebui-user-email", "x-openwebui-user-id", "x-openwebui-user-name")
+NOT_IN_A_NAME = re.compile(r"[^\w.@+-]")
 
 
 def forwarded(request: Request, frontend: Caller) -> Caller:
     """A trusted frontend's request for a colleague (--trust-user-header: Open WebUI forwards
-    who is signed in): that colleague, as `frontend:colleague`, with a user's role whatever the
+    who is signed in, by e-mail, id and name): that colleague, as `frontend:colleague` (what a
+    name may not hold becomes _, at most 64 characters), with a user's role whatever the
     frontend key's. Any other key's headers are not read: a client cannot name itself."""
     if frontend.key not in request.app.state.office.settings.trusted_frontends:
         return frontend
-    header = next((h for h in FORWARDED if request.headers.get(h)), None)
+    header = next((h for h in FORWARDED if request.headers.get(h, "").strip()), None)
     if header is None:  # the frontend's own requests (titles, tags): its key's
         return frontend
-    colleague = request.headers[header].strip()
-    if not COLLEAGUE.fullmatch(colleague):
-        raise OpenAIError(400, f"{header}: 1 to 64 letters, digits or . @ + - _",
-                          param=header)
+    colleague = NOT_IN_A_NAME.sub("_", request.headers[header].strip())[:64]
     return Caller(f"{frontend.key}:{colleague}", "user")
 
 

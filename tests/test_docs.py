@@ -1,0 +1,48 @@
+"""The README and the pages under docs/: every relative link leads to a file that exists, and
+every #anchor to a heading of the page it names (GitHub's anchor rules)."""
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    heads = re.findall(r"(?m)^#{1,6} (.+)$", text)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in heads}
+
+
+def broken_links(page: Path) -> list[str]:
+    broken = []
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    for target in LINK.findall(text):
+        if re.match(r"[a-z]+:", target):
+            continue  # http(s), mailto: not checked here (no network)
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(target)
+        elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
+            broken.append(target)
+    return broken
+
+
+def test_every_relative_link_and_anchor_resolves():
+    assert len(PAGES) >= 6
+    assert {page.name: broken_links(page) for page in PAGES} == {page.name: [] for page in PAGES}
+
+
+def test_the_readme_stays_an_entrance_and_links_every_page():
+    readme = (ROOT / "README.md").read_text()
+    assert readme.count("\n") < 300
+    for page in PAGES[1:]:
+        assert f"docs/{page.name}" in readme, page.name
+
+
+def test_the_checker_finds_a_broken_link(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text("# Title\n[ok](#title) [gone](missing.md) [bad](#nope) [web](https://x.y)\n")
+    assert broken_links(page) == ["missing.md", "#nope"]
