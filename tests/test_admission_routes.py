@@ -41,7 +41,9 @@ def test_every_model_route_checks_the_key_and_the_rate():
 # Routes that run no model: the catalog, stored answers, the page's conversations, monitoring.
 NO_MODEL = {"/v1/models", "/models", "/v1/models/{model:path}", "/models/{model:path}", "/web/api/whoami",
             "/v1/responses/{response_id}", "/web/api/conversations", "/web/api/conversations/export",
-            "/web/api/conversations/{conversation_id}"} | OUTSIDE_THE_RATE
+            "/web/api/conversations/{conversation_id}", "/api/version", "/api/tags", "/api/ps",
+            "/api/show", "/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete",
+            "/api/blobs/{digest}"} | OUTSIDE_THE_RATE
 
 
 def test_every_route_that_runs_a_model_takes_the_quota_hold_as_a_dependency():
@@ -56,5 +58,5 @@ def test_every_route_that_runs_a_model_takes_the_quota_hold_as_a_dependency():
     assert unheld <= NO_MODEL, unheld - NO_MODEL
     assert {"/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens",
             "/v1/responses/input_tokens", "/v1/chat/completions", "/infill",
-            "/v1/embeddings"} <= held
+            "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"} <= held
     assert not held & {"/v1/models", "/v1/responses/{response_id}"}

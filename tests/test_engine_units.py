@@ -9,7 +9,7 @@ from localserve.engine.request import Request, RequestStatus, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool, common_prefix_len
 from localserve.engine.waiting import FairQueue
-from fakes import EOS, FakeVocab, PositionalRunner, ScriptedRunner
+from fakes import EOS, FakeVocab, PositionalRunner, ScriptedRunner, make, req, run
 
 
 def request(rid, prompt=(1, 2, 3), max_tokens=50, user=None, ignore_eos=True, stop=()):
@@ -297,3 +297,24 @@ def test_a_burst_of_events_from_the_engine_thread_wakes_the_event_loop_once_in_o
 
     got, wakeups = asyncio.run(main())
     assert got == list(range(100)) and wakeups == 1
+
+
+def test_a_request_whose_grammar_grew_costly_keeps_its_tokens_and_ends_with_its_reason():
+    """The runner measures each constrained token's grammar cost; the scheduler ends the
+    request it names in costly_grammars, after this step's token, and bills what it used."""
+    sched = make(n_slots=2)
+    runner = ScriptedRunner({"costly": [5] * 10, "free": [6] * 3 + [EOS]})
+    costly, free = req("costly", 4), req("free", 4, first=50)
+    sched.add(costly)
+    sched.add(free)
+    plan = sched.schedule()
+    sched.update(plan, runner.decode(plan).sampled)
+    plan = sched.schedule()
+    slot = next(c.slot_id for c in plan.chunks if c.request is costly)
+    events = sched.update(plan, runner.decode(plan).sampled, frozenset({slot}))
+    ended = [e for r, e in events if r is costly and e.finished]
+    assert ended and ended[0].finish_reason is FinishReason.GRAMMAR_COST
+    assert "grammar" in ended[0].error and ended[0].completion_tokens == costly.num_output_tokens
+    assert costly.output_tokens and free.finish_reason is None  # the other goes on
+    out, _ = run(sched, runner)
+    assert out["free"][1] is FinishReason.STOP

@@ -235,7 +235,8 @@ def test_an_aborted_sibling_and_first_choice_still_bill_the_prompt_once():
 def test_finish_reasons_map_to_one_status_each():
     """The one table answers and ledger rows read (engine/finish.py)."""
     assert {str(r): r.status for r in FinishReason} == {
-        "stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503, "error": 500}
+        "stop": 200, "length": 200, "tool_calls": 200, "abort": 499, "timeout": 503, "error": 500,
+        "grammar_cost": 400}
     assert [r for r in FinishReason if r.completed] == [
         FinishReason.STOP, FinishReason.LENGTH, FinishReason.TOOL_CALLS]
 

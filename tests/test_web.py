@@ -2,56 +2,21 @@
 request leaving this server, streams an answer, stops one, keeps history server-side per key,
 shows the server's refusals, and never lets text become markup."""
 
-import shutil
-
 import httpx
 import pytest
 
 from conftest import running, wait_for
+from web_pages import CHROMIUM, browser, open_page, send  # noqa: F401 (browser: a fixture)
 
-CHROMIUM = shutil.which("chromium")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: scripts/setup-browser "
                                                          "installs it (needs root apt-get)")
 ALICE, BOB = "alice-web-key-1234", "bob-web-key-5678"
 
 
 @pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-        try:
-            yield b
-        finally:
-            b.close()
-
-
-@pytest.fixture(scope="module")
 def web(tmp_path_factory):
     with running("-c", "4096", "-np", "4", "-t", "2", log_name="web") as srv:
         yield srv
-
-
-def open_page(browser, url):
-    """A fresh page in its own browser context (own session storage); it records every
-    request that leaves this server, and every dialog."""
-    page = browser.new_context().new_page()
-    page.outside, page.dialogs = [], []
-    page.on("request", lambda r: None if r.url.startswith(url) else page.outside.append(r.url))
-    page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
-    page.goto(url + "/")
-    return page
-
-
-def send(page, text, max_tokens=None):
-    if max_tokens is not None:
-        page.locator("#settings summary").click()
-        page.fill("#max-tokens", str(max_tokens))
-        page.fill("#temperature", "0")
-        page.locator("#settings summary").click()
-    page.fill("#input", text)
-    page.click("#send")
 
 
 def test_the_page_is_served_with_a_strict_policy_and_no_outside_assets(web):

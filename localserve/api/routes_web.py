@@ -19,7 +19,8 @@ page_router = APIRouter()  # the page and its assets: open
 api_router = APIRouter(prefix="/web/api")  # conversations: behind the key
 
 ASSETS = {"app.js": "text/javascript", "chats.js": "text/javascript",
-          "markdown.js": "text/javascript", "style.css": "text/css", "icon.svg": "image/svg+xml"}
+          "compose.js": "text/javascript", "markdown.js": "text/javascript",
+          "style.css": "text/css", "icon.svg": "image/svg+xml"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
 SECURITY = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",

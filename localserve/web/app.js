@@ -105,6 +105,7 @@ function fill(div, message, done) {
     const meta = document.createElement("div");
     meta.className = "meta";
     meta.textContent = [message.model, message.meta].filter(Boolean).join(" · ");
+    if (message.versions && message.versions.length > 1) meta.prepend(versionPicker(message));
     meta.append(copyButton(() => message.content));
     div.append(meta);
   }
@@ -113,8 +114,12 @@ function fill(div, message, done) {
 function redraw() {
   $("messages").replaceChildren();
   state.messages.forEach(show);
+  $("regenerate").hidden = $("continue").hidden = !lastAnswer() || !!state.controller;
+}
+
+function lastAnswer() {
   const last = state.messages[state.messages.length - 1];
-  $("regenerate").hidden = !last || last.role !== "assistant" || !!state.controller;
+  return last && last.role === "assistant" ? last : null;
 }
 
 function status(text, error = false, waiting = false) {
@@ -141,19 +146,25 @@ function editFrom(index) {
 }
 
 // ---- sending and streaming ------------------------------------------------------------
-async function send(text) {
+async function send(text, how = {}) {
+  // how.continuing: the last answer goes on where it stopped; how.previous: the answer this
+  // one regenerates (kept as an earlier version of it).
   if (text) state.messages.push({ role: "user", content: text });
+  const continued = how.continuing ? state.messages.pop() : null;
   redraw();
   status("");
   const system = $("system").value.trim();
   const model = $("model").value || undefined;
+  const history = state.messages.concat(continued ? [continued] : []);
   const body = {
     messages: (system ? [{ role: "system", content: system }] : []).concat(
-      state.messages.map(({ role, content }) => ({ role, content }))),
+      history.map(({ role, content }) => ({ role, content }))),
     model, stream: true, stream_options: { include_usage: true },
     temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
   };
-  const reply = { role: "assistant", content: "", reasoning: "", model };
+  if (continued) Object.assign(body, { continue_final_message: true, add_generation_prompt: false });
+  const reply = continued ? { ...continued, meta: "" }
+                          : { role: "assistant", content: "", reasoning: "", model };
   const view = show(reply, state.messages.length);
   state.controller = new AbortController();
   setBusy(true);
@@ -194,7 +205,8 @@ async function send(text) {
     const seconds = Math.max((performance.now() - first) / 1000, 0.001);
     reply.meta = `${tokens} tokens, ${(tokens / seconds).toFixed(1)} tokens/s`;
   }
-  if (reply.content) state.messages.push(reply);
+  if (reply.content) state.messages.push(keepVersions(reply, how.previous));
+  else if (how.previous) state.messages.push(how.previous);  // nothing new: the old one stays
   redraw();
   await save();
 }
@@ -240,7 +252,7 @@ function watchQueue(waiting) {
 function setBusy(busy) {
   $("send").hidden = busy;
   $("stop").hidden = !busy;
-  $("regenerate").hidden = true;
+  $("regenerate").hidden = $("continue").hidden = true;
 }
 
 async function showServer() {
@@ -327,9 +339,24 @@ document.addEventListener("DOMContentLoaded", () => {
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("regenerate").addEventListener("click", () => {
     if (state.messages.length && state.messages[state.messages.length - 1].role === "assistant") {
-      state.messages.pop();
-      send(null);
+      send(null, { previous: state.messages.pop() });
     }
+  });
+  $("continue").addEventListener("click", () => {
+    if (lastAnswer()) send(null, { continuing: true });
+  });
+  $("attach").addEventListener("click", () => $("file").click());
+  $("file").addEventListener("change", () => attachFile($("file")));
+  $("close-server").addEventListener("click", () => { $("server").hidden = true; });
+  $("close-menu").addEventListener("click", closeMenu);
+  document.addEventListener("keydown", (e) => {
+    if (e.key !== "Escape") return;
+    closeMenu();
+    $("server").hidden = true;
+  });
+  $("app").addEventListener("click", (e) => {  // a tap beside the open drawer closes it
+    if ($("app").classList.contains("nav-open") && !$("sidebar").contains(e.target)
+        && e.target !== $("menu")) closeMenu();
   });
   $("new-chat").addEventListener("click", newChat);
   $("export").addEventListener("click", exportChats);

@@ -10,7 +10,7 @@ async function save() {
   const id = state.conversation || crypto.randomUUID().replace(/-/g, "");
   try {
     await api("PUT", "/web/api/conversations/" + id, { title, messages: state.messages,
-      settings: { system: $("system").value } });
+      settings: chatSettings() });
     state.conversation = id;
     remember(id);
     await listConversations();
@@ -69,7 +69,7 @@ async function openConversation(id) {
   state.conversation = id;
   state.title = c.title;
   state.messages = c.messages;
-  $("system").value = (c.settings && c.settings.system) || "";
+  restoreSettings(c.settings || {});
   remember(id);
   redraw();
   $("app").classList.remove("nav-open");
