@@ -27,6 +27,7 @@ CREATE INDEX IF NOT EXISTS conversations_owner ON conversations (owner, updated)
 MAX_CONVERSATIONS = 1000  # per owner; the oldest go first
 MAX_CONVERSATION_BYTES = 2 * 1024 * 1024  # one conversation as stored (JSON)
 MAX_OWNER_BYTES = 64 * 1024 * 1024  # all of one owner's conversations
+MAX_TOTAL_BYTES = 1024 * 1024 * 1024  # everyone's, in one store (N keys x 64 MiB otherwise)
 
 
 class TooLarge(ValueError):
@@ -43,6 +44,15 @@ class Conversations:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(SCHEMA)
         self._lock = threading.Lock()
+        # Bytes stored, per owner and in all (a save checks its bounds without summing
+        # the owner's rows under the lock: a flooder's saves must not hold everyone's reads).
+        self._bytes: dict[str, int] = dict(self._db.execute(
+            "SELECT owner, SUM(length(body)) FROM conversations GROUP BY owner").fetchall())
+
+    def room(self, owner: str) -> int:
+        """Bytes `owner` may still store (their bound, and everyone's)."""
+        return max(0, min(MAX_OWNER_BYTES - self._bytes.get(owner, 0),
+                          MAX_TOTAL_BYTES - sum(self._bytes.values())))
 
     def list(self, owner: str) -> list[dict]:
         with self._lock:
@@ -67,31 +77,38 @@ class Conversations:
             raise TooLarge(f"this conversation is {len(text)} bytes; one may be at most "
                            f"{MAX_CONVERSATION_BYTES}")
         with self._lock, self._db:
-            found = self._db.execute("SELECT owner FROM conversations WHERE id = ?",
+            found = self._db.execute("SELECT owner, length(body) FROM conversations WHERE id = ?",
                                      (conversation_id,)).fetchone()
             if found is not None and found[0] != owner:
                 raise PermissionError(conversation_id)
-            others = self._db.execute("SELECT COALESCE(SUM(length(body)), 0) FROM conversations "
-                                      "WHERE owner = ? AND id != ?", (owner, conversation_id)).fetchone()[0]
+            replaced = found[1] if found else 0
+            others = self._bytes.get(owner, 0) - replaced
             if others + len(text) > MAX_OWNER_BYTES:
                 raise TooLarge(f"your conversations take {others} bytes, and this one {len(text)} "
                                f"more; the limit is {MAX_OWNER_BYTES}: delete some first")
+            if sum(self._bytes.values()) - replaced + len(text) > MAX_TOTAL_BYTES:
+                raise TooLarge(f"this server's store is full ({MAX_TOTAL_BYTES} bytes for "
+                               f"everyone): ask its admin")
             self._db.execute(
                 "INSERT INTO conversations VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE "
                 "SET title = excluded.title, body = excluded.body, updated = excluded.updated",
                 (conversation_id, owner, title[:200], text, now, now))
-            self._db.execute("DELETE FROM conversations WHERE owner = ? AND id NOT IN (SELECT id "
-                             "FROM conversations WHERE owner = ? ORDER BY updated DESC LIMIT ?)",
-                             (owner, owner, MAX_CONVERSATIONS))
+            dropped = self._db.execute(
+                "DELETE FROM conversations WHERE owner = ? AND id NOT IN (SELECT id FROM "
+                "conversations WHERE owner = ? ORDER BY updated DESC LIMIT ?) "
+                "RETURNING length(body)", (owner, owner, MAX_CONVERSATIONS)).fetchall()
+            self._bytes[owner] = others + len(text) - sum(n for (n,) in dropped)
         return conversation_id
 
     def delete(self, owner: str, conversation_id: str) -> bool:
         with self._lock, self._db:
-            cur = self._db.execute("DELETE FROM conversations WHERE owner = ? AND id = ?",
-                                   (owner, conversation_id))
+            cur = self._db.execute("DELETE FROM conversations WHERE owner = ? AND id = ? "
+                                   "RETURNING length(body)", (owner, conversation_id))
+            gone = cur.fetchall()
+            self._bytes[owner] = self._bytes.get(owner, 0) - sum(n for (n,) in gone)
         with self._lock:
             self._db.executescript("PRAGMA incremental_vacuum;")  # execute() frees one page only
-        return cur.rowcount > 0
+        return bool(gone)
 
     def export(self, owner: str) -> str:
         """All of one owner's conversations as one JSON text (at most MAX_OWNER_BYTES of

@@ -1,6 +1,7 @@
 """Small-office features on the real server: keys, exposure warning, CORS, size limits,
 /props, the memory refusal, and draining on SIGTERM."""
 
+import json
 import os
 import signal
 import subprocess
@@ -203,3 +204,23 @@ def test_dashboard_says_when_its_key_is_wrong(office):
             assert good.status == "live" and len(good.view.slots) == 2
 
     asyncio.run(run())
+
+
+def test_conversation_stores_keep_per_owner_and_server_wide_byte_totals(tmp_path, monkeypatch):
+    """A save checks its bounds against running totals (no sum under the lock), a delete and
+    the count bound give bytes back, and everyone's total is bounded too."""
+    import localserve.conversations as conv
+
+    store = conv.Conversations(tmp_path)
+    body = {"messages": [{"role": "user", "content": "x" * 1000}]}
+    size = len(json.dumps(body))
+    ids = [store.save("alice", None, "t", body) for _ in range(3)]
+    store.save("alice", ids[0], "t", body)  # replaced, not added
+    assert store._bytes == {"alice": 3 * size}
+    assert store.delete("alice", ids[1]) and store._bytes["alice"] == 2 * size
+    assert conv.Conversations(tmp_path)._bytes == {"alice": 2 * size}  # read back at start
+    monkeypatch.setattr(conv, "MAX_TOTAL_BYTES", 3 * size)
+    store.save("bob", None, "t", body)
+    with pytest.raises(conv.TooLarge, match="store is full"):
+        store.save("carol", None, "t", body)
+    assert store.room("carol") == 0 and store.room("alice") == 0

@@ -161,6 +161,18 @@ MARKDOWN = [
                                          "<tbody><tr><td>1</td><td>2</td></tr></tbody></table>"),
     ("use `a*b*c` here", "use <code>a*b*c</code> here"),
     ("snake_case_name stays", "snake_case_name stays"),
+    # as models write it: loose and nested lists, aligned tables, highlighted code, math
+    ("1. one\n\n2. two\n\n3. three", "<ol><li>one</li><li>two</li><li>three</li></ol>"),
+    ("3. three\n4. four", '<ol start="3"><li>three</li><li>four</li></ol>'),
+    ("- a\n  - a1\n  - a2\n- b", "<ul><li>a<ul><li>a1</li><li>a2</li></ul></li><li>b</li></ul>"),
+    ("1. step\n   - detail\n2. next", "<ol><li>step<ul><li>detail</li></ul></li><li>next</li></ol>"),
+    ("| a | b | c |\n|:--|:-:|--:|\n| 1 | 2 | 3 |",
+     '<td class="left">1</td><td class="center">2</td><td class="right">3</td>'),
+    ("```python\ndef f():\n    return 'x'  # why\n```",
+     '<span class="tok-keyword">def</span> f():\n    <span class="tok-keyword">return</span> '
+     '<span class="tok-string">&#39;x&#39;</span>  <span class="tok-comment"># why</span>'),
+    ("Euler: $$e^{i\\pi} + 1 = 0$$ indeed", '<div class="math">e^{i\\pi} + 1 = 0</div>'),
+    ("```js\nlet s = \"<b>\";\n```", '<span class="tok-string">&quot;&lt;b&gt;&quot;</span>'),
 ]
 
 

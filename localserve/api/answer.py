@@ -22,6 +22,7 @@ whole (non-streamed) answer also when the client hangs up.
 from __future__ import annotations
 
 import asyncio
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Union
 
@@ -171,6 +172,37 @@ async def cancel_on_disconnect(request: Request, stream: ChoiceStreams) -> None:
         if await request.is_disconnected():
             stream.cancel()
             return
+
+
+@dataclass(frozen=True)
+class WholeAnswer:
+    """One choice read to its end (a reply that is not streamed)."""
+
+    thought: str
+    text: str  # what streamed as Text (the prose held with tool calls is in tools.prose)
+    tools: ToolCalls | None
+    end: Finish
+    logprobs: list  # the Text pieces' entries, in order
+
+
+async def whole_answer(stream: ChoiceStreams, reader: ChoiceReader,
+                       request: Request) -> WholeAnswer:
+    """One choice's whole answer; a failure (a client that left included) is raised."""
+    thoughts, texts, logprobs, tools = [], [], [], None
+    async with aclosing(read(stream, [reader], request)) as pieces:
+        async for _, piece in pieces:
+            if isinstance(piece, Failed):
+                raise piece.error
+            if isinstance(piece, Thought):
+                thoughts.append(piece.text)
+            elif isinstance(piece, Text):
+                texts.append(piece.text)
+                logprobs += piece.logprobs
+            elif isinstance(piece, ToolCalls):
+                tools = piece
+            elif isinstance(piece, Finish):
+                end = piece
+    return WholeAnswer("".join(thoughts), "".join(texts), tools, end, logprobs)
 
 
 def joined_content(streamed: str, tools: ToolCalls | None) -> str | None:

@@ -10,7 +10,8 @@ from contextlib import aclosing
 
 from fastapi import Request
 
-from localserve.api.answer import ChoiceReader, Failed, Finish, Text, Thought, ToolCalls, read
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
+                                   joined_content, read, whole_answer)
 from localserve.api.schemas import OpenAIError
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -46,28 +47,15 @@ class MessageReply:
                           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
 
     async def collect(self, stream, request: Request) -> dict:
-        blocks: list[dict] = []
-        async with aclosing(read(stream, self._reader(), request)) as pieces:
-            async for _, piece in pieces:
-                if isinstance(piece, Failed):
-                    raise piece.error
-                if isinstance(piece, Finish):
-                    end = piece
-                for kind, text in self._texts(piece):
-                    if blocks and blocks[-1]["type"] == kind:
-                        blocks[-1][kind] += text
-                    else:
-                        blocks.append({"type": kind, kind: text, **(
-                            {"signature": ""} if kind == "thinking" else {})})
-                if isinstance(piece, ToolCalls):
-                    blocks += [tool_use(call) for call in piece.calls]
-        if any(b["type"] == "tool_use" for b in blocks):  # prose before calls, as parsed whole
-            blocks = [b for b in blocks if b["type"] != "text" or b["text"].strip()]
-            for block in blocks:
-                if block["type"] == "text":
-                    block["text"] = block["text"].strip()
-        elif not any(b["type"] == "text" for b in blocks):
-            blocks.append({"type": "text", "text": ""})  # a plain answer always has its text
+        answer = await whole_answer(stream, self._reader()[0], request)
+        calls = answer.tools.calls if answer.tools else []
+        text = joined_content(answer.text, answer.tools)
+        blocks = [{"type": "thinking", "thinking": answer.thought, "signature": ""}] \
+            if answer.thought else []
+        if text or self.tools is None:  # a plain answer always has its text block
+            blocks.append({"type": "text", "text": text or ""})
+        blocks += [tool_use(call) for call in calls]
+        end = answer.end
         return self._message(blocks, STOP_REASONS.get(end.reason, "end_turn"),
                              end.last.completion_tokens, end.last.cached_tokens)
 

@@ -19,7 +19,8 @@ from datetime import datetime, timezone
 
 from fastapi import Request
 
-from localserve.api.answer import ChoiceReader, Failed, Finish, Text, Thought, ToolCalls, read
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
+                                   joined_content, read, whole_answer)
 from localserve.api.structured import ToolPlan
 
 
@@ -74,23 +75,11 @@ class OllamaReply:
         return [ChoiceReader(self.tools, self.reasoning)]
 
     async def collect(self, stream, request: Request) -> dict:
-        texts, thoughts, calls = [], [], []
-        async with aclosing(read(stream, self._readers(), request)) as pieces:
-            async for _, piece in pieces:
-                if isinstance(piece, Failed):
-                    raise piece.error
-                if isinstance(piece, Text):
-                    texts.append(piece.text)
-                elif isinstance(piece, Thought) and self.show_thinking:
-                    thoughts.append(piece.text)
-                elif isinstance(piece, ToolCalls):
-                    texts.append(piece.prose or "")
-                    calls = piece.calls
-                elif isinstance(piece, Finish):
-                    end = piece
-        text = "".join(texts)
-        return self._final(end, stream.requests[0], text=text.strip() if calls else text,
-                           thinking="".join(thoughts), calls=calls)
+        answer = await whole_answer(stream, self._readers()[0], request)
+        calls = answer.tools.calls if answer.tools else []
+        return self._final(answer.end, stream.requests[0],
+                           text=joined_content(answer.text, answer.tools) or "",
+                           thinking=answer.thought if self.show_thinking else "", calls=calls)
 
     async def lines(self, stream):
         """NDJSON: a line per piece of text or thinking, the calls in one line, then the final

@@ -12,7 +12,7 @@ from contextlib import aclosing
 from fastapi import Request
 
 from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
-                                   joined_content, read)
+                                   joined_content, read, whole_answer)
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan
 from localserve.engine.finish import FinishReason
@@ -103,20 +103,9 @@ class ResponseReply:
         return {**turn, "tool_calls": calls} if calls else turn
 
     async def collect(self, stream, request: Request) -> dict:
-        thoughts, texts, tools = [], [], None
-        async with aclosing(read(stream, self._reader(), request)) as pieces:
-            async for _, piece in pieces:
-                if isinstance(piece, Failed):
-                    raise piece.error
-                if isinstance(piece, Thought):
-                    thoughts.append(piece.text)
-                elif isinstance(piece, Text):
-                    texts.append(piece.text)
-                elif isinstance(piece, ToolCalls):
-                    tools = piece
-                elif isinstance(piece, Finish):
-                    end = piece
-        return await self._finish(self._items("".join(thoughts), "".join(texts), tools), end)
+        answer = await whole_answer(stream, self._reader()[0], request)
+        return await self._finish(self._items(answer.thought, answer.text, answer.tools),
+                                  answer.end)
 
     def _event(self, kind: str, **data) -> dict:
         self.sequence += 1

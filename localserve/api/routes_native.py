@@ -19,7 +19,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api import prompt, structured, tool_formats
 from localserve.api.admission import lease
 from localserve.api.serving import submit
-from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read
+from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read, whole_answer
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
                                     refuse_too_many_messages)
 from localserve.engine.finish import FinishReason
@@ -85,18 +85,9 @@ async def _run(request: Request, host, body: NativeCompletion, tokens: list[int]
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(host, body, stream, started), sep="\n")
-    text, found = [], []
-    async with aclosing(read(stream, [ChoiceReader()], request)) as pieces:
-        async for _, piece in pieces:
-            if isinstance(piece, Failed):
-                raise piece.error
-            if isinstance(piece, Text):
-                text.append(piece.text)
-                found += piece.logprobs
-            elif isinstance(piece, Finish):
-                end = piece
-    final = _final(host, body, "".join(text), end, stream.requests[0], started)
-    return {**final, **_probabilities(host, found, body)}
+    answer = await whole_answer(stream, ChoiceReader(), request)
+    final = _final(host, body, answer.text, answer.end, stream.requests[0], started)
+    return {**final, **_probabilities(host, answer.logprobs, body)}
 
 
 async def _sse(host, body, stream, started):

@@ -348,14 +348,14 @@ MANAGED_BY_ADMIN = ("localserve serves the GGUF files its admin configured (-m, 
                     "This API cannot {what} models.")
 
 
-@catalog_router.post("/pull")
-@catalog_router.post("/push")
-@catalog_router.post("/create")
-@catalog_router.post("/copy")
-@catalog_router.delete("/delete")
-@catalog_router.post("/blobs/{digest}")
+@catalog_router.post("/pull", include_in_schema=False)  # 501s: not operations offered
+@catalog_router.post("/push", include_in_schema=False)
+@catalog_router.post("/create", include_in_schema=False)
+@catalog_router.post("/copy", include_in_schema=False)
+@catalog_router.delete("/delete", include_in_schema=False)
+@catalog_router.post("/blobs/{digest}", include_in_schema=False)
 async def managed_by_admin(request: Request):
-    what = request.url.path.rsplit("/", 1)[-1]
-    what = "upload" if what.startswith("sha256") else what
+    path = request.url.path
+    what = "upload" if "/blobs/" in path else path.rsplit("/", 1)[-1]
     raise OpenAIError(501, MANAGED_BY_ADMIN.format(what=what), code="not_implemented")
 

@@ -16,6 +16,7 @@ Streaming sends the typed events (response.created ... response.completed) in or
 
 from __future__ import annotations
 
+import json
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -28,7 +29,7 @@ from localserve.api.serving import chat_tokens, reasons, start_chat
 from localserve.api.auth import caller
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
-from localserve.conversations import TooLarge
+from localserve.conversations import MAX_CONVERSATION_BYTES, TooLarge
 
 router = APIRouter(prefix="/v1")
 stored_router = APIRouter()  # stored answers: read and deleted, no model runs
@@ -188,6 +189,8 @@ def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
 async def create_response(body: ResponsesRequest, request: Request):
     earlier = await run_in_threadpool(_earlier, request, body)
     chat = as_chat(body, earlier)
+    if body.store:
+        _fits_the_store(request, body, earlier)
     host, stream, plan = await start_chat(request, chat, "/v1/responses")
     reply = ResponseReply(host.model_id, body, stream.requests[0].num_prompt_tokens, plan,
                           reasons(host))
@@ -195,6 +198,18 @@ async def create_response(body: ResponsesRequest, request: Request):
     reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED) - set(EXTENSIONS)))
     return await respond_with(reply.collect, reply.events, stream, request, body.stream, headers)
+
+
+def _fits_the_store(request: Request, body: ResponsesRequest, earlier: list[dict]) -> None:
+    """Refused before any work (and billed nothing) when what is known to be stored already
+    cannot fit: the chain so far, the input, the instructions and metadata."""
+    known = len(json.dumps([earlier, body.input, body.instructions, body.metadata]))
+    room = min(_store(request).room(_owner(request)), MAX_CONVERSATION_BYTES)
+    if known > room:
+        raise OpenAIError(413, f"this response could not be stored: its input, instructions "
+                          f"and chain take {known} bytes and the store has {room} left for this "
+                          f"key; send store: false, or start a new chain",
+                          code="response_too_large")
 
 
 async def _save(request: Request, response: dict, messages: list[dict]) -> None:

@@ -76,7 +76,7 @@ async def whoami(request: Request):
 
 @api_router.get("/conversations")
 async def list_conversations(request: Request):
-    return {"data": _store(request).list(_owner(request))}
+    return {"data": await run_in_threadpool(_store(request).list, _owner(request))}
 
 
 @api_router.get("/conversations/export")
@@ -88,7 +88,7 @@ async def export_conversations(request: Request):
 
 @api_router.get("/conversations/{conversation_id}")
 async def get_conversation(conversation_id: str, request: Request):
-    found = _store(request).get(_owner(request), conversation_id)
+    found = await run_in_threadpool(_store(request).get, _owner(request), conversation_id)
     if found is None:
         raise OpenAIError(404, "no such conversation", "not_found_error")
     return found
@@ -109,6 +109,6 @@ async def save_conversation(conversation_id: str, body: ConversationBody, reques
 
 @api_router.delete("/conversations/{conversation_id}")
 async def delete_conversation(conversation_id: str, request: Request):
-    if not _store(request).delete(_owner(request), conversation_id):
+    if not await run_in_threadpool(_store(request).delete, _owner(request), conversation_id):
         raise OpenAIError(404, "no such conversation", "not_found_error")
     return {"deleted": conversation_id}
