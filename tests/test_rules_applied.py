@@ -82,10 +82,10 @@ def test_the_acceptance_count_is_the_drafts_that_held():
 
     request.drafter = Drafter()
     chunk = SeqChunk(0, request, [5, 6, 7, 8], 20, True, drafts=3)
-    assert sched._take_sampled(chunk, [6, 7, 1]) == [6, 7, 1]  # two drafts held, then a miss
+    assert sched.drafts.take(chunk, [6, 7, 1]) == [6, 7, 1]  # two drafts held, then a miss
     assert (sched.stats.draft_tokens, sched.stats.draft_tokens_accepted) == (3, 2)
     assert request.drafter.told == (3, 2)
-    assert sched._kept_in_cache(chunk, [6, 7, 1]) == [5, 6, 7]
+    assert sched.drafts.kept_in_cache(chunk, [6, 7, 1]) == [5, 6, 7]
     assert plan is not None
 
 

@@ -15,6 +15,7 @@ from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, r
                             routes_ollama, routes_openai, routes_rerank, routes_responses,
                             routes_web)
 from localserve.api.admission import hold_quota, limit_rate
+from localserve.api.message_reply import anthropic_error
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard
@@ -105,7 +106,7 @@ def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
     """OpenAI's error shape, or Anthropic's on the Messages API's paths, or Ollama's
     ({"error": "..."}, what its client raises from) on /api/."""
     path = request.url.path if request is not None else ""
-    body = (routes_anthropic.anthropic_error(exc) if path.startswith("/v1/messages") else
+    body = (anthropic_error(exc) if path.startswith("/v1/messages") else
             {"error": exc.message} if path.startswith("/api/") else exc.body())
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 

@@ -15,13 +15,12 @@ message_stop, ping). Errors come in Anthropic's error shape (see app.py).
 from __future__ import annotations
 
 import json
-import uuid
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import lease
-from localserve.api.message_reply import MessageReply, anthropic_error  # noqa: F401 (app.py)
+from localserve.api.message_reply import MessageReply
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.serving import chat_tokens, reasons, start_chat
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,

@@ -6,6 +6,7 @@ from __future__ import annotations
 from localserve.engine.interfaces import Vocab
 from localserve.engine.plan import StepPlan
 from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.reuse import Placement
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
@@ -28,8 +29,7 @@ class StaticScheduler(Scheduler):
             choice = self.pool.best_idle_slot(head.all_tokens, head.cache_scope)
             if choice is None:
                 return
-            slot, keep = choice
-            self._assign(plan, self.waiting.pop(), slot, keep)
+            self._assign(plan, self.waiting.pop(), Placement(*choice))
 
 
 POLICIES = ("continuous", "static", "serial")

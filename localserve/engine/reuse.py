@@ -1,20 +1,65 @@
-"""The scheduler's ways of doing less work than computing every token once per request:
-restoring prompts from the prompt cache instead of computing them again (prompt_cache.py),
-and drafting tokens speculatively from a request's own n-grams (drafts.py). A mixin of
-Scheduler: these methods read and write its pool, stats and plan like the rest of it."""
+"""The scheduler's two bookkeepers of work not done twice (nano-vllm's BlockManager role: the
+scheduler asks, they answer and keep their own books):
+
+- PrefixBook: where an admitted request's prompt already is (an idle slot's kept prefix, a
+  sibling's slot for n > 1, or the prompt cache beyond the slots, prompt_cache.py), and what a
+  slot about to be overwritten must save first. The only user of the prompt cache on the
+  engine thread: lookups, restores, saves, a removed key's entries.
+- DraftBook: speculative drafts from a request's own n-grams (drafts.py): which decode rows
+  get drafts this step, how many of them held, and what the slot's cache keeps after them.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from localserve.engine.drafts import NgramDrafter
 from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
-from localserve.engine.prompt_cache import BLOCK, CachedPrompt, within
+from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
-from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotState
+from localserve.engine.scheduler_stats import SchedulerStats
+from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState
 
 
-class LessWork:
-    def _cached_prefix(self, req: Request, slot: Slot,
-                       keep: int) -> tuple[Slot, int, CachedPrompt | None]:
+@dataclass(frozen=True)
+class Placement:
+    """Where an admission goes: its slot, the prefix it keeps, copied from `source` (a sibling
+    choice's slot) or restored from `restore` (the prompt cache) when not already there."""
+
+    slot: Slot
+    keep: int
+    source: Slot | None = None
+    restore: CachedPrompt | None = None
+
+
+class PrefixBook:
+    def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None, stats: SchedulerStats):
+        self.pool, self.stats = pool, stats
+        # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
+        self.prompt_cache = None if pool.unified else prompt_cache
+
+    def place(self, req: Request) -> Placement | None:
+        """The idle slot sharing the longest prefix with the request (None: no slot idle);
+        a sibling copies its prompt from the slot holding it; a longer prefix in the prompt
+        cache is restored instead."""
+        choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope)
+        if choice is None:
+            return None
+        slot, keep = choice
+        source = self._copy_source(req, keep)
+        if source is not None:
+            return Placement(slot, req.num_prompt_tokens - 1, source)
+        return self._cached_prefix(req, slot, keep)
+
+    def _copy_source(self, req: Request, keep: int) -> Slot | None:
+        """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
+        choice's, busy or not) rather than computing it again; only the last prompt token is
+        computed, for this choice's own first logits."""
+        if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
+            return None
+        return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
+
+    def _cached_prefix(self, req: Request, slot: Slot, keep: int) -> Placement:
         """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
@@ -23,11 +68,19 @@ class LessWork:
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             if cache is not None:
                 cache.stats.misses += 1
-            return slot, keep, None
+            return Placement(slot, keep)
         entry, shared = found
         cache.stats.hits += 1
         cache.stats.tokens_restored += min(shared, len(tokens) - 1)
-        return self.pool.lru_idle(), min(shared, len(tokens) - 1), entry
+        return Placement(self.pool.lru_idle(), min(shared, len(tokens) - 1), restore=entry)
+
+    def save(self, plan: StepPlan, slot: Slot) -> None:
+        """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it
+        is too short, or kept already)."""
+        cache = self.prompt_cache
+        if cache is None or slot.n_cached < BLOCK or cache.holds(slot.cached, slot.cache_scope):
+            return
+        plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
     def drop_scope(self, scope: str) -> int:
         """A removed key: forget its prompts in idle slots (never saved, never reused again)
@@ -37,21 +90,20 @@ class LessWork:
                 slot.forget()
         return self.prompt_cache.drop_scope(scope) if self.prompt_cache is not None else 0
 
-    def _save(self, plan: StepPlan, slot: Slot) -> None:
-        """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it
-        is too short, or kept already)."""
-        cache = self.prompt_cache
-        if cache is None or slot.n_cached < BLOCK or cache.holds(slot.cached, slot.cache_scope):
-            return
-        plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
-    # ---- speculative drafts ---------------------------------------------------------
-    def _add_drafts(self, plan: StepPlan, budget: int) -> None:
+class DraftBook:
+    def __init__(self, pool: SlotPool, stats: SchedulerStats, speculative: bool,
+                 max_streams: int):
+        self.pool, self.stats = pool, stats
+        self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
+        self.max_streams = max_streams  # drafts only while this few decode
+
+    def add(self, plan: StepPlan, budget: int) -> None:
         """Give the budget left after everything else to decode rows as n-gram drafts, while
-        at most `draft_max_streams` requests decode: with more, a CPU step is compute-bound and
-        a kept draft costs as much as the step it saves (measured on chat at 8 streams: 77% of
+        at most `max_streams` requests decode: with more, a CPU step is compute-bound and a
+        kept draft costs as much as the step it saves (measured on chat at 8 streams: 77% of
         drafts kept, yet 7% slower; on copying answers at 1 and 4 streams: 2.06x and 1.37x)."""
-        if not self.speculative or self.pool.unified or plan.num_decode_rows > self.draft_max_streams:
+        if not self.speculative or self.pool.unified or plan.num_decode_rows > self.max_streams:
             return
         for chunk in plan.chunks:
             if budget <= 0:
@@ -69,7 +121,7 @@ class LessWork:
             chunk.drafts = len(drafts)
             budget -= len(drafts)
 
-    def _take_sampled(self, chunk: SeqChunk, sampled) -> list[int]:
+    def take(self, chunk: SeqChunk, sampled) -> list[int]:
         """The tokens sampled for a chunk: one, or for a drafted chunk the drafts that held
         and the token sampled after them. Counts acceptance and tells the drafter."""
         if not chunk.drafts:
@@ -81,6 +133,6 @@ class LessWork:
         return sampled
 
     @staticmethod
-    def _kept_in_cache(chunk: SeqChunk, sampled: list[int]) -> list[int]:
+    def kept_in_cache(chunk: SeqChunk, sampled: list[int]) -> list[int]:
         """A drafted chunk's cache holds its first token and the drafts that held."""
         return chunk.tokens[:len(chunk.tokens) - chunk.drafts + len(sampled) - 1]

@@ -26,7 +26,8 @@ one step for a slot whatever one colleague has running.
 The prompt cache (prompt_cache.py, split mode): a sequence a slot is about to lose (overwritten
 by an admission, or preempted) is saved first (StepPlan.saves); an admission whose longest
 cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
-Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left (reuse.py).
+Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left. Both are
+kept by bookkeepers the scheduler asks (reuse.py: PrefixBook, DraftBook).
 """
 
 from __future__ import annotations
@@ -37,9 +38,9 @@ from collections import Counter
 
 from localserve.engine.interfaces import Vocab
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
-from localserve.engine.prompt_cache import CachedPrompt, PromptCache
-from localserve.engine.reuse import LessWork
-from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats
+from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.reuse import DraftBook, Placement, PrefixBook
+from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats, log_preemption
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
@@ -48,7 +49,7 @@ from localserve.engine.waiting import FairQueue
 log = logging.getLogger("localserve.scheduler")
 
 
-class Scheduler(LessWork):
+class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
                  prefill_budget: int | None = None, prompt_cache: PromptCache | None = None,
@@ -69,10 +70,16 @@ class Scheduler(LessWork):
         self._admissions = 0
         self._pending_drops: list[int] = []
         self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
-        # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
-        self.prompt_cache = None if pool.unified else prompt_cache
-        self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
-        self.draft_max_streams = draft_max_streams  # drafts only while this few decode
+        self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
+        self.drafts = DraftBook(pool, self.stats, speculative, draft_max_streams)
+
+    @property
+    def prompt_cache(self) -> PromptCache | None:
+        return self.prefixes.prompt_cache
+
+    def drop_scope(self, scope: str) -> int:
+        """A removed key's prompts, in idle slots and the prompt cache (PrefixBook)."""
+        return self.prefixes.drop_scope(scope)
 
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
@@ -152,7 +159,7 @@ class Scheduler(LessWork):
                 break
             n_running += 1
             budget -= admitted
-        self._add_drafts(plan, budget)
+        self.drafts.add(plan, budget)
         return plan
 
     admits_midway = True  # continuous batching: join the running batch at any step
@@ -180,30 +187,15 @@ class Scheduler(LessWork):
         req = self._next_admissible()
         if req is None:
             return 0
-        tokens = req.all_tokens
-        choice = self.pool.best_idle_slot(tokens, req.cache_scope)
-        if choice is None:
+        where = self.prefixes.place(req)
+        if where is None:
             return 0
-        slot, keep = choice
-        source = self._copy_source(req, keep)
-        restore = None
-        if source is not None:
-            keep = req.num_prompt_tokens - 1
-        else:
-            slot, keep, restore = self._cached_prefix(req, slot, keep)
-        need = len(tokens) - keep + 1
-        if self.pool.unified and not self._room_to_admit(plan, slot, 0 if source else keep, need):
+        need = len(req.all_tokens) - where.keep + 1
+        keep_in_pool = 0 if where.source else where.keep
+        if self.pool.unified and not self._room_to_admit(plan, where.slot, keep_in_pool, need):
             return 0
-        self._assign(plan, self.waiting.take(req), slot, keep, source, restore)
-        return self._add_chunk(plan, slot, min(budget, self._room(plan)))
-
-    def _copy_source(self, req: Request, keep: int) -> Slot | None:
-        """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
-        choice's, busy or not) rather than computing it again; only the last prompt token is
-        computed, for this choice's own first logits."""
-        if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
-            return None
-        return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
+        self._assign(plan, self.waiting.take(req), where)
+        return self._add_chunk(plan, where.slot, min(budget, self._room(plan)))
 
     def _release_siblings(self, first: Request) -> None:
         """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""
@@ -237,10 +229,10 @@ class Scheduler(LessWork):
                              key=lambda s: s.admitted_seq)
                 self._preempt_slot(plan, newest, for_share=True)
 
-    def _assign(self, plan: StepPlan, req: Request, slot: Slot, keep: int,
-                source: Slot | None = None, restore: CachedPrompt | None = None) -> None:
+    def _assign(self, plan: StepPlan, req: Request, where: Placement) -> None:
+        slot, keep, source, restore = where.slot, where.keep, where.source, where.restore
         if restore is not None or source is not None or slot.n_cached > keep:
-            self._save(plan, slot)  # what this admission overwrites
+            self.prefixes.save(plan, slot)  # what this admission overwrites
         self._admissions += 1
         copied = restore.tokens[:keep] if restore else source.cached[:keep] if source else None
         slot.assign(req, keep, self._admissions, copied, restored=restore is not None)
@@ -297,8 +289,8 @@ class Scheduler(LessWork):
         for another user. Its prompt and output so far are saved to the prompt cache when there
         is one (restored on re-admission), else recomputed."""
         req = slot.request
-        self._log_preemption(slot, for_share)
-        self._save(plan, slot)  # swapped out: restored instead of recomputed on re-admission
+        log_preemption(slot, for_share, self.pool.ctx_size, len(self.running), len(self.waiting))
+        self.prefixes.save(plan, slot)  # swapped out: restored, not recomputed, on re-admission
         self._drop(plan, slot)
         slot.release()
         req.status = RequestStatus.WAITING
@@ -309,13 +301,6 @@ class Scheduler(LessWork):
         else:
             self.waiting.push_front(req)
             self.stats.preemptions += 1
-
-    def _log_preemption(self, slot: Slot, for_share: bool) -> None:  # pragma: no mutate block
-        why = ("to share slots with a waiting user" if for_share
-               else f"cache pool {self.pool.ctx_size} tokens short")
-        log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
-                 "%d running, %d waiting", slot.request.request_id, slot.slot_id, slot.n_cached,
-                 why, len(self.running) - 1, len(self.waiting))
 
     def preempt_newest(self) -> bool:
         """The runner found no room for a planned batch (fragmentation): evict one sequence;
@@ -332,7 +317,7 @@ class Scheduler(LessWork):
         the token sampled after them (see drafts.py). A request in `costly_grammars` (its
         grammar took more than its bound to constrain a token) keeps this step's tokens and
         ends there."""
-        self._count(plan)
+        self.stats.count_step(plan)
         events = []
         for chunk in plan.chunks:
             slot = self.pool.slots[chunk.slot_id]
@@ -344,8 +329,8 @@ class Scheduler(LessWork):
             if not chunk.sample:
                 slot.computed(chunk.tokens)
                 continue
-            tokens = self._take_sampled(chunk, sampled[chunk.slot_id])
-            slot.computed(self._kept_in_cache(chunk, tokens))
+            tokens = self.drafts.take(chunk, sampled[chunk.slot_id])
+            slot.computed(self.drafts.kept_in_cache(chunk, tokens))
             for token in tokens:
                 events.append((chunk.request, self._accept_or_fail(slot, token)))
                 if slot.request is not chunk.request:
@@ -406,21 +391,9 @@ class Scheduler(LessWork):
         self._release_siblings(req)  # ended before its first token: they compute it themselves
         req.status = RequestStatus.FINISHED
         req.finish_reason = reason
-        if reason is FinishReason.ABORT:
-            self.stats.requests_aborted += 1
-        elif reason.completed:
-            self.stats.requests_finished += 1
-        else:
-            self.stats.requests_failed += 1
+        self.stats.count_end(reason)
         billed = req.prefix_of is None  # n > 1: the prompt is counted once, on the first choice
         return TokenEvent("", finish_reason=reason, error=error,
                           prompt_tokens=req.num_prompt_tokens if billed else 0,
                           completion_tokens=req.num_output_tokens,
                           cached_tokens=req.cached_tokens if billed else 0)
-
-    def _count(self, plan: StepPlan) -> None:
-        self.stats.steps += 1
-        self.stats.tokens_batched += plan.num_tokens
-        rows = plan.num_decode_rows
-        if rows > self.stats.max_decode_rows_in_step:
-            self.stats.max_decode_rows_in_step = rows

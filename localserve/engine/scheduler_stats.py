@@ -6,6 +6,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 
+from localserve.engine.finish import FinishReason
+
 log = logging.getLogger("localserve.scheduler")
 
 
@@ -24,6 +26,28 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
     draft_tokens: int = 0  # speculative drafts put into batches
     draft_tokens_accepted: int = 0  # of those, drafts the model agreed with (kept)
+
+    def count_step(self, plan) -> None:
+        self.steps += 1
+        self.tokens_batched += plan.num_tokens
+        self.max_decode_rows_in_step = max(self.max_decode_rows_in_step, plan.num_decode_rows)
+
+    def count_end(self, reason: FinishReason) -> None:
+        if reason is FinishReason.ABORT:
+            self.requests_aborted += 1
+        elif reason.completed:
+            self.requests_finished += 1
+        else:
+            self.requests_failed += 1
+
+
+def log_preemption(slot, for_share: bool, pool_tokens: int, running: int,
+                   waiting: int) -> None:  # pragma: no mutate block
+    why = ("to share slots with a waiting user" if for_share
+           else f"cache pool {pool_tokens} tokens short")
+    log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
+             "%d running, %d waiting", slot.request.request_id, slot.slot_id, slot.n_cached,
+             why, running - 1, waiting)
 
 
 class PreemptionWatch:
