@@ -224,3 +224,27 @@ def test_conversation_stores_keep_per_owner_and_server_wide_byte_totals(tmp_path
     with pytest.raises(conv.TooLarge, match="store is full"):
         store.save("carol", None, "t", body)
     assert store.room("carol") == 0 and store.room("alice") == 0
+
+
+def test_conversation_ids_are_each_owners_own_so_a_save_reveals_nothing(tmp_path):
+    """bob saving under alice's id makes bob's own conversation (200 both ways, no 404 to
+    tell him the id is taken); rows saved before names existed are still found."""
+    import sqlite3
+
+    import localserve.conversations as conv
+
+    old = sqlite3.connect(tmp_path / "conversations.db")  # a store from before this change
+    old.executescript(conv.SCHEMA)
+    old.execute("INSERT INTO conversations VALUES ('legacy', 'alice', 't', '{}', 0, 0)")
+    old.commit()
+    old.close()
+    store = conv.Conversations(tmp_path)
+    assert store.get("alice", "legacy") is not None and store.get("bob", "legacy") is None
+    store.save("alice", "c1", "alice's", {"messages": ["a"]})
+    store.save("bob", "c1", "bob's", {"messages": ["b"]})
+    assert store.get("alice", "c1")["messages"] == ["a"]
+    assert store.get("bob", "c1")["messages"] == ["b"]
+    assert [c["id"] for c in store.list("bob")] == ["c1"]
+    assert store.delete("bob", "c1") and store.get("alice", "c1") is not None
+    store.save("alice", "legacy", "t", {"messages": ["again"]})  # the old row, replaced
+    assert len(store.list("alice")) == 2

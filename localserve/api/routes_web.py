@@ -100,8 +100,6 @@ async def save_conversation(conversation_id: str, body: ConversationBody, reques
         saved = await run_in_threadpool(_store(request).save, _owner(request), conversation_id,
                                         body.title, {"messages": body.messages,
                                                      "settings": body.settings})
-    except PermissionError:
-        raise OpenAIError(404, "no such conversation", "not_found_error") from None
     except TooLarge as exc:
         raise OpenAIError(413, str(exc), code="request_too_large") from None
     return {"id": saved}
