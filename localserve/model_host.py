@@ -89,17 +89,6 @@ class ModelHost:
     def ready(self) -> bool:
         return self.engine is not None and self.engine.healthy
 
-    def status(self) -> tuple[str, str | None]:
-        """One answer for /health and for new requests: ("ok" | "loading" | "error", what went
-        wrong). The office's drain comes before it (registry.lease, /health)."""
-        if self.ready or self.unloaded:  # unloaded: loaded again by the next request for it
-            return "ok", None
-        if self.load_error:
-            return "error", self.load_error
-        if self.engine is None:
-            return "loading", None
-        return "error", self.loop.failure or "engine stopped"
-
     @property
     def n_ctx_per_slot(self) -> int:
         return self.loop.scheduler.pool.n_ctx_per_slot

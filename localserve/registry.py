@@ -82,10 +82,18 @@ class Entry:
         if self.closing and self.loaded:
             return ModelState.CLOSING
         if self.loaded:
-            return ModelState.LOADED
+            return ModelState.LOADED if self.host.ready else ModelState.FAILED
         if self.host.unloaded:
             return ModelState.UNLOADED
         return ModelState.FAILED if self.host.load_error else ModelState.LOADING
+
+    @property
+    def problem(self) -> str | None:
+        """Why a FAILED model cannot serve: its load error, or its engine loop's end."""
+        if self.state is not ModelState.FAILED:
+            return None
+        loop = self.host.loop
+        return self.host.load_error or (loop.failure if loop else None) or "engine stopped"
 
 
 class ModelRegistry:
@@ -161,7 +169,7 @@ class ModelRegistry:
             await self._ensure_loaded(entry)
         entry.leases += 1
         try:
-            yield ready(entry.host)
+            yield ready(entry)
         finally:
             entry.leases -= 1
             entry.last_busy = time.monotonic()
@@ -179,7 +187,7 @@ class ModelRegistry:
                 await asyncio.to_thread(entry.host.loaded.wait, 1.0)
                 continue
             if entry.state is ModelState.FAILED:
-                ready(entry.host)  # the 503 naming why it failed to load
+                ready(entry)  # the 503 naming why it failed to load
             async with self._switch:
                 if not entry.loaded:
                     await self._switch_to(entry, deadline)
@@ -349,13 +357,14 @@ def model_card(entry: Entry) -> dict:
             "owned_by": "localserve", "status": status, "kind": entry.spec.kind}
 
 
-def ready(host: ModelHost) -> ModelHost:
-    """The host if it can take requests now, else the 503 that says why."""
-    state, problem = host.status()
-    if state == "ok" and host.engine is not None:
-        return host
-    if state == "loading" or (state == "ok" and host.engine is None):
+def ready(entry: Entry) -> ModelHost:
+    """The model's host if it can take requests now (its ModelState: loaded, or unloaded and
+    loadable again), else the 503 that says why."""
+    state = entry.state
+    if state in (ModelState.LOADED, ModelState.UNLOADED, ModelState.CLOSING):
+        return entry.host
+    if state is ModelState.LOADING:
         raise ModelUnavailable("the model is still loading; retry shortly", param=None,
                                retry_after=2)
-    what = "the model failed to load" if host.load_error else "the engine is not running"
-    raise ModelUnavailable(f"{what}: {problem}", param=None)
+    what = "the model failed to load" if entry.host.load_error else "the engine is not running"
+    raise ModelUnavailable(f"{what}: {entry.problem}", param=None)

@@ -29,6 +29,7 @@ def office(tmp_path_factory):
         env = {**os.environ, "DATA_DIR": str(folder / "webui"), "PORT": str(port),
                "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "WEBUI_SECRET_KEY": "test-secret",
                "ENABLE_FORWARD_USER_INFO_HEADERS": "true", "DEFAULT_USER_ROLE": "user",
+               "ENABLE_SIGNUP": "true", "BYPASS_MODEL_ACCESS_CONTROL": "true",
                "OPENAI_API_BASE_URL": server.url + "/v1", "OPENAI_API_KEY": FRONTEND_KEY,
                "ENABLE_OLLAMA_API": "false", "RAG_EMBEDDING_ENGINE": "openai",
                "RAG_OPENAI_API_BASE_URL": server.url + "/v1", "RAG_OPENAI_API_KEY": FRONTEND_KEY,
@@ -53,9 +54,15 @@ def _up(url: str) -> bool:
         return False
 
 
-def sign_up(url: str, name: str) -> dict:
-    r = httpx.post(url + "/api/v1/auths/signup", timeout=60, json={
-        "name": name, "email": f"{name}@office.lan", "password": "correct horse battery"})
+def sign_up(url: str, name: str, admin: dict | None = None) -> dict:
+    """The first colleague signs up (and is Open WebUI's admin); the admin adds the next."""
+    who = {"name": name, "email": f"{name}@office.lan", "password": "correct horse battery"}
+    if admin is not None:
+        added = httpx.post(url + "/api/v1/auths/add", headers=admin, timeout=60,
+                           json={**who, "role": "user"})
+        assert added.status_code == 200, added.text
+    r = httpx.post(url + ("/api/v1/auths/signin" if admin else "/api/v1/auths/signup"),
+                   timeout=60, json=who)
     assert r.status_code == 200, r.text
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
@@ -69,7 +76,8 @@ def ask(url: str, who: dict, text: str, **extra) -> httpx.Response:
 
 def test_two_colleagues_and_a_document_through_open_webui(office):
     server, url, state = office
-    alice, bob = sign_up(url, "alice"), sign_up(url, "bob")
+    alice = sign_up(url, "alice")
+    bob = sign_up(url, "bob", admin=alice)
     for who in (alice, bob):
         r = ask(url, who, "Name a colour.")
         assert r.status_code == 200, r.text

@@ -115,3 +115,80 @@ def test_a_restore_needs_min_prefix_reuse_tokens_beyond_the_slots_and_takes_the_
     holder = next(s for s in sched.pool.slots if s.request is again)
     assert holder.slot_id == restores[0].slot_id
     assert holder.slot_id == 0  # the least recently used idle slot ("old"'s), not "near"'s
+
+
+# ---- where drafts go (DraftBook.add) and what a restore counts (PrefixBook) ----------------
+LOOP = [11, 12, 13, 14, 15, 16, 17, 18] * 3  # a prompt whose n-grams repeat: drafts follow
+
+
+def decoding(n: int, max_streams: int = 4, budget: int = 64, unified: bool = False,
+             max_tokens: int = 100, n_ctx: int = 256, logprobs=(None,)):
+    """A scheduler whose n requests all decode (one prefill step of them all done): its next
+    plan. logprobs: each request's, in order (the last one repeats)."""
+    sched = Scheduler(SlotPool(n_ctx * n, n, unified), FakeVocab(), budget, prefill_budget=4096,
+                      speculative=True, draft_max_streams=max_streams)
+    wanted = lambda i: logprobs[min(i, len(logprobs) - 1)]  # noqa: E731
+    requests = [Request(list(LOOP), SamplingParams(max_tokens=max_tokens, logprobs=wanted(i)),
+                        request_id=f"r{i}") for i in range(n)]
+    for r in requests:
+        sched.add(r)
+    plan = sched.schedule()
+    sched.update(plan, {c.slot_id: 11 for c in plan.chunks if c.sample})
+    return sched.schedule()
+
+
+def drafts(plan) -> list[int]:
+    return [c.drafts for c in plan.chunks]
+
+
+def test_drafts_go_to_decode_rows_while_few_enough_decode_and_the_budget_lasts():
+    assert drafts(decoding(2, max_streams=2)) == [4, 4]  # FIRST_DRAFT each, at the bound
+    assert drafts(decoding(3, max_streams=2)) == [0, 0, 0]  # one stream too many
+    assert drafts(decoding(1, unified=True)) == [0]  # a shared pool never drafts
+    assert drafts(decoding(1, logprobs=(2,))) == [0]  # drafted rows give no log-probabilities
+    assert drafts(decoding(2, logprobs=(2, None))) == [0, 4]  # the next row is still drafted
+    assert drafts(decoding(2, budget=2 + 1)) == [1, 0]  # the budget left: one token, in order
+    assert drafts(decoding(2, budget=2 + 6)) == [4, 2]  # the first's drafts come off the budget
+    assert drafts(decoding(1, max_tokens=3)) == [1]  # room for the answer's last tokens only
+    assert drafts(decoding(1, n_ctx=len(LOOP) + 4)) == [2]  # within the slot: 28 - 24 held - 2
+
+
+def test_a_restore_of_a_whole_prompt_keeps_all_but_its_last_token_and_counts_it_once():
+    cache = PromptCache(1_000_000)
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 512, prompt_cache=cache)
+    runner = ScriptedRunner({"first": [9, EOS], "whole": [9, EOS]})
+    sched.add(req("first", 30, first=500))
+    run(sched, runner)
+    length = MIN_PREFIX_REUSE + 1  # one token left to compute for the first logits
+    cache.put(None, list(range(1, 1 + length)), "state", 10)
+    sched.add(req("whole", length, first=1))
+    plan = sched.schedule()
+    restored = [a for a in plan.admitted if a.restore]
+    assert len(restored) == 1 and restored[0].kept_tokens == length - 1
+    assert (cache.stats.hits, cache.stats.misses) == (1, 1)  # "first" missed, "whole" hit
+    assert cache.stats.tokens_restored == length - 1
+
+
+def test_a_removed_keys_drop_reaches_its_colleagues_but_no_one_else_and_no_busy_slot(tmp_path):
+    from localserve.engine.prompt_disk import DiskTier
+
+    cache = PromptCache(1_000_000, DiskTier(tmp_path, 1_000_000, "m"))
+    for i, scope in enumerate(("alice", "alice:bob@x", "alicex", None)):
+        cache.put(scope, list(range(100 * i + 1, 100 * i + 41)), b"s" * 50, 50)
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 64, prompt_cache=cache)
+    mine, theirs = req("mine", 30, first=300), req("theirs", 30, first=400)
+    mine.cache_scope, theirs.cache_scope = "alice", "carol"
+    for r in (mine, theirs):
+        sched.add(r)
+    sched.update(plan := sched.schedule(), {c.slot_id: 5 for c in plan.chunks if c.sample})
+    assert sched.drop_scope("alice") == 2  # alice's entry and her colleague's, not "alicex"
+    assert sorted(str(e.scope) for e in cache.ram.values()) == ["None", "alicex"]
+    assert all(s.cached for s in sched.pool.slots)  # busy slots keep what they hold
+    assert cache.spill() == 2 and cache.stats.disk_writes == 2
+    assert cache.disk_bytes == sum(p.stat().st_size for p in tmp_path.glob("*.cache"))
+    entry, _ = cache.lookup(list(range(201, 241)), "alicex")  # written, then evicted by hand
+    cache.ram.pop(entry.entry_id)
+    cache.nbytes -= entry.nbytes
+    entry.state = None
+    assert cache.load(entry) and cache.stats.disk_reads == 1 and entry.state == b"s" * 50
+    assert Scheduler(SlotPool(512, 2), FakeVocab(), 64).drop_scope("alice") == 0  # no cache

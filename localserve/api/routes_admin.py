@@ -18,7 +18,7 @@ from localserve.api.serving import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.ledger import GROUPS
 from localserve.ledger import usage as ledger_usage
-from localserve.registry import Entry
+from localserve.registry import Entry, ModelState
 
 open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
 router = APIRouter()  # needs a key when keys are set
@@ -28,10 +28,12 @@ router = APIRouter()  # needs a key when keys are set
 async def health(request: Request):
     if request.app.state.office.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
-    state, problem = request.app.state.default_host.status()
-    if state == "ok":
+    default = next(iter(request.app.state.models.entries.values()))
+    state = default.state  # registry.ModelState: the one vocabulary of a model's lifecycle
+    if state in (ModelState.LOADED, ModelState.UNLOADED, ModelState.CLOSING):
         return {"status": "ok"}
-    body = {"status": state} if problem is None else {"status": state, "error": problem}
+    body = {"status": "loading"} if state is ModelState.LOADING else {
+        "status": "error", "error": default.problem}
     return JSONResponse(body, status_code=503)
 
 
