@@ -8,7 +8,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
         first token (p50), prompt tokens reused.
   copy  "rewrite this code exactly, adding a comment" at concurrency 1 and 4: output tok/s
-        (what speculative decoding is for); llama-server also with --spec-type ngram-mod.
+        (what speculative decoding is for), drafted tokens, the share kept, and (localserve)
+        output tokens per decode step; llama-server also with --spec-type ngram-mod.
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests) at concurrency 8:
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
 
@@ -103,20 +104,45 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8) -> 
 
 
 async def copy_workload(url: str, concurrency: int, requests: int = 8) -> dict:
+    """Output tok/s, and what speculation did: drafted tokens, the share kept, and output
+    tokens per decode step (localserve: its engine counters; llama-server: each answer's
+    timings.draft_n / draft_n_accepted)."""
     body = {"messages": [{"role": "user", "content": "Rewrite this code exactly, adding a "
                           "comment above each function:\n" + CODE}],
             "max_tokens": 256, "temperature": 0}
-    gate, tokens = asyncio.Semaphore(concurrency), 0
+    gate, tokens, drafted, kept = asyncio.Semaphore(concurrency), 0, 0, 0
     async with httpx.AsyncClient(timeout=900) as client:
         async def one():
-            nonlocal tokens
+            nonlocal tokens, drafted, kept
             async with gate:
-                r = await client.post(url + "/v1/chat/completions", json=body)
-                tokens += r.json()["usage"]["completion_tokens"]
+                answer = (await client.post(url + "/v1/chat/completions", json=body)).json()
+                tokens += answer["usage"]["completion_tokens"]
+                timings = answer.get("timings") or {}
+                drafted += timings.get("draft_n", 0)
+                kept += timings.get("draft_n_accepted", 0)
         await one()  # warm-up, not counted
-        tokens, started = 0, time.perf_counter()
+        tokens = drafted = kept = 0
+        before = await engine_counters(client, url)
+        started = time.perf_counter()
         await asyncio.gather(*(one() for _ in range(requests)))
-        return {"tok_s": tokens / (time.perf_counter() - started), "completion_tokens": tokens}
+        wall = time.perf_counter() - started
+        after = await engine_counters(client, url)
+    if before and after:  # localserve
+        drafted = after["draft_tokens"] - before["draft_tokens"]
+        kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
+    steps = after["steps"] - before["steps"] if before and after else None
+    return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
+            "accepted": kept / drafted if drafted else 0.0,
+            "tokens_per_step": tokens / steps if steps else None}
+
+
+async def engine_counters(client, url: str) -> dict | None:
+    """localserve's engine counters (None from a server that has none)."""
+    try:
+        r = await client.get(url + "/slots?view=full")
+        return r.json()["engine"] if r.status_code == 200 else None
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
 
 
 def servers(args) -> dict[str, list[str] | None]:
@@ -148,7 +174,15 @@ def run_once(name, extra, args) -> dict:
             jobs = bench.make_workload(24, 7, (10, 60), (32, 256))
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
             return {"tok_s": asyncio.run(bench.run_level(srv.url, jobs, 8)).output_tok_s}
-        return {f"c{c}": asyncio.run(copy_workload(srv.url, c))["tok_s"] for c in (1, 4)}
+        out = {}
+        for c in (1, 4):
+            run = asyncio.run(copy_workload(srv.url, c))
+            out[f"c{c}"] = run["tok_s"]
+            out[f"c{c}_accepted"] = run["accepted"]
+            out[f"c{c}_drafted"] = run["drafted"]
+            if run["tokens_per_step"] is not None:
+                out[f"c{c}_tokens_per_step"] = run["tokens_per_step"]
+        return out
     finally:
         srv.stop()
 
@@ -171,17 +205,18 @@ def main() -> int:
             results[name].append(run_once(name, extra, args))
             print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
     first = next(iter(results))
-    keys = [k for k in results[first][0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
     for name, runs in results.items():
+        keys = [k for k in runs[0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
         cells = [f"{k} {statistics.median(r[k] for r in runs):.2f} "
                  f"({min(r[k] for r in runs):.2f}-{max(r[k] for r in runs):.2f})" for k in keys]
         if "cached_tokens" in runs[0]:
             cells.append(f"reused {statistics.median(r['cached_tokens'] for r in runs):.0f} of "
                          f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
         print(f"  {name:24s} " + "; ".join(cells))
+    speeds = [k for k in results[first][0] if k in ("c1", "c4", "tok_s", "turns_per_min")]
     for peer in [n for n in results if n != first]:
-        for k in keys:
+        for k in speeds:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]
             print(f"  {first} / {peer} {k}: {statistics.median(ratios):.2f}x "
                   f"({min(ratios):.2f}-{max(ratios):.2f})")
