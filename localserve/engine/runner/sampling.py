@@ -25,9 +25,12 @@ log = logging.getLogger("localserve.llama")
 # The most one whole-vocabulary grammar pass may take, in this thread's CPU time (not the
 # wall clock: a busy machine must not turn a sound grammar into a refusal): checked from the
 # grammar's start before admission (grammar_error), and for every token it constrains after
-# (_sample: a grammar cheap at its start can turn costly one literal later). A JSON schema's
-# grammar takes a few milliseconds here, 1,500 alternatives of `[0-9]* "#I"` over 400.
-MAX_GRAMMAR_PASS_S = 0.05
+# (_sample: a grammar cheap at its start can turn costly one literal later). A pass costs in
+# proportion to the vocabulary: 1 us per entry, at least 50 ms (SmolLM's 49,152 tokens: 50 ms;
+# Gemma 3's 262,144: 262 ms). A JSON schema's grammar takes a few milliseconds on SmolLM,
+# 1,500 alternatives of `[0-9]* "#I"` over 400.
+MIN_GRAMMAR_PASS_S = 0.05
+GRAMMAR_PASS_S_PER_TOKEN = 1e-6
 # Measured on the tool grammars of the test suite: 0.5 ms per token at the median, 8 ms at
 # p90, 49 ms at worst; 1,500 alternatives one literal after the start: 1,200 ms per token.
 # A request is ended when one token costs more than GRAMMAR_SPIKE passes' worth, or the
@@ -88,7 +91,7 @@ class Sampling:
         """None if llama.cpp can parse this GBNF (root rule 'root') and constraining a token
         with it is cheap enough, else why not. A grammar's cost is paid on the engine loop for
         every refused token, while everyone else's stream waits: one that costs more than
-        MAX_GRAMMAR_PASS_S over the whole vocabulary (timed from its start, best of two) is
+        grammar_budget() over the whole vocabulary (timed from its start, best of two) is
         refused. A first pass over a sample of the vocabulary refuses a very costly one
         without paying a whole pass for it. Runs on an HTTP worker thread, so it uses its own
         candidate array."""
@@ -98,14 +101,18 @@ class Sampling:
         try:
             step = max(1, self.n_vocab // SAMPLE_TOKENS)
             cost = self._grammar_pass_seconds(grammar, step) * step
-            if cost <= 4 * MAX_GRAMMAR_PASS_S:
+            if cost <= 4 * self.grammar_budget():
                 cost = min(self._grammar_pass_seconds(grammar, 1) for _ in range(2))
         finally:
             C.llama_sampler_free(grammar)
-        if cost > MAX_GRAMMAR_PASS_S:
+        if cost > self.grammar_budget():
             return (f"constraining one token with this grammar takes {cost * 1000:.0f} ms; the "
-                    f"limit is {MAX_GRAMMAR_PASS_S * 1000:.0f} ms (simplify its alternatives)")
+                    f"limit is {self.grammar_budget() * 1000:.0f} ms (simplify its alternatives)")
         return None
+
+    def grammar_budget(self) -> float:
+        """Seconds one whole-vocabulary grammar pass may take on this model."""
+        return max(MIN_GRAMMAR_PASS_S, self.n_vocab * GRAMMAR_PASS_S_PER_TOKEN)
 
     def _grammar_pass_seconds(self, grammar, step: int) -> float:
         """The time to constrain every `step`-th token of the vocabulary from the grammar's
@@ -153,7 +160,7 @@ class Sampling:
         """Sample this row's token. With a grammar, as llama.cpp's common_sampler_sample does:
         sample freely, check only that token against the grammar, and only when it is
         refused apply the grammar to the whole vocabulary and sample again. A token that took
-        more than MAX_GRAMMAR_PASS_S of CPU to constrain puts its slot in costly_grammars."""
+        more than grammar_budget() of CPU to constrain puts its slot in costly_grammars."""
         chain, grammar = self.samplers[slot_id], self.grammars.get(slot_id)
         if grammar is None:
             return C.llama_sampler_sample(chain, self.ctx, row)
@@ -165,8 +172,9 @@ class Sampling:
     def _count_grammar_cost(self, slot_id: int, seconds: float) -> None:
         window = self.grammar_costs.setdefault(slot_id, deque(maxlen=GRAMMAR_WINDOW))
         window.append(seconds)
-        if (seconds > GRAMMAR_SPIKE * MAX_GRAMMAR_PASS_S or len(window) == GRAMMAR_WINDOW
-                and sum(window) > GRAMMAR_WINDOW * MAX_GRAMMAR_PASS_S):
+        budget = self.grammar_budget()
+        if (seconds > GRAMMAR_SPIKE * budget or len(window) == GRAMMAR_WINDOW
+                and sum(window) > GRAMMAR_WINDOW * budget):
             self.costly_grammars.add(slot_id)
 
     def _constrained(self, chain, grammar, slot_id: int, row: int) -> int:
