@@ -4,7 +4,7 @@ completions, Anthropic Messages, Responses, llama-server's /completion, Ollama) 
 shape from them.
 
     Text(text, logprobs, token_ids)   answer text as it streams
-    Thought(text, tokens)             reasoning, from a leading <think> block (reasoning.py)
+    Thought(text)                     reasoning, from a leading <think> block (reasoning.py)
     ToolCalls(prose, calls)           once the answer is complete: prose still held, its calls
     Finish(reason, last, reasoning)   the end: the reason as clients see it ("tool_calls" when
                                       it called), the engine's billed counts in `last`
@@ -47,7 +47,6 @@ class Text:
 @dataclass(frozen=True)
 class Thought:
     text: str
-    tokens: int  # tokens spent on it
 
 
 @dataclass(frozen=True)
@@ -122,9 +121,9 @@ class ChoiceReader:
             if event.finished:
                 rest = self.thinking.flush()
                 thought, text = thought + rest[0], text + rest[1]
-            spent = len(event.token_ids) if thought and not text else 0
-            self.reasoning_tokens += spent
-            return ([Thought(thought, spent)] if thought else []) + ([Text(text)] if text else [])
+            if thought and not text:  # tokens spent reasoning: Finish.reasoning_tokens
+                self.reasoning_tokens += len(event.token_ids)
+            return ([Thought(thought)] if thought else []) + ([Text(text)] if text else [])
         if event.text or event.logprobs:
             return [Text(event.text, (event.logprobs,) if event.logprobs else (), event.token_ids)]
         return []

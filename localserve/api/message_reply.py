@@ -37,8 +37,8 @@ class MessageReply:
         self.model, self.input_tokens, self.tools = model, input_tokens, tools
         self.reasoning = reasoning
 
-    def _reader(self) -> list[ChoiceReader]:
-        return [ChoiceReader(self.tools, self.reasoning)]
+    def _reader(self) -> ChoiceReader:
+        return ChoiceReader(self.tools, self.reasoning)
 
     def _message(self, content: list, stop_reason, output_tokens: int, cached: int = 0) -> dict:
         return {"id": self.id, "type": "message", "role": "assistant", "model": self.model,
@@ -47,7 +47,7 @@ class MessageReply:
                           "cache_read_input_tokens": cached, "cache_creation_input_tokens": 0}}
 
     async def collect(self, stream, request: Request) -> dict:
-        answer = await whole_answer(stream, self._reader()[0], request)
+        answer = await whole_answer(stream, self._reader(), request)
         calls = answer.tools.calls if answer.tools else []
         text = joined_content(answer.text, answer.tools)
         blocks = [{"type": "thinking", "thinking": answer.thought, "signature": ""}] \
@@ -78,7 +78,7 @@ class MessageReply:
         """Thinking and text stream as they come (prose before tool calls too); tool_use
         blocks follow once the answer is complete."""
         index, opened = 0, None  # opened: the kind of block being streamed
-        async with aclosing(read(stream, self._reader())) as pieces:
+        async with aclosing(read(stream, [self._reader()])) as pieces:
             yield self._event("message_start", message=self._message([], None, 0))
             async for _, piece in pieces:
                 if isinstance(piece, Failed):

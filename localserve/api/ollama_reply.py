@@ -71,11 +71,11 @@ class OllamaReply:
                 "prompt_eval_duration": ns(first - admitted),
                 "eval_count": last.completion_tokens, "eval_duration": ns(now - first)}
 
-    def _readers(self) -> list[ChoiceReader]:
-        return [ChoiceReader(self.tools, self.reasoning)]
+    def _reader(self) -> ChoiceReader:
+        return ChoiceReader(self.tools, self.reasoning)
 
     async def collect(self, stream, request: Request) -> dict:
-        answer = await whole_answer(stream, self._readers()[0], request)
+        answer = await whole_answer(stream, self._reader(), request)
         calls = answer.tools.calls if answer.tools else []
         return self._final(answer.end, stream.requests[0],
                            text=joined_content(answer.text, answer.tools) or "",
@@ -84,7 +84,7 @@ class OllamaReply:
     async def lines(self, stream):
         """NDJSON: a line per piece of text or thinking, the calls in one line, then the final
         one; a failure is one {"error": ...} line (what the ollama client raises from)."""
-        async with aclosing(read(stream, self._readers())) as pieces:
+        async with aclosing(read(stream, [self._reader()])) as pieces:
             async for _, piece in pieces:
                 if isinstance(piece, Failed):
                     yield json.dumps({"error": piece.error.message}) + "\n"

@@ -35,8 +35,8 @@ class ResponseReply:
         self.sequence = 0
         self.reasoning_tokens = 0  # tokens of the answer spent inside its <think> block
 
-    def _reader(self) -> list[ChoiceReader]:
-        return [ChoiceReader(self.tools, self.reasoning)]
+    def _reader(self) -> ChoiceReader:
+        return ChoiceReader(self.tools, self.reasoning)
 
     def _items(self, thought: str, text: str, tools: ToolCalls | None,
                with_message: bool = False) -> list[dict]:
@@ -103,7 +103,7 @@ class ResponseReply:
         return {**turn, "tool_calls": calls} if calls else turn
 
     async def collect(self, stream, request: Request) -> dict:
-        answer = await whole_answer(stream, self._reader()[0], request)
+        answer = await whole_answer(stream, self._reader(), request)
         return await self._finish(self._items(answer.thought, answer.text, answer.tools),
                                   answer.end)
 
@@ -117,7 +117,7 @@ class ResponseReply:
         reasons; before tool calls, when the model's format lets prose come first); the rest
         of the items once the answer is complete."""
         thoughts, texts, tools, opened = [], [], None, False
-        async with aclosing(read(stream, self._reader())) as pieces:
+        async with aclosing(read(stream, [self._reader()])) as pieces:
             yield self._event("response.created", response=self._response("in_progress", []))
             yield self._event("response.in_progress", response=self._response("in_progress", []))
             async for _, piece in pieces:
