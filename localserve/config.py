@@ -37,7 +37,7 @@ class Settings:
     kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
-    spec: str = "off"  # speculative decoding: "ngram" (drafts from the request's own n-grams) or "off"
+    spec: str = "ngram"  # speculative decoding: "ngram" (drafts from the request's own n-grams) or "off"
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto

@@ -129,8 +129,7 @@ class ModelHost:
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
                                        prompt_cache=self.prompt_cache,
-                                       speculative=s.spec == "ngram",
-                                       draft_max_streams=32 if supports_gpu_offload() else 4)
+                                       speculative=s.spec == "ngram")
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
             observers = [self.metrics, *self.observers(lambda: self.model_id)]

@@ -91,9 +91,10 @@ GROUPS: dict[str, list[Option]] = {
         Option("cache_disk", ("--cache-disk",), "MiB of files under --state-dir for prompts the "
                "RAM cache evicts and for all of them at shutdown, so conversations survive a "
                "restart; 0 turns it off; the files hold prompts' state, mode 600"),
-        Option("spec", ("--spec",), "speculative decoding: ngram drafts each answer's next tokens "
-               "from its own prompt and output (no draft model; output unchanged; faster on "
-               "answers that copy text)"),
+        Option("spec", ("--spec",), "speculative decoding (default ngram): drafts each answer's "
+               "next tokens from its own conversation, as many a step as measured acceptance "
+               "and step cost say pay (no draft model; output unchanged; faster on answers "
+               "that copy text); off turns it off"),
         Option("spec", ("--spec-type",), "llama-server's spelling of --spec (ngram-mod, "
                "ngram-simple, none)", convert=_spec_type),
         Option("cache_type_k", ("-ctk", "--cache-type-k"), "cache type for K; q8_0 fits ~1.9x "

@@ -7,13 +7,16 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         colleague's next turn coming after all the others have had theirs (more conversations
         than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
         first token (p50), prompt tokens reused.
-  copy  "rewrite this code exactly, adding a comment" at concurrency 1 and 4: output tok/s
+  copy  "rewrite this exactly, adding a comment": 8 passages of this repository's code and
+        docs, different each round, at concurrency 1 and 4: output tok/s
         (what speculative decoding is for), drafted tokens, the share kept, and (localserve)
         output tokens per decode step; llama-server also with --spec-type ngram-mod.
-  chat  ordinary chat (short questions, 32-256-token answers, 24 requests) at concurrency 8:
+  chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
+        round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
 
-    .venv/bin/python scripts/bench_office.py --workload doc|copy [--rounds 3] \
+    .venv/bin/python scripts/bench_office.py --workload doc|copy|chat [--rounds 3] \
+        [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 
 Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
@@ -48,9 +51,19 @@ WORDS = ("invoice supplier warehouse schedule budget contract clause delivery qu
          "customs deadline revision approval signature").split()
 QUESTIONS = ("What is this document about?", "Which dates does it mention?",
              "Summarise the second paragraph.")
-CODE = "\n".join(f"def step_{i}(values, factor):\n    total = 0\n    for value in values:\n"
-                 f"        total = total + value * factor + {i}\n    return total\n"
-                 for i in range(6))
+SOURCES = sorted((ROOT / "localserve").rglob("*.py")) + sorted((ROOT / "docs").glob("*.md"))
+
+
+def copy_texts(seed: int, n: int = 8, lines: int = 24) -> list[str]:
+    """n passages to copy, different each round (seed): `lines` lines of this repository's
+    own sources and docs (code and prose), from n different files."""
+    rng = random.Random(seed)
+    texts = []
+    for path in rng.sample([p for p in SOURCES if len(p.read_text().splitlines()) > lines], n):
+        source = path.read_text().splitlines()
+        start = rng.randrange(len(source) - lines)
+        texts.append("\n".join(source[start:start + lines]))
+    return texts
 
 
 def document(colleague: int) -> str:
@@ -103,28 +116,29 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8) -> 
             "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
 
 
-async def copy_workload(url: str, concurrency: int, requests: int = 8) -> dict:
-    """Output tok/s, and what speculation did: drafted tokens, the share kept, and output
-    tokens per decode step (localserve: its engine counters; llama-server: each answer's
-    timings.draft_n / draft_n_accepted)."""
-    body = {"messages": [{"role": "user", "content": "Rewrite this code exactly, adding a "
-                          "comment above each function:\n" + CODE}],
-            "max_tokens": 256, "temperature": 0}
+async def copy_workload(url: str, concurrency: int, texts: list[str]) -> dict:
+    """Output tok/s over one request per text, and what speculation did: drafted tokens, the
+    share kept, and output tokens per decode step (localserve: its engine counters;
+    llama-server: each answer's timings.draft_n / draft_n_accepted)."""
+    def body(text: str) -> dict:
+        return {"messages": [{"role": "user", "content": "Rewrite this exactly, adding a "
+                              "one-line comment at the top:\n" + text}],
+                "max_tokens": 256, "temperature": 0}
     gate, tokens, drafted, kept = asyncio.Semaphore(concurrency), 0, 0, 0
     async with httpx.AsyncClient(timeout=900) as client:
-        async def one():
+        async def one(text):
             nonlocal tokens, drafted, kept
             async with gate:
-                answer = (await client.post(url + "/v1/chat/completions", json=body)).json()
+                answer = (await client.post(url + "/v1/chat/completions", json=body(text))).json()
                 tokens += answer["usage"]["completion_tokens"]
                 timings = answer.get("timings") or {}
                 drafted += timings.get("draft_n", 0)
                 kept += timings.get("draft_n_accepted", 0)
-        await one()  # warm-up, not counted
+        await one("def warm_up():\n    return 1\n")  # not counted
         tokens = drafted = kept = 0
         before = await engine_counters(client, url)
         started = time.perf_counter()
-        await asyncio.gather(*(one() for _ in range(requests)))
+        await asyncio.gather(*(one(text) for text in texts))
         wall = time.perf_counter() - started
         after = await engine_counters(client, url)
     if before and after:  # localserve
@@ -165,18 +179,21 @@ def start(name: str, extra: list[str], args) -> RunningServer:
                          program=[sys.executable, "-m", "localserve", extra[0]]).wait_ready(300)
 
 
-def run_once(name, extra, args) -> dict:
+def run_once(name, extra, args, seed: int) -> dict:
+    """One side's run of the workload; `seed` varies the texts and prompts between rounds
+    (both sides of a round get the same)."""
     srv = start(name, extra, args)
     try:
         if args.workload == "doc":
             return asyncio.run(doc_workload(srv.url))
         if args.workload == "chat":
-            jobs = bench.make_workload(24, 7, (10, 60), (32, 256))
+            jobs = bench.make_workload(24, seed, (10, 60), (32, 256))
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
-            return {"tok_s": asyncio.run(bench.run_level(srv.url, jobs, 8)).output_tok_s}
+            return {f"c{c}": asyncio.run(bench.run_level(srv.url, jobs, c)).output_tok_s
+                    for c in args.concurrency}
         out = {}
-        for c in (1, 4):
-            run = asyncio.run(copy_workload(srv.url, c))
+        for c in args.concurrency:
+            run = asyncio.run(copy_workload(srv.url, c, copy_texts(seed)))
             out[f"c{c}"] = run["tok_s"]
             out[f"c{c}_accepted"] = run["accepted"]
             out[f"c{c}_drafted"] = run["drafted"]
@@ -192,17 +209,20 @@ def main() -> int:
     ap.add_argument("--workload", choices=["doc", "copy", "chat"], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=None,
+                    help="concurrency levels for copy (default 1 4) and chat (default 8)")
     ap.add_argument("--llama-server", help="path to llama-server (scripts/build-llama-server)")
     ap.add_argument("--localserve-args", action="append",
                     help="flags for a localserve side (repeat for several sides)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
+    args.concurrency = args.concurrency or ([8] if args.workload == "chat" else [1, 4])
     sides = servers(args)
     results: dict[str, list[dict]] = {name: [] for name in sides}
     for round_no in range(args.rounds):
         order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
         for name, extra in order:
-            results[name].append(run_once(name, extra, args))
+            results[name].append(run_once(name, extra, args, seed=round_no))
             print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
     first = next(iter(results))
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
@@ -214,7 +234,8 @@ def main() -> int:
             cells.append(f"reused {statistics.median(r['cached_tokens'] for r in runs):.0f} of "
                          f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
         print(f"  {name:24s} " + "; ".join(cells))
-    speeds = [k for k in results[first][0] if k in ("c1", "c4", "tok_s", "turns_per_min")]
+    speeds = [k for k in results[first][0]
+              if k in ("tok_s", "turns_per_min") or (k[0] == "c" and k[1:].isdigit())]
     for peer in [n for n in results if n != first]:
         for k in speeds:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]

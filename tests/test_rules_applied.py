@@ -10,6 +10,7 @@ hand mutant that survived every other pure test (issue: one serving path in api/
 import asyncio
 
 from localserve.api.limits import ReleaseReservations
+from localserve.engine.drafts import MATCH_CLASSES
 from localserve.engine.plan import SeqChunk
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.request import Request, SamplingParams
@@ -77,6 +78,8 @@ def test_the_acceptance_count_is_the_drafts_that_held():
     class Drafter:
         told = None
 
+        match = 40
+
         def feedback(self, drafted, accepted):
             self.told = (drafted, accepted)
 
@@ -85,6 +88,7 @@ def test_the_acceptance_count_is_the_drafts_that_held():
     assert sched.drafts.take(chunk, [6, 7, 1]) == [6, 7, 1]  # two drafts held, then a miss
     assert (sched.stats.draft_tokens, sched.stats.draft_tokens_accepted) == (3, 2)
     assert request.drafter.told == (3, 2)
+    assert sched.drafts.acceptance.p(40) > 0.5 == sched.drafts.acceptance.p(2)  # its class's
     assert sched.drafts.kept_in_cache(chunk, [6, 7, 1]) == [5, 6, 7]
     assert plan is not None
 
@@ -121,12 +125,15 @@ def test_a_restore_needs_min_prefix_reuse_tokens_beyond_the_slots_and_takes_the_
 LOOP = [11, 12, 13, 14, 15, 16, 17, 18] * 3  # a prompt whose n-grams repeat: drafts follow
 
 
-def decoding(n: int, max_streams: int = 4, budget: int = 64, unified: bool = False,
+def decoding(n: int, held: float = 0.99, budget: int = 64, unified: bool = False,
              max_tokens: int = 100, n_ctx: int = 256, logprobs=(None,)):
-    """A scheduler whose n requests all decode (one prefill step of them all done): its next
-    plan. logprobs: each request's, in order (the last one repeats)."""
+    """A scheduler whose n requests all decode (one prefill step of them all done), drafts
+    measured to hold with chance `held` and a row to cost a tenth of a step: its next plan.
+    logprobs: each request's, in order (the last one repeats)."""
     sched = Scheduler(SlotPool(n_ctx * n, n, unified), FakeVocab(), budget, prefill_budget=4096,
-                      speculative=True, draft_max_streams=max_streams)
+                      speculative=True)
+    sched.drafts.acceptance.held = [held * 1000] * len(MATCH_CLASSES)
+    sched.drafts.acceptance.missed = [(1 - held) * 1000] * len(MATCH_CLASSES)
     wanted = lambda i: logprobs[min(i, len(logprobs) - 1)]  # noqa: E731
     requests = [Request(list(LOOP), SamplingParams(max_tokens=max_tokens, logprobs=wanted(i)),
                         request_id=f"r{i}") for i in range(n)]
@@ -141,14 +148,15 @@ def drafts(plan) -> list[int]:
     return [c.drafts for c in plan.chunks]
 
 
-def test_drafts_go_to_decode_rows_while_few_enough_decode_and_the_budget_lasts():
-    assert drafts(decoding(2, max_streams=2)) == [4, 4]  # FIRST_DRAFT each, at the bound
-    assert drafts(decoding(3, max_streams=2)) == [0, 0, 0]  # one stream too many
+def test_drafts_go_to_decode_rows_as_many_as_pay_while_the_budget_lasts():
+    assert drafts(decoding(2)) == [8, 8]  # FIRST_DRAFT each: copying pays
+    assert drafts(decoding(2, held=0.5)) == [2, 2]  # 0.5^2 >= 2 rows x a tenth > 0.5^3
+    assert drafts(decoding(6, held=0.5)) == [0] * 6  # 6 x a tenth > 0.5: none pays
     assert drafts(decoding(1, unified=True)) == [0]  # a shared pool never drafts
     assert drafts(decoding(1, logprobs=(2,))) == [0]  # drafted rows give no log-probabilities
-    assert drafts(decoding(2, logprobs=(2, None))) == [0, 4]  # the next row is still drafted
+    assert drafts(decoding(2, logprobs=(2, None))) == [0, 8]  # the next row is still drafted
     assert drafts(decoding(2, budget=2 + 1)) == [1, 0]  # the budget left: one token, in order
-    assert drafts(decoding(2, budget=2 + 6)) == [4, 2]  # the first's drafts come off the budget
+    assert drafts(decoding(2, budget=2 + 10)) == [8, 2]  # the first's drafts come off the budget
     assert drafts(decoding(1, max_tokens=3)) == [1]  # room for the answer's last tokens only
     assert drafts(decoding(1, n_ctx=len(LOOP) + 4)) == [2]  # within the slot: 28 - 24 held - 2
 

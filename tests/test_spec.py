@@ -1,4 +1,4 @@
-"""Speculative decoding (--spec ngram) on the real model: byte-identical greedy output to
+"""Speculative decoding (on by default) on the real model: byte-identical greedy output to
 decoding a token at a time, on copy, chat and JSON-schema requests, streamed and not; drafts
 are proposed and accepted on a copying answer."""
 
@@ -52,7 +52,7 @@ def answer(srv, body: dict, stream: bool) -> str:
 def both():
     args = ("-c", "2048", "-np", "2", "-t", "2")
     with running(*args, "--spec", "off", log_name="spec-off") as off, \
-            running(*args, "--spec-type", "ngram-mod", log_name="spec-on") as on:
+            running(*args, log_name="spec-default") as on:  # drafting is the default
         yield off, on
 
 

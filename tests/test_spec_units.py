@@ -4,7 +4,8 @@ only what held, the output is exactly what one token a step gives)."""
 
 import dataclasses
 
-from localserve.engine.drafts import MAX_DRAFT, NgramDrafter
+from localserve.engine.drafts import (FIRST_DRAFT, MAX_DRAFT, Acceptance, NgramDrafter, Proposal,
+                                     StepCost, matched_length)
 from localserve.engine.plan import StepOutput
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
@@ -15,16 +16,61 @@ from fakes import EOS, FakeVocab, ScriptedRunner, req, run
 def test_the_drafter_proposes_what_followed_the_latest_ngram_last_time():
     drafter = NgramDrafter()
     text = [5, 6, 7, 8, 9, 10, 11, 1, 2, 5, 6, 7]
-    assert drafter.propose(text, 3) == [8, 9, 10]  # 5 6 7 was followed by 8 9 10
-    assert drafter.propose(text + [42], 3) == []  # 6 7 42 never occurred
+    first = drafter.propose(text, 3)
+    assert first.tokens == [8, 9, 10] and first.match == 3  # 5 6 7 was followed by 8 9 10
+    assert drafter.propose(text + [42], 3) == Proposal([], 0)  # 7 42 never occurred
     drafter.feedback(3, 3)
     longer = text + [42, 5, 6, 7]  # the answer went on (tokens only ever grow)
-    assert drafter.length == 8 and drafter.propose(longer, 100) == [42, 5, 6, 7]
+    assert drafter.length == 2 * FIRST_DRAFT
+    assert drafter.propose(longer, 100).tokens == [42, 5, 6, 7]
     drafter.feedback(8, 2)
     assert drafter.length == 3
-    drafter.feedback(3, 3)
-    drafter.feedback(6, 6)
+    for _ in range(6):
+        drafter.feedback(drafter.length, drafter.length)
     assert drafter.length == MAX_DRAFT
+
+
+def test_the_longest_ngram_wins_and_its_match_is_measured_back():
+    passage = list(range(100, 140))
+    text = passage[:20] + [1] + passage + [7] + passage[:30]  # copied twice; the tail is 30 in
+    proposal = NgramDrafter().propose(text, 5)
+    assert proposal.tokens == passage[30:35]  # from the full copy, not the 20-token one
+    assert proposal.match == 30
+    assert matched_length([1, 2, 3, 9, 1, 2, 3], 3, 7) == 3
+
+
+def test_acceptance_is_kept_per_match_class_and_follows_recent_drafts():
+    acceptance = Acceptance()
+    assert acceptance.p(2) == acceptance.p(40) == 0.5  # untried: one hold, one miss
+    for _ in range(50):
+        acceptance.record(40, 16, 16)  # long matches: every draft held
+        acceptance.record(2, 4, 0)  # two-token matches: never
+    assert acceptance.p(40) > 0.95 and acceptance.p(33) == acceptance.p(40)
+    assert acceptance.p(2) < 0.05 and acceptance.p(3) == acceptance.p(2)
+    assert acceptance.p(8) == 0.5  # a class of its own, still untried
+    for _ in range(1000):
+        acceptance.record(40, 4, 1)  # the traffic changed: one held, then a miss
+    assert 0.45 < acceptance.p(40) < 0.6
+
+
+def test_a_rows_cost_is_fitted_from_the_steps_and_drafts_pay_while_p_to_the_j_beats_it():
+    cost = StepCost()
+    assert cost.row_share(1) == StepCost.PRIOR_ROW_SHARE  # nothing measured yet
+    for _ in range(20):
+        cost.observe(1, 0.011)  # the same one row every step: no slope to read
+    assert cost.fit() is None
+    for rows in range(1, 60):
+        cost.observe(rows, 0.010 + 0.001 * rows)  # base 10 ms, 1 ms a row
+    cost.observe(256, 9.0)  # a big prompt chunk is left out of the fit
+    base, per_row = cost.fit()
+    assert abs(base - 0.010) < 1e-6 and abs(per_row - 0.001) < 1e-6
+    assert abs(cost.row_share(1) - 1 / 11) < 1e-9
+    assert cost.worth(0.9, 1) == 22  # 0.9^22 = 0.098 >= 1/11 > 0.9^23
+    assert cost.worth(0.5, 1) == 3
+    assert cost.worth(0.5, 8) == 1 and cost.worth(0.4, 8) == 0  # 8 streams: a row must keep
+    # 8 * 1/18 = 0.44 tokens
+    assert cost.worth(0.99, 8) == MAX_DRAFT  # copying pays even there
+    assert cost.worth(0.0, 1) == 0 and cost.worth(1.0, 1) == MAX_DRAFT
 
 
 class DraftingRunner(ScriptedRunner):

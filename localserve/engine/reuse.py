@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localserve.engine.drafts import NgramDrafter
+from localserve.engine.drafts import Acceptance, NgramDrafter, StepCost
 from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
 from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
@@ -92,19 +92,19 @@ class PrefixBook:
 
 
 class DraftBook:
-    def __init__(self, pool: SlotPool, stats: SchedulerStats, speculative: bool,
-                 max_streams: int):
+    def __init__(self, pool: SlotPool, stats: SchedulerStats, speculative: bool):
         self.pool, self.stats = pool, stats
         self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
-        self.max_streams = max_streams  # drafts only while this few decode
+        self.acceptance = Acceptance()
+        self.cost = StepCost()
 
     def add(self, plan: StepPlan, budget: int) -> None:
-        """Give the budget left after everything else to decode rows as n-gram drafts, while
-        at most `max_streams` requests decode: with more, a CPU step is compute-bound and a
-        kept draft costs as much as the step it saves (measured on chat at 8 streams: 77% of
-        drafts kept, yet 7% slower; on copying answers at 1 and 4 streams: 2.06x and 1.37x)."""
-        if not self.speculative or self.pool.unified or plan.num_decode_rows > self.max_streams:
+        """Give the budget left after everything else to decode rows as n-gram drafts, each
+        row as many as pay for themselves at this step's pace (drafts.py: its match's
+        measured acceptance against a row's measured cost), in plan order."""
+        if not self.speculative or self.pool.unified:
             return
+        decode_rows = plan.num_decode_rows
         for chunk in plan.chunks:
             if budget <= 0:
                 return
@@ -116,10 +116,18 @@ class DraftBook:
                        req.params.max_tokens - req.num_output_tokens - 1)
             if req.drafter is None:
                 req.drafter = NgramDrafter()
-            drafts = req.drafter.propose(req.all_tokens, room)
+            proposal = req.drafter.propose(req.all_tokens, room)
+            if not proposal.tokens:
+                continue
+            drafts = proposal.tokens[:self.cost.worth(self.acceptance.p(proposal.match),
+                                                      decode_rows)]
             chunk.tokens += drafts
             chunk.drafts = len(drafts)
             budget -= len(drafts)
+
+    def timed(self, plan: StepPlan, decode_s: float) -> None:
+        """A step's llama_decode time: what the next steps' draft rows are weighed against."""
+        self.cost.observe(plan.num_tokens, decode_s)
 
     def take(self, chunk: SeqChunk, sampled) -> list[int]:
         """The tokens sampled for a chunk: one, or for a drafted chunk the drafts that held
@@ -129,6 +137,7 @@ class DraftBook:
         accepted = len(sampled) - 1
         self.stats.draft_tokens += chunk.drafts
         self.stats.draft_tokens_accepted += accepted
+        self.acceptance.record(chunk.request.drafter.match, chunk.drafts, accepted)
         chunk.request.drafter.feedback(chunk.drafts, accepted)
         return sampled
 

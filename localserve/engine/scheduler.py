@@ -53,7 +53,7 @@ class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
                  prefill_budget: int | None = None, prompt_cache: PromptCache | None = None,
-                 speculative: bool = False, draft_max_streams: int = 4):
+                 speculative: bool = False):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
@@ -71,7 +71,7 @@ class Scheduler:
         self._pending_drops: list[int] = []
         self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
-        self.drafts = DraftBook(pool, self.stats, speculative, draft_max_streams)
+        self.drafts = DraftBook(pool, self.stats, speculative)
 
     @property
     def prompt_cache(self) -> PromptCache | None:
