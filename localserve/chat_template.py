@@ -106,9 +106,11 @@ class ChatTemplate:
         self.bos_token = bos_token
         self.eos_token = eos_token
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool = True,
+               continue_final: bool = False) -> str:
         """The prompt as one string (for /apply-template-style display, not for tokenizing)."""
-        return "".join(p.text for p in self.render_parts(messages, add_generation_prompt))
+        return "".join(p.text for p in self.render_parts(messages, add_generation_prompt,
+                                                         continue_final=continue_final))
 
     def render_parts(self, messages: list[dict], add_generation_prompt: bool = True,
                      tools: list[dict] | None = None, continue_final: bool = False,

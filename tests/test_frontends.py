@@ -50,10 +50,18 @@ def test_a_trusted_frontends_colleagues_are_billed_under_their_own_names(srv):
 def test_continue_final_message_leaves_the_last_answer_open(srv):
     turns = [{"role": "user", "content": "Write a poem."},
              {"role": "assistant", "content": "Roses are red,"}]
-    closed = chat(srv, messages=turns).json()["usage"]["prompt_tokens"]
+    closed = chat(srv, messages=turns, add_generation_prompt=True).json()["usage"]["prompt_tokens"]
     opened = chat(srv, messages=turns, continue_final_message=True,
                   add_generation_prompt=False).json()
     assert opened["usage"]["prompt_tokens"] < closed  # no end of turn, no new assistant header
+    # neither flag sent (Open WebUI's Continue on a plain OpenAI connection): continued, as
+    # llama-server and Ollama do
+    assert chat(srv, messages=turns).json()["usage"] == opened["usage"]
+    shown = lambda **flags: httpx.post(srv.url + "/apply-template", headers={  # noqa: E731
+        "Authorization": f"Bearer {ALICE}"}, json={"messages": turns, **flags}).json()["prompt"]
+    plain = shown()
+    assert plain.endswith("Roses are red,") and shown(continue_final_message=True) == plain
+    assert shown(add_generation_prompt=True).endswith("assistant\n")  # a new answer
     bare = chat(srv, messages=turns[:1], add_generation_prompt=False).json()["usage"]
     assert bare["prompt_tokens"] < chat(srv, messages=turns[:1]).json()["usage"]["prompt_tokens"]
     both = chat(srv, messages=turns, continue_final_message=True, add_generation_prompt=True)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, free_port, key_file, ledger_rows, running, wait_for
+from web_pages import browser  # noqa: F401  (a fixture)
 
 WEBUI = ROOT / ".venv-openwebui" / "bin" / "open-webui"
 pytestmark = pytest.mark.skipif(not WEBUI.exists(), reason="Open WebUI not installed: run "
@@ -55,7 +56,8 @@ def _up(url: str) -> bool:
 
 
 def sign_up(url: str, name: str, admin: dict | None = None) -> dict:
-    """The first colleague signs up (and is Open WebUI's admin); the admin adds the next."""
+    """The first colleague signs up (and is Open WebUI's admin); the admin adds the next.
+    Someone already there signs in."""
     who = {"name": name, "email": f"{name}@office.lan", "password": "correct horse battery"}
     if admin is not None:
         added = httpx.post(url + "/api/v1/auths/add", headers=admin, timeout=60,
@@ -63,6 +65,8 @@ def sign_up(url: str, name: str, admin: dict | None = None) -> dict:
         assert added.status_code == 200, added.text
     r = httpx.post(url + ("/api/v1/auths/signin" if admin else "/api/v1/auths/signup"),
                    timeout=60, json=who)
+    if admin is None and r.status_code != 200:
+        r = httpx.post(url + "/api/v1/auths/signin", timeout=60, json=who)
     assert r.status_code == 200, r.text
     return {"Authorization": f"Bearer {r.json()['token']}"}
 
@@ -94,3 +98,86 @@ def test_two_colleagues_and_a_document_through_open_webui(office):
     answer = ask(url, alice, "When is the kitchen cleaned?",
                  files=[{"type": "file", "id": upload.json()["id"]}])
     assert answer.status_code == 200, answer.text
+
+
+def chat_rows(state, who: str) -> list[tuple]:
+    """Localserve's ledger rows of one colleague's chat requests: (tokens out, finish, status)."""
+    return [(out, finish, status) for key, out, finish, status in ledger_rows(
+        state, "/v1/chat/completions", "key, completion_tokens, finish_reason, status")
+        if key == f"webui:{who}@office.lan"]
+
+
+def open_webui_page(browser, url: str, who: dict):
+    """Open WebUI's own page, signed in as `who`, on a new chat, its release notes closed."""
+    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
+    page.goto(url + "/auth")
+    page.evaluate("token => localStorage.setItem('token', token)", who["Authorization"][7:])
+    page.goto(url + "/")
+    page.wait_for_selector("#chat-input", timeout=120_000)
+    notes = page.get_by_text("Okay, Let's Go!")
+    if notes.count():
+        notes.click()
+    return page
+
+
+def settle(page, state, who: str, before: int) -> list[tuple]:
+    """Wait until localserve has billed a new request of `who` and the page's answer is done
+    (its Regenerate button back); the new ledger rows."""
+    wait_for(lambda: len(chat_rows(state, who)) > before, timeout=300, what="a billed request")
+    page.locator("button[aria-label='Regenerate']").last.wait_for(timeout=300_000)
+    return chat_rows(state, who)[before:]
+
+
+def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser):
+    """In a real browser, as a colleague uses it: the admin turns the model's built-in tools
+    off (36 tool schemas, ~6,900 tokens, do not fit a 2,048-token slot: localserve's refusal
+    says so), then chat, Stop (localserve ends the request: billed as an abort), Continue
+    (the answer grows from where it stopped) and Regenerate (a second version)."""
+    server, url, state = office
+    alice = sign_up(url, "alice")  # the first to sign up: Open WebUI's admin
+    model = httpx.get(url + "/api/models", headers=alice, timeout=60).json()["data"][0]
+    tools_off = {"id": model["id"], "base_model_id": None, "name": model["name"], "params": {},
+                 "meta": {"capabilities": {"builtin_tools": False}}}
+    off = httpx.post(url + "/api/v1/models/create", headers=alice, timeout=60, json=tools_off)
+    if "already registered" in off.text:  # set before (Admin Panel, Models: the same switch)
+        off = httpx.post(url + "/api/v1/models/model/update", headers=alice, timeout=60,
+                         json=tools_off)
+    assert off.status_code == 200, off.text
+    settings = lambda **params: httpx.post(  # noqa: E731
+        url + "/api/v1/users/user/settings/update", headers=alice, timeout=60,
+        json={"ui": {"params": {"temperature": 0, **params}}}).raise_for_status()
+    settings(max_tokens=400)
+    page = open_webui_page(browser, url, alice)
+    before = len(chat_rows(state, "alice"))
+    page.locator("#chat-input").click()
+    page.keyboard.type("Write a long story about a dog who travels the world.")
+    page.locator("#send-message-button").click()
+    stop = page.locator("button[aria-label='Stop']")
+    stop.wait_for(timeout=120_000)
+    wait_for(lambda: page.locator("#response-content-container").last.inner_text().strip(),
+             timeout=120, what="the answer streaming")
+    stop.click()
+    assert (0 < settle(page, state, "alice", before)[0][0] < 400
+            and ("abort", 499) in [(f, s) for _, f, s in chat_rows(state, "alice")])
+
+    settings(max_tokens=24)
+    page = open_webui_page(browser, url, alice)
+    before = len(chat_rows(state, "alice"))
+    page.locator("#chat-input").click()
+    page.keyboard.type("Tell me about the sea.")
+    page.locator("#send-message-button").click()
+    assert (24, "length", 200) in settle(page, state, "alice", before)
+    answer = page.locator("#response-content-container").last
+    first = answer.inner_text().strip()
+    assert first
+    before = len(chat_rows(state, "alice"))
+    page.locator("button[aria-label='Continue Response']").last.click()
+    settle(page, state, "alice", before)
+    wait_for(lambda: len(answer.inner_text().strip()) > len(first), timeout=60,
+             what="the continued answer")
+    assert answer.inner_text().strip().startswith(first)
+    before = len(chat_rows(state, "alice"))
+    page.locator("button[aria-label='Regenerate']").last.click()
+    page.get_by_text("Try Again").click()  # its menu: try again, add details, more concise
+    settle(page, state, "alice", before)
+    wait_for(lambda: page.get_by_text("2/2").count(), timeout=60, what="a second version")

@@ -12,7 +12,7 @@ from typing import ClassVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
@@ -20,8 +20,7 @@ from localserve.api import prompt, structured, tool_formats
 from localserve.api.admission import lease
 from localserve.api.serving import submit
 from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read, whole_answer
-from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatMessage, OpenAIError, _Sampling,
-                                    refuse_too_many_messages)
+from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, _Sampling
 from localserve.engine.finish import FinishReason
 
 router = APIRouter()
@@ -63,11 +62,8 @@ class DetokenizeBody(BaseModel):
     tokens: list[int]
 
 
-class TemplateBody(BaseModel):
+class TemplateBody(PromptEnding):
     model: str | None = None
-    messages: list[ChatMessage] = Field(..., min_length=1)
-
-    _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
 
 async def _prompt_tokens(host, body: NativeCompletion) -> list[int]:
@@ -208,7 +204,9 @@ async def apply_template(body: TemplateBody, request: Request):
         native = tool_formats.detect(host.template.source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])
+        ending = body.ending
         try:
-            return {"prompt": await run_in_threadpool(host.template.render, messages)}
+            return {"prompt": await run_in_threadpool(host.template.render, messages,
+                                                      ending == "assistant", ending == "continue")}
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None

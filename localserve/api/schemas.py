@@ -286,26 +286,19 @@ TEMPLATE_OWN = {"messages", "tools", "add_generation_prompt", "bos_token", "eos_
                 "raise_exception"}
 
 
-class ChatCompletionRequest(_Sampling):
+class PromptEnding(BaseModel):
+    """How a chat prompt ends, vLLM's and llama-server's fields: the template's assistant header
+    (a new answer, the default), nothing, or the final assistant message left open and
+    continued (Open WebUI's Continue button). Chat completions and /apply-template."""
+
     messages: list[ChatMessage] = Field(..., min_length=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    # vLLM's and llama-server's: end the prompt with the template's assistant header (a new
-    # answer, the default), or with nothing, or leave the final assistant message open and
-    # continue it (Open WebUI's Continue button).
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    # Variables for the chat template (vLLM's and llama-server's chat_template_kwargs, e.g.
-    # Qwen 3's enable_thinking); reasoning_effort goes there for a template that reads it.
-    chat_template_kwargs: dict[str, str | int | float | bool | None] | None = Field(None, max_length=16)
-    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
 
     _too_many = model_validator(mode="before")(refuse_too_many_messages)
 
     @model_validator(mode="after")
-    def _top_needs_logprobs(self):
-        if self.top_logprobs is not None and not self.logprobs:
-            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    def _continue_needs_an_answer_last(self):
         if self.continue_final_message:
             if "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt:
                 raise OpenAIError(400, "continue_final_message continues the last message: "
@@ -314,6 +307,37 @@ class ChatCompletionRequest(_Sampling):
             if self.messages[-1].role != "assistant":
                 raise OpenAIError(400, "continue_final_message needs an assistant message last",
                                   param="continue_final_message")
+        return self
+
+    @property
+    def ending(self) -> str:
+        """How the rendered prompt ends (prompt._chat_tokens). A final assistant message is
+        continued when asked (continue_final_message), and also when neither flag is sent, as
+        llama-server and Ollama do (a prefill): Open WebUI's Continue button sends the answer
+        so far last, without flags, unless its connection is marked llama.cpp."""
+        if self.continue_final_message or self.continues_by_default:
+            return "continue"
+        return "assistant" if self.add_generation_prompt else "none"
+
+    @property
+    def continues_by_default(self) -> bool:
+        last = self.messages[-1]
+        return (not {"add_generation_prompt", "continue_final_message"} & self.model_fields_set
+                and last.role == "assistant" and not last.tool_calls and bool(last.content))
+
+
+class ChatCompletionRequest(_Sampling, PromptEnding):
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # Variables for the chat template (vLLM's and llama-server's chat_template_kwargs, e.g.
+    # Qwen 3's enable_thinking); reasoning_effort goes there for a template that reads it.
+    chat_template_kwargs: dict[str, str | int | float | bool | None] | None = Field(None, max_length=16)
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+
+    @model_validator(mode="after")
+    def _top_needs_logprobs(self):
+        if self.top_logprobs is not None and not self.logprobs:
+            raise OpenAIError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         return self
 
     @field_validator("chat_template_kwargs")
@@ -331,13 +355,6 @@ class ChatCompletionRequest(_Sampling):
         if self.reasoning_effort is not None:
             kwargs["reasoning_effort"] = self.reasoning_effort
         return kwargs
-
-    @property
-    def ending(self) -> str:
-        """How the rendered prompt ends (prompt._chat_tokens)."""
-        if self.continue_final_message:
-            return "continue"
-        return "assistant" if self.add_generation_prompt else "none"
 
     @property
     def logprob_n(self) -> int | None:
