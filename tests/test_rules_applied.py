@@ -128,12 +128,14 @@ LOOP = [11, 12, 13, 14, 15, 16, 17, 18] * 3  # a prompt whose n-grams repeat: dr
 def decoding(n: int, held: float = 0.99, budget: int = 64, unified: bool = False,
              max_tokens: int = 100, n_ctx: int = 256, logprobs=(None,)):
     """A scheduler whose n requests all decode (one prefill step of them all done), drafts
-    measured to hold with chance `held` and a row to cost a tenth of a step: its next plan.
-    logprobs: each request's, in order (the last one repeats)."""
+    measured to hold with chance `held` and every step as cheap as one row (a GPU's curve):
+    its next plan. logprobs: each request's, in order (the last one repeats)."""
     sched = Scheduler(SlotPool(n_ctx * n, n, unified), FakeVocab(), budget, prefill_budget=4096,
                       speculative=True)
     sched.drafts.acceptance.held = [held * 1000] * len(MATCH_CLASSES)
     sched.drafts.acceptance.missed = [(1 - held) * 1000] * len(MATCH_CLASSES)
+    sched.drafts.cost.observe(1, 0.010)
+    sched.drafts.cost.observe(256, 0.010)
     wanted = lambda i: logprobs[min(i, len(logprobs) - 1)]  # noqa: E731
     requests = [Request(list(LOOP), SamplingParams(max_tokens=max_tokens, logprobs=wanted(i)),
                         request_id=f"r{i}") for i in range(n)]
@@ -150,8 +152,8 @@ def drafts(plan) -> list[int]:
 
 def test_drafts_go_to_decode_rows_as_many_as_pay_while_the_budget_lasts():
     assert drafts(decoding(2)) == [8, 8]  # FIRST_DRAFT each: copying pays
-    assert drafts(decoding(2, held=0.5)) == [2, 2]  # 0.5^2 >= 2 rows x a tenth > 0.5^3
-    assert drafts(decoding(6, held=0.5)) == [0] * 6  # 6 x a tenth > 0.5: none pays
+    assert drafts(decoding(2, held=0.5)) == [8, 8]  # rows cost nothing: any draft pays
+    assert drafts(decoding(2, held=0.0)) == [0, 0]  # drafts that never hold: none
     assert drafts(decoding(1, unified=True)) == [0]  # a shared pool never drafts
     assert drafts(decoding(1, logprobs=(2,))) == [0]  # drafted rows give no log-probabilities
     assert drafts(decoding(2, logprobs=(2, None))) == [0, 8]  # the next row is still drafted

@@ -53,24 +53,39 @@ def test_acceptance_is_kept_per_match_class_and_follows_recent_drafts():
     assert 0.45 < acceptance.p(40) < 0.6
 
 
-def test_a_rows_cost_is_fitted_from_the_steps_and_drafts_pay_while_p_to_the_j_beats_it():
+def cpu_like() -> StepCost:
+    """A 2-core CPU's curve as measured: each of the first rows is compute (10 ms a row
+    past a 20 ms step), rows past 32 come at 1 ms each."""
     cost = StepCost()
-    assert cost.row_share(1) == StepCost.PRIOR_ROW_SHARE  # nothing measured yet
-    for _ in range(20):
-        cost.observe(1, 0.011)  # the same one row every step: no slope to read
-    assert cost.fit() is None
-    for rows in range(1, 60):
-        cost.observe(rows, 0.010 + 0.001 * rows)  # base 10 ms, 1 ms a row
-    cost.observe(256, 9.0)  # a big prompt chunk is left out of the fit
-    base, per_row = cost.fit()
-    assert abs(base - 0.010) < 1e-6 and abs(per_row - 0.001) < 1e-6
-    assert abs(cost.row_share(1) - 1 / 11) < 1e-9
-    assert cost.worth(0.9, 1) == 22  # 0.9^22 = 0.098 >= 1/11 > 0.9^23
-    assert cost.worth(0.5, 1) == 3
-    assert cost.worth(0.5, 8) == 1 and cost.worth(0.4, 8) == 0  # 8 streams: a row must keep
-    # 8 * 1/18 = 0.44 tokens
-    assert cost.worth(0.99, 8) == MAX_DRAFT  # copying pays even there
-    assert cost.worth(0.0, 1) == 0 and cost.worth(1.0, 1) == MAX_DRAFT
+    for rows, ms in ((1, 20), (2, 30), (4, 50), (8, 90), (32, 130), (64, 162), (128, 226)):
+        cost.observe(rows, ms / 1000)
+    return cost
+
+
+def test_a_steps_cost_is_measured_per_size_and_interpolated():
+    cost = StepCost()
+    assert cost.step(1) == cost.step(64)  # nothing measured yet: tried as if flat
+    assert cost.worth(0.9, 1, 1, 64) == 64
+    cost.observe(1, 0.020)
+    cost.observe(1, 0.030)  # a size's average follows its steps
+    assert abs(cost.step(1) - 0.022) < 1e-9
+    cost.observe(5, 0.060)  # 5 rows count as the nearest size (4 or 6)
+    assert cost.step(1) < cost.step(3) < cost.step(5) <= cost.step(6)
+    cost = cpu_like()
+    assert abs(cost.step(16) - 0.1033) < 1e-3  # between 8 (90 ms) and 32 (130 ms)
+    assert abs(cost.step(256) - 0.452) < 1e-9  # past the largest seen: its cost per row
+
+
+def test_drafts_are_as_long_as_make_the_step_fastest():
+    cost = cpu_like()
+    assert cost.worth(0.5, 1, 1, 64) == 0  # a 2-row step costs 1.5x for 0.5 tokens more
+    assert cost.worth(0.98, 1, 1, 64) == 64  # copying: 64 rows make ~36 tokens in 162 ms
+    assert cost.worth(0.4, 1, 1, 64) == 0  # 0.4 tokens more for 1.5x the time: none
+    flat = StepCost()  # a GPU: rows are nearly free
+    for rows in StepCost.SIZES:
+        flat.observe(rows, 0.010 + rows * 0.00001)
+    assert flat.worth(0.5, 1, 1, 64) > 0 and flat.worth(0.5, 8, 8, 64) > 0
+    assert flat.worth(0.0, 1, 1, 64) == 0
 
 
 class DraftingRunner(ScriptedRunner):

@@ -9,9 +9,9 @@ How many drafts a row gets is decided every step from two measurements, so draft
 default and stays out of the way where it does not pay:
 - Acceptance: how often a draft token held, per class of match length (a 40-token match is
   text being copied; a 2-token match is a guess). Server-wide, decayed toward recent steps.
-- StepCost: what one more batch row costs, fitted from the engine's own decode times.
-A draft row is worth adding while the tokens it is expected to keep (p^j for the j-th row)
-are worth more than the time it adds at the step's own pace (decode rows per second).
+- StepCost: what a step of n rows costs, measured from the engine's own steps.
+A request gets the number of drafts whose expected kept tokens (p + p^2 + ... for each row)
+make the step's tokens per second highest, or none when drafting would slow the step.
 The measured wall time only ever changes speed, never what a request is answered.
 
 Pure Python. Drafts take only the step budget left after every decode row, prompt chunk and
@@ -110,51 +110,59 @@ class Acceptance:
 
 
 class StepCost:
-    """What one more batch row costs: the engine's llama_decode seconds fitted as
-    base + per_row * rows (least squares over the last WINDOW steps of at most MAX_ROWS rows,
-    the sizes drafts make; bigger prompt chunks would fit the compute-bound slope instead).
-    Until the steps vary enough to fit, a row is taken to cost PRIOR_ROW_SHARE of a step."""
+    """What a step of n batch rows costs, from the engine's own steps: the latest seconds
+    (an average that follows recent steps) at each of SIZES, interpolated between them.
+    Measured, not assumed: on a 2-core CPU with a 135M model a step of 2-16 rows costs
+    several times a one-row step (each row is compute), while rows past 32 come cheaper each
+    (llama.cpp's batched matrix kernels); a GPU's curve is flat. A size not yet seen is
+    interpolated from its neighbours, so drafts try it and then know."""
 
-    WINDOW = 256
-    MAX_ROWS = 2 * MAX_DRAFT
-    PRIOR_ROW_SHARE = 0.1
+    SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
+    DRAFTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths weighed
+    FOLLOW = 0.2  # weight of the newest step in a size's average
 
     def __init__(self):
-        self.steps: deque[tuple[int, float]] = deque(maxlen=self.WINDOW)
+        self.seconds: dict[int, float] = {}
 
     def observe(self, rows: int, seconds: float) -> None:
-        if 0 < rows <= self.MAX_ROWS and seconds > 0:
-            self.steps.append((rows, seconds))
+        if rows <= 0 or seconds <= 0:
+            return
+        size = min(self.SIZES, key=lambda s: abs(math.log(s / rows)))
+        if size not in self.seconds:
+            self.seconds[size] = seconds
+        else:
+            self.seconds[size] += self.FOLLOW * (seconds - self.seconds[size])
 
-    def fit(self) -> tuple[float, float] | None:
-        """(base, per_row) seconds, or None while the rows have not varied (or fit nonsense)."""
-        n = len(self.steps)
-        if n < 8:
-            return None
-        mean_r = sum(r for r, _ in self.steps) / n
-        mean_s = sum(s for _, s in self.steps) / n
-        var = sum((r - mean_r) ** 2 for r, _ in self.steps)
-        if var < n:  # rows spread by less than one on average: no slope to read
-            return None
-        per_row = sum((r - mean_r) * (s - mean_s) for r, s in self.steps) / var
-        base = mean_s - per_row * mean_r
-        return (base, per_row) if per_row > 0 and base > 0 else None
+    def step(self, rows: int) -> float:
+        """Seconds a step of `rows` rows is expected to take (before any step is measured,
+        every size costs the same: drafts are tried, then measured)."""
+        known = sorted(self.seconds.items())
+        if not known:
+            return 1.0
+        below = [(n, t) for n, t in known if n <= rows]
+        above = [(n, t) for n, t in known if n >= rows]
+        if not below:
+            return known[0][1]
+        if not above:  # past the largest size seen: its cost per row
+            n, t = known[-1]
+            return t * rows / n
+        (n0, t0), (n1, t1) = below[-1], above[0]
+        return t0 if n0 == n1 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
 
-    def row_share(self, decode_rows: int) -> float:
-        """What one more row adds to a step of `decode_rows` rows, as a share of that step."""
-        fitted = self.fit()
-        if fitted is None:
-            return self.PRIOR_ROW_SHARE
-        base, per_row = fitted
-        return per_row / (base + per_row * decode_rows)
-
-    def worth(self, p: float, decode_rows: int) -> int:
-        """How many draft rows pay for themselves: the j-th row is expected to keep p^j
-        tokens and costs row_share of a step that makes `decode_rows` tokens, so it pays
-        while p^j >= row_share * decode_rows."""
-        bar = self.row_share(decode_rows) * decode_rows
-        if bar >= 1 or p <= 0:
+    def worth(self, p: float, rows: int, made: int, available: int) -> int:
+        """How many drafts (at most `available`) to add to a step of `rows` rows that makes
+        `made` tokens: the length whose expected tokens per second, (made + p + p^2 + ...
+        + p^k) / step(rows + k), is highest; 0 when drafting would slow the step's pace."""
+        base = self.step(rows)
+        if available <= 0 or p <= 0:
             return 0
-        if p >= 1:
-            return MAX_DRAFT
-        return min(MAX_DRAFT, int(math.log(bar) / math.log(p)))
+        best, best_pace, expected, last = 0, made / base, 0.0, 0
+        for k in self.DRAFTS:
+            if k > available:
+                break
+            expected += sum(p ** j for j in range(last + 1, k + 1))
+            last = k
+            pace = (made + expected) / self.step(rows + k)
+            if pace > best_pace:
+                best, best_pace = k, pace
+        return best

@@ -172,7 +172,7 @@ class EngineLoop(threading.Thread):
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s
             self.sampling_s += out.sample_s
-            self.scheduler.drafts.timed(plan, out.decode_s)  # what a draft row costs (drafts.py)
+            self.scheduler.drafts.timed(plan, out.decode_s + out.sample_s)  # drafts.py
             events = self.scheduler.update(plan, out.sampled, out.costly_grammars)
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:

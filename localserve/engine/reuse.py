@@ -99,9 +99,9 @@ class DraftBook:
         self.cost = StepCost()
 
     def add(self, plan: StepPlan, budget: int) -> None:
-        """Give the budget left after everything else to decode rows as n-gram drafts, each
-        row as many as pay for themselves at this step's pace (drafts.py: its match's
-        measured acceptance against a row's measured cost), in plan order."""
+        """Give the budget left after everything else to decode rows as n-gram drafts, in plan
+        order, each as many as make the step's tokens per second highest (drafts.py: its
+        match's measured acceptance against the measured cost of a step that size)."""
         if not self.speculative or self.pool.unified:
             return
         decode_rows = plan.num_decode_rows
@@ -119,15 +119,16 @@ class DraftBook:
             proposal = req.drafter.propose(req.all_tokens, room)
             if not proposal.tokens:
                 continue
-            drafts = proposal.tokens[:self.cost.worth(self.acceptance.p(proposal.match),
-                                                      decode_rows)]
+            drafts = proposal.tokens[:self.cost.worth(
+                self.acceptance.p(proposal.match), plan.num_tokens, decode_rows,
+                len(proposal.tokens))]
             chunk.tokens += drafts
             chunk.drafts = len(drafts)
             budget -= len(drafts)
 
-    def timed(self, plan: StepPlan, decode_s: float) -> None:
-        """A step's llama_decode time: what the next steps' draft rows are weighed against."""
-        self.cost.observe(plan.num_tokens, decode_s)
+    def timed(self, plan: StepPlan, seconds: float) -> None:
+        """A step's decode and sampling time: what the next steps' drafts are weighed against."""
+        self.cost.observe(plan.num_tokens, seconds)
 
     def take(self, chunk: SeqChunk, sampled) -> list[int]:
         """The tokens sampled for a chunk: one, or for a drafted chunk the drafts that held
