@@ -42,9 +42,15 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--model", help="model id to send (default: none)")
     bench.add_argument("--concurrency", default="1,4,16,32,64",
                        help="comma-separated levels (default 1,4,16,32,64)")
-    bench.add_argument("--requests", type=int, default=64, help="requests per level (default 64)")
+    bench.add_argument("--requests", type=int, default=64, help="requests per level (default 64; "
+                       "doc: colleagues, at most 24; copy: passages, at most 8)")
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
+    bench.add_argument("--workload", choices=["mixed", "doc", "copy"], default="mixed",
+                       help="mixed: the seeded chat workload per level (default); doc: colleagues "
+                            "chatting with their documents (prompt tokens reused, follow-up "
+                            "time to first token); copy: answers that copy text, per level "
+                            "(drafted tokens, the share kept, tokens per step)")
 
 
 def _top_parser(sub) -> None:
@@ -194,12 +200,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run_bench(args: argparse.Namespace) -> int:
     import asyncio
+    import json
     import os
 
     from localserve import bench, bench_report
 
     args.url = args.url.rstrip("/").removesuffix("/v1")  # the bench adds /v1 itself
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
+    if args.workload != "mixed":
+        from localserve import office_bench
+
+        os.makedirs(args.out, exist_ok=True)
+        out = office_bench.run(args.url, args.workload, levels, args.seed, args.api_key,
+                               args.requests)
+        with open(os.path.join(args.out, f"bench-{args.workload}.json"), "w") as fh:
+            json.dump({"url": args.url, "seed": args.seed, "results": out}, fh, indent=1)
+        return 0
     jobs = bench.make_workload(args.requests, args.seed)
     summaries = []
     for level in levels:

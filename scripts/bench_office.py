@@ -7,8 +7,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         colleague's next turn coming after all the others have had theirs (more conversations
         than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
         first token (p50), prompt tokens reused.
-  copy  "rewrite this exactly, adding a comment": 8 passages of this repository's code and
-        docs, different each round, at concurrency 1 and 4: output tok/s
+  copy  "rewrite this exactly, adding a comment": 8 passages of localserve's own sources,
+        different each round, at concurrency 1 and 4: output tok/s
         (what speculative decoding is for), drafted tokens, the share kept, and (localserve)
         output tokens per decode step; llama-server also with --spec-type ngram-mod.
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
@@ -29,13 +29,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import random
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -43,120 +40,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningServer  # noqa: E402
 
 from localserve import bench  # noqa: E402
+from localserve.office_bench import copy_texts, copy_workload, doc_workload  # noqa: E402
 from localserve.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
-WORDS = ("invoice supplier warehouse schedule budget contract clause delivery quarterly "
-         "forecast tender audit payroll reimbursement inventory compliance margin freight "
-         "customs deadline revision approval signature").split()
-QUESTIONS = ("What is this document about?", "Which dates does it mention?",
-             "Summarise the second paragraph.")
-SOURCES = sorted((ROOT / "localserve").rglob("*.py")) + sorted((ROOT / "docs").glob("*.md"))
-
-
-def copy_texts(seed: int, n: int = 8, lines: int = 24) -> list[str]:
-    """n passages to copy, different each round (seed): `lines` lines of this repository's
-    own sources and docs (code and prose), from n different files."""
-    rng = random.Random(seed)
-    texts = []
-    for path in rng.sample([p for p in SOURCES if len(p.read_text().splitlines()) > lines], n):
-        source = path.read_text().splitlines()
-        start = rng.randrange(len(source) - lines)
-        texts.append("\n".join(source[start:start + lines]))
-    return texts
-
-
-def document(colleague: int) -> str:
-    rng = random.Random(colleague)
-    paragraphs = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(11)]
-    return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
-
-
-async def turn(client, url, messages) -> tuple[float, str, dict]:
-    """One streamed answer: (time to first token, text, usage)."""
-    body = {"messages": messages, "max_tokens": 32, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start, first, text, usage = time.perf_counter(), None, [], {}
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        async for line in r.aiter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                piece = choice["delta"].get("content")
-                if piece:
-                    first = first or time.perf_counter() - start
-                    text.append(piece)
-    return first or time.perf_counter() - start, "".join(text), usage
-
-
-async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8) -> dict:
-    chats = [[{"role": "system", "content": document(c)}] for c in range(colleagues)]
-    followup_ttft, prompt, cached, turns = [], 0, 0, 0
-    gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=900) as client:
-        started = time.perf_counter()
-        for round_no, question in enumerate(QUESTIONS):
-            async def one(chat):
-                nonlocal prompt, cached, turns
-                async with gate:
-                    chat.append({"role": "user", "content": question})
-                    ttft, text, usage = await turn(client, url, chat)
-                    chat.append({"role": "assistant", "content": text})
-                    turns += 1
-                    prompt += usage.get("prompt_tokens", 0)
-                    cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
-                    if round_no:
-                        followup_ttft.append(ttft)
-            await asyncio.gather(*(one(chat) for chat in chats))
-        wall = time.perf_counter() - started
-    return {"turns_per_min": turns / wall * 60, "followup_ttft_p50_s": statistics.median(followup_ttft),
-            "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
-
-
-async def copy_workload(url: str, concurrency: int, texts: list[str]) -> dict:
-    """Output tok/s over one request per text, and what speculation did: drafted tokens, the
-    share kept, and output tokens per decode step (localserve: its engine counters;
-    llama-server: each answer's timings.draft_n / draft_n_accepted)."""
-    def body(text: str) -> dict:
-        return {"messages": [{"role": "user", "content": "Rewrite this exactly, adding a "
-                              "one-line comment at the top:\n" + text}],
-                "max_tokens": 256, "temperature": 0}
-    gate, tokens, drafted, kept = asyncio.Semaphore(concurrency), 0, 0, 0
-    async with httpx.AsyncClient(timeout=900) as client:
-        async def one(text):
-            nonlocal tokens, drafted, kept
-            async with gate:
-                answer = (await client.post(url + "/v1/chat/completions", json=body(text))).json()
-                tokens += answer["usage"]["completion_tokens"]
-                timings = answer.get("timings") or {}
-                drafted += timings.get("draft_n", 0)
-                kept += timings.get("draft_n_accepted", 0)
-        await one("def warm_up():\n    return 1\n")  # not counted
-        tokens = drafted = kept = 0
-        before = await engine_counters(client, url)
-        started = time.perf_counter()
-        await asyncio.gather(*(one(text) for text in texts))
-        wall = time.perf_counter() - started
-        after = await engine_counters(client, url)
-    if before and after:  # localserve
-        drafted = after["draft_tokens"] - before["draft_tokens"]
-        kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
-    steps = after["steps"] - before["steps"] if before and after else None
-    return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
-            "accepted": kept / drafted if drafted else 0.0,
-            "tokens_per_step": tokens / steps if steps else None}
-
-
-async def engine_counters(client, url: str) -> dict | None:
-    """localserve's engine counters (None from a server that has none)."""
-    try:
-        r = await client.get(url + "/slots?view=full")
-        return r.json()["engine"] if r.status_code == 200 else None
-    except (httpx.HTTPError, KeyError, TypeError, ValueError):
-        return None
 
 
 def servers(args) -> dict[str, list[str] | None]:

@@ -62,3 +62,16 @@ def test_bench_command_writes_json_and_png(which, request, tmp_path):
     assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in data["levels"])
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "operating limit" in run.stdout
+
+
+def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
+    """`localserve bench --workload copy`: an admin sees on their own machine what speculative
+    decoding does: drafted tokens, the share kept, and the measured step costs behind them."""
+    run = subprocess.run([sys.executable, "-m", "localserve", "bench", "--url", second_server.url,
+                          "--workload", "copy", "--concurrency", "1", "--requests", "2",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "copy at concurrency 1:" in run.stdout and "tokens drafted" in run.stdout
+    assert "step milliseconds, by batch rows: 1:" in run.stdout
+    result = json.loads((tmp_path / "bench-copy.json").read_text())["results"]["1"]
+    assert result["completion_tokens"] > 0 and result["tokens_per_step"] >= 1

@@ -21,6 +21,7 @@ admission (they never delay anyone's prompt).
 from __future__ import annotations
 
 import math
+import random
 from collections import deque
 from dataclasses import dataclass
 
@@ -91,17 +92,32 @@ class Acceptance:
     """How often a draft token holds, per match-length class, as the chance p that the next
     draft holds when the one before it did (each draft is a run of holds ended by a miss or
     by its end: p = holds / (holds + misses)). Counts decay so p follows recent traffic;
-    each class starts from one hold and one miss (p = 0.5) so it is tried before it is known."""
+    each class starts from one hold and one miss (p = 0.5).
+
+    Decisions use a draw of p from what the counts allow (Thompson sampling: Beta(holds,
+    misses)), not the mean: a class with few or old counts is sometimes drafted anyway, so a
+    bad start never stops it being measured again; a well-measured class draws near its mean."""
 
     DECAY = 0.995  # per draft recorded: about the last 200 drafts of a class count
 
-    def __init__(self):
+    def __init__(self, seed: int = 0):
         self.held = [1.0] * len(MATCH_CLASSES)
         self.missed = [1.0] * len(MATCH_CLASSES)
+        self._random = random.Random(seed)  # deterministic per engine: speed only, never output
 
     def p(self, match: int) -> float:
         c = match_class(match)
         return self.held[c] / (self.held[c] + self.missed[c])
+
+    def draw(self, match: int) -> float:
+        c = match_class(match)
+        return self._random.betavariate(self.held[c] + 0.01, self.missed[c] + 0.01)
+
+    def view(self) -> dict[str, float]:
+        """Each class's p, by its match lengths ("2-3", ..., "32+"), for /slots."""
+        bounds = (*MATCH_CLASSES[1:], None)
+        return {f"{lo}-{hi - 1}" if hi else f"{lo}+": round(self.p(lo), 3)
+                for lo, hi in zip(MATCH_CLASSES, bounds)}
 
     def record(self, match: int, drafted: int, accepted: int) -> None:
         c = match_class(match)
@@ -120,6 +136,8 @@ class StepCost:
     SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     DRAFTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths weighed
     FOLLOW = 0.2  # weight of the newest step in a size's average
+    MIN_GAIN = 1.02  # a longer draft must raise the pace by 2% (what the table cannot see:
+    # the cache trim after a miss, the bookkeeping)
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
@@ -132,6 +150,10 @@ class StepCost:
             self.seconds[size] = seconds
         else:
             self.seconds[size] += self.FOLLOW * (seconds - self.seconds[size])
+
+    def view(self) -> dict[int, float]:
+        """Measured milliseconds by batch size, for /slots."""
+        return {rows: round(s * 1000, 2) for rows, s in sorted(self.seconds.items())}
 
     def step(self, rows: int) -> float:
         """Seconds a step of `rows` rows is expected to take (before any step is measured,
@@ -163,6 +185,6 @@ class StepCost:
             expected += sum(p ** j for j in range(last + 1, k + 1))
             last = k
             pace = (made + expected) / self.step(rows + k)
-            if pace > best_pace:
+            if pace > best_pace * self.MIN_GAIN:
                 best, best_pace = k, pace
         return best

@@ -120,7 +120,7 @@ class DraftBook:
             if not proposal.tokens:
                 continue
             drafts = proposal.tokens[:self.cost.worth(
-                self.acceptance.p(proposal.match), plan.num_tokens, decode_rows,
+                self.acceptance.draw(proposal.match), plan.num_tokens, decode_rows,
                 len(proposal.tokens))]
             chunk.tokens += drafts
             chunk.drafts = len(drafts)

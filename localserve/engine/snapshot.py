@@ -93,6 +93,8 @@ class EngineCounters:
     prefix_cache_hits: int
     draft_tokens: int  # speculative decoding: drafts put into batches
     draft_tokens_accepted: int  # and kept
+    draft_held: dict[str, float]  # how often a draft holds, by match length (drafts.py)
+    step_ms: dict[int, float]  # a step's measured milliseconds, by batch rows (drafts.py)
     busy_s: float
     llama_decode_s: float
     sampling_s: float
@@ -141,7 +143,9 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             prompt_tokens_computed=stats.prompt_tokens_computed,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, draft_tokens=stats.draft_tokens,
-            draft_tokens_accepted=stats.draft_tokens_accepted, busy_s=round(loop.busy_seconds, 3),
+            draft_tokens_accepted=stats.draft_tokens_accepted,
+            draft_held=sched.drafts.acceptance.view(), step_ms=sched.drafts.cost.view(),
+            busy_s=round(loop.busy_seconds, 3),
             llama_decode_s=round(loop.llama_decode_s, 3), sampling_s=round(loop.sampling_s, 3)))
 
 

@@ -1,0 +1,168 @@
+"""Office-shaped workloads, for `localserve bench --workload doc|copy` against any server and
+for scripts/bench_office.py's side-by-side rounds against llama-server:
+
+  doc   "chat with my document": colleagues each with their own ~1,300-token document, a
+        question then two follow-ups in the same conversation, every colleague's next turn
+        after all the others' (more conversations than slots: what the prompt cache is for).
+  copy  "rewrite this exactly, adding a comment": passages of localserve's own sources, a
+        different set per seed (what speculative decoding is for).
+
+Each reports what the engine did too, read from localserve's /slots (drafted tokens, the share
+kept, tokens per decode step, prompt tokens reused); another server reports speeds only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+import httpx
+
+WORDS = ("invoice supplier warehouse schedule budget contract clause delivery quarterly "
+         "forecast tender audit payroll reimbursement inventory compliance margin freight "
+         "customs deadline revision approval signature").split()
+QUESTIONS = ("What is this document about?", "Which dates does it mention?",
+             "Summarise the second paragraph.")
+SOURCES = sorted(Path(__file__).resolve().parent.rglob("*.py"))
+
+
+def copy_texts(seed: int, n: int = 8, lines: int = 24) -> list[str]:
+    """n passages to copy, different each round (seed): `lines` lines of this repository's
+    own sources, from n different files."""
+    rng = random.Random(seed)
+    texts = []
+    for path in rng.sample([p for p in SOURCES if len(p.read_text().splitlines()) > lines], n):
+        source = path.read_text().splitlines()
+        start = rng.randrange(len(source) - lines)
+        texts.append("\n".join(source[start:start + lines]))
+    return texts
+
+
+def document(colleague: int) -> str:
+    rng = random.Random(colleague)
+    paragraphs = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(11)]
+    return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
+
+
+async def turn(client, url, messages) -> tuple[float, str, dict]:
+    """One streamed answer: (time to first token, text, usage)."""
+    body = {"messages": messages, "max_tokens": 32, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    start, first, text, usage = time.perf_counter(), None, [], {}
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        async for line in r.aiter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                piece = choice["delta"].get("content")
+                if piece:
+                    first = first or time.perf_counter() - start
+                    text.append(piece)
+    return first or time.perf_counter() - start, "".join(text), usage
+
+
+async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
+                       headers: dict | None = None) -> dict:
+    chats = [[{"role": "system", "content": document(c)}] for c in range(colleagues)]
+    followup_ttft, prompt, cached, turns = [], 0, 0, 0
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=900, headers=headers) as client:
+        started = time.perf_counter()
+        for round_no, question in enumerate(QUESTIONS):
+            async def one(chat):
+                nonlocal prompt, cached, turns
+                async with gate:
+                    chat.append({"role": "user", "content": question})
+                    ttft, text, usage = await turn(client, url, chat)
+                    chat.append({"role": "assistant", "content": text})
+                    turns += 1
+                    prompt += usage.get("prompt_tokens", 0)
+                    cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+                    if round_no:
+                        followup_ttft.append(ttft)
+            await asyncio.gather(*(one(chat) for chat in chats))
+        wall = time.perf_counter() - started
+    return {"turns_per_min": turns / wall * 60, "followup_ttft_p50_s": statistics.median(followup_ttft),
+            "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
+
+
+async def copy_workload(url: str, concurrency: int, texts: list[str],
+                        headers: dict | None = None) -> dict:
+    """Output tok/s over one request per text, and what speculation did: drafted tokens, the
+    share kept, and output tokens per decode step (localserve: its engine counters;
+    llama-server: each answer's timings.draft_n / draft_n_accepted)."""
+    def body(text: str) -> dict:
+        return {"messages": [{"role": "user", "content": "Rewrite this exactly, adding a "
+                              "one-line comment at the top:\n" + text}],
+                "max_tokens": 256, "temperature": 0}
+    gate, tokens, drafted, kept = asyncio.Semaphore(concurrency), 0, 0, 0
+    async with httpx.AsyncClient(timeout=900, headers=headers) as client:
+        async def one(text):
+            nonlocal tokens, drafted, kept
+            async with gate:
+                answer = (await client.post(url + "/v1/chat/completions", json=body(text))).json()
+                tokens += answer["usage"]["completion_tokens"]
+                timings = answer.get("timings") or {}
+                drafted += timings.get("draft_n", 0)
+                kept += timings.get("draft_n_accepted", 0)
+        await one("def warm_up():\n    return 1\n")  # not counted
+        tokens = drafted = kept = 0
+        before = await engine_counters(client, url)
+        started = time.perf_counter()
+        await asyncio.gather(*(one(text) for text in texts))
+        wall = time.perf_counter() - started
+        after = await engine_counters(client, url)
+    if before and after:  # localserve
+        drafted = after["draft_tokens"] - before["draft_tokens"]
+        kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
+    steps = after["steps"] - before["steps"] if before and after else None
+    return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
+            "accepted": kept / drafted if drafted else 0.0,
+            "tokens_per_step": tokens / steps if steps else None,
+            "draft_held": after.get("draft_held") if after else None,
+            "step_ms": after.get("step_ms") if after else None}
+
+
+async def engine_counters(client, url: str) -> dict | None:
+    """localserve's engine counters (None from a server that has none)."""
+    try:
+        r = await client.get(url + "/slots?view=full")
+        return r.json()["engine"] if r.status_code == 200 else None
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
+
+
+def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | None,
+        requests: int) -> dict:
+    """`localserve bench --workload doc|copy`: one run against a server, printed."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+    if workload == "doc":
+        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers))
+        print(f"doc: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
+              f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
+              f"{out['prompt_tokens']} prompt tokens reused from earlier turns")
+        return out
+    out = {}
+    for level in levels:
+        texts = copy_texts(seed, min(requests, 8))
+        run_ = out[level] = asyncio.run(copy_workload(url, level, texts, headers))
+        steps = (f", {run_['tokens_per_step']:.2f} tokens per decode step"
+                 if run_["tokens_per_step"] else "")
+        print(f"copy at concurrency {level}: {run_['tok_s']:.1f} tok/s; {run_['drafted']} tokens "
+              f"drafted, {run_['accepted']:.0%} kept{steps}")
+    last = out[levels[-1]]
+    if last.get("step_ms"):
+        print("drafts held, by match length: " + ", ".join(
+            f"{k} {v:.2f}" for k, v in last["draft_held"].items()))
+        print("step milliseconds, by batch rows: " + ", ".join(
+            f"{k}: {v:.1f}" for k, v in last["step_ms"].items()))
+    return out
