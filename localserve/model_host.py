@@ -124,7 +124,7 @@ class ModelHost:
                 total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
                 pool = SlotPool(total, s.parallel, unified=s.kv_unified)
             shares = self.shares  # without keys no identity can be trusted to share by
-            self.prompt_cache = self.runner.prompt_cache = self._new_prompt_cache(pool)
+            self.prompt_cache = self._new_prompt_cache(pool)
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
@@ -198,7 +198,9 @@ class ModelHost:
             return
         for slot in self.loop.scheduler.pool.slots:
             if slot.cached and not cache.holds(slot.cached, slot.cache_scope):
-                self.runner.save_sequence(slot.slot_id, slot.cache_scope, list(slot.cached))
+                state, size = self.runner.read_sequence(slot.slot_id)
+                if size:
+                    cache.put(slot.cache_scope, list(slot.cached), state, size)
         log.info("prompt cache: %d prompts written to %s", cache.spill(), cache.disk.folder)
 
     def unload(self) -> None:

@@ -33,7 +33,7 @@ class ScriptedRunner:
         for c in plan.chunks:
             if c.sample:
                 script = self.scripts[c.request.request_id]
-                sampled[c.slot_id] = script[c.request.num_output_tokens]
+                sampled[c.slot_id] = [script[c.request.num_output_tokens]]
         return StepOutput(sampled)
 
 
@@ -46,6 +46,13 @@ def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
                    request_id=rid)
 
 
+def step(sched, runner, plan):
+    """What the engine loop does with one plan: decode, keep its saves, update."""
+    out = runner.decode(plan)
+    sched.prefixes.keep(out.saved)
+    return sched.update(plan, out.sampled)
+
+
 def run(sched, runner, steps=100):
     """Step until idle; return {request_id: (text, finish_reason)} and the step count."""
     out = {}
@@ -53,7 +60,7 @@ def run(sched, runner, steps=100):
         if not sched.has_work():
             return out, n
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan).sampled):
+        for r, ev in step(sched, runner, plan):
             text, _ = out.get(r.request_id, ("", None))
             out[r.request_id] = (text + ev.text, ev.finish_reason)
     raise AssertionError("did not finish")
@@ -81,7 +88,7 @@ class PositionalRunner:
             assert len(seq) == c.start_pos, "chunk placed at the wrong position"
             seq.extend(c.tokens)
             if c.sample:
-                sampled[c.slot_id] = 1 + (sum(seq) * 31 + len(seq)) % 25
+                sampled[c.slot_id] = [1 + (sum(seq) * 31 + len(seq)) % 25]
         used = sum(len(s) for s in self.cache.values())
         assert used <= self.pool_size, "cache pool overflow"
         self.max_used = max(self.max_used, used)

@@ -53,10 +53,10 @@ class SavingRunner(ScriptedRunner):
         self.cache, self.restored = cache, []
 
     def decode(self, plan):
-        for save in plan.saves:
-            self.cache.put(save.scope, save.tokens, f"state of slot {save.slot_id}", len(save.tokens))
         self.restored += [(a.request.request_id, a.kept_tokens) for a in plan.admitted if a.restore]
-        return super().decode(plan)
+        out = super().decode(plan)
+        out.saved = [(save, f"state of slot {save.slot_id}", len(save.tokens)) for save in plan.saves]
+        return out
 
 
 def make_cached(n_slots=1):
@@ -156,15 +156,15 @@ def test_a_removed_keys_files_are_deleted(tmp_path):
 
 
 class StateCheckingRunner(SavingRunner):
-    """Does the real runner's order (saves, then restores) and records the state each restore
-    would hand to llama.cpp."""
+    """Records the state each restore would hand to llama.cpp; its saves go to the cache
+    after the step (the engine loop's order)."""
 
     def decode(self, plan):
-        for save in plan.saves:
-            self.cache.put(save.scope, save.tokens, bytes([save.tokens[0] % 256]) * 100, 100)
         self.restored += [(a.request.request_id, a.restore_state) for a in plan.admitted
                           if a.restore]
-        return ScriptedRunner.decode(self, plan)
+        out = ScriptedRunner.decode(self, plan)
+        out.saved = [(save, bytes([save.tokens[0] % 256]) * 100, 100) for save in plan.saves]
+        return out
 
 
 def test_a_restore_read_from_disk_keeps_its_state_when_the_same_steps_save_trims_ram(tmp_path):

@@ -20,7 +20,7 @@ def req(rid, user, n_prompt=4, first=1, scope=None, max_tokens=LONG):
 
 def step(sched, token=5):
     plan = sched.schedule()
-    sched.update(plan, {c.slot_id: token for c in plan.chunks if c.sample})
+    sched.update(plan, {c.slot_id: [token] for c in plan.chunks if c.sample})
     return plan
 
 

@@ -41,13 +41,13 @@ def test_the_longest_ngram_wins_and_its_match_is_measured_back():
 
 def test_acceptance_is_kept_per_match_class_and_follows_recent_drafts():
     acceptance = Acceptance()
-    assert acceptance.p(2) == acceptance.p(40) == 0.5  # untried: one hold, one miss
+    assert acceptance.p(2) == acceptance.p(40) == 1 / 3  # untried: one hold, two misses
     for _ in range(50):
         acceptance.record(40, 16, 16)  # long matches: every draft held
         acceptance.record(2, 4, 0)  # two-token matches: never
     assert acceptance.p(40) > 0.95 and acceptance.p(33) == acceptance.p(40)
     assert acceptance.p(2) < 0.05 and acceptance.p(3) == acceptance.p(2)
-    assert acceptance.p(8) == 0.5  # a class of its own, still untried
+    assert acceptance.p(8) == 1 / 3  # a class of its own, still untried
     for _ in range(1000):
         acceptance.record(40, 4, 1)  # the traffic changed: one held, then a miss
     assert 0.45 < acceptance.p(40) < 0.6
@@ -100,7 +100,7 @@ class DraftingRunner(ScriptedRunner):
                 continue
             script, done = self.scripts[c.request.request_id], c.request.num_output_tokens
             if not c.drafts:
-                sampled[c.slot_id] = script[done]
+                sampled[c.slot_id] = [script[done]]
                 continue
             out = []
             for k, draft in enumerate(c.tokens[-c.drafts:] + [None]):
@@ -169,9 +169,9 @@ def test_no_drafts_for_requests_that_want_logprobs_or_when_the_budget_is_spent()
 
 def test_decisions_draw_p_so_a_class_with_a_bad_start_is_still_tried():
     acceptance = Acceptance()
-    acceptance.record(40, 64, 0)  # the first long draft failed at once: p = 1/3
+    acceptance.record(40, 64, 0)  # the first long draft failed at once: p = 1/4
     draws = [acceptance.draw(40) for _ in range(200)]
-    assert sum(d > 0.8 for d in draws) >= 5  # sometimes drafted again, and so measured again
+    assert sum(d > 0.6 for d in draws) >= 5  # sometimes drafted again, and so measured again
     for _ in range(300):
         acceptance.record(40, 8, 8)
     assert min(acceptance.draw(40) for _ in range(200)) > 0.95  # well measured: near its mean

@@ -10,8 +10,8 @@ default and stays out of the way where it does not pay:
 - Acceptance: how often a draft token held, per class of match length (a 40-token match is
   text being copied; a 2-token match is a guess). Server-wide, decayed toward recent steps.
 - StepCost: what a step of n rows costs, measured from the engine's own steps.
-A request gets the number of drafts whose expected kept tokens (p + p^2 + ... for each row)
-make the step's tokens per second highest, or none when drafting would slow the step.
+A request gets the number of drafts whose expected kept tokens (p + p^2 + ...) most exceed
+what the time they add would have made by plain decoding, or none when no length does.
 The measured wall time only ever changes speed, never what a request is answered.
 
 Pure Python. Drafts take only the step budget left after every decode row, prompt chunk and
@@ -92,7 +92,7 @@ class Acceptance:
     """How often a draft token holds, per match-length class, as the chance p that the next
     draft holds when the one before it did (each draft is a run of holds ended by a miss or
     by its end: p = holds / (holds + misses)). Counts decay so p follows recent traffic;
-    each class starts from one hold and one miss (p = 0.5).
+    each class starts from one hold and two misses (p = 1/3: a class is tried, not trusted).
 
     Decisions use a draw of p from what the counts allow (Thompson sampling: Beta(holds,
     misses)), not the mean: a class with few or old counts is sometimes drafted anyway, so a
@@ -102,7 +102,7 @@ class Acceptance:
 
     def __init__(self, seed: int = 0):
         self.held = [1.0] * len(MATCH_CLASSES)
-        self.missed = [1.0] * len(MATCH_CLASSES)
+        self.missed = [2.0] * len(MATCH_CLASSES)
         self._random = random.Random(seed)  # deterministic per engine: speed only, never output
 
     def p(self, match: int) -> float:
@@ -136,8 +136,8 @@ class StepCost:
     SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     DRAFTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths weighed
     FOLLOW = 0.2  # weight of the newest step in a size's average
-    MIN_GAIN = 1.02  # a longer draft must raise the pace by 2% (what the table cannot see:
-    # the cache trim after a miss, the bookkeeping)
+    MIN_SURPLUS = 0.1  # tokens a draft must gain beyond its time's worth (what the table
+    # cannot see: the cache trim after a miss, the bookkeeping)
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
@@ -172,19 +172,21 @@ class StepCost:
         return t0 if n0 == n1 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
 
     def worth(self, p: float, rows: int, made: int, available: int) -> int:
-        """How many drafts (at most `available`) to add to a step of `rows` rows that makes
-        `made` tokens: the length whose expected tokens per second, (made + p + p^2 + ...
-        + p^k) / step(rows + k), is highest; 0 when drafting would slow the step's pace."""
-        base = self.step(rows)
-        if available <= 0 or p <= 0:
+        """How many drafts (at most `available`) to add to a step of `rows` rows holding
+        `made` decode rows: the length whose expected kept tokens (p + p^2 + ... + p^k) most
+        exceed what the time they add would make by plain decoding (made tokens per
+        step(made) seconds); 0 unless that surplus is at least MIN_SURPLUS tokens. Prompt
+        chunks in the step do not make drafts look cheap: only the time added counts."""
+        if available <= 0 or p <= 0 or made <= 0:
             return 0
-        best, best_pace, expected, last = 0, made / base, 0.0, 0
+        plain_rate, base = made / self.step(made), self.step(rows)
+        best, best_surplus, expected, last = 0, self.MIN_SURPLUS, 0.0, 0
         for k in self.DRAFTS:
             if k > available:
                 break
             expected += sum(p ** j for j in range(last + 1, k + 1))
             last = k
-            pace = (made + expected) / self.step(rows + k)
-            if pace > best_pace * self.MIN_GAIN:
-                best, best_pace = k, pace
+            surplus = expected - plain_rate * (self.step(rows + k) - base)
+            if surplus > best_surplus:
+                best, best_surplus = k, surplus
         return best

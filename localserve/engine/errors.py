@@ -6,6 +6,14 @@ class DecodeError(RuntimeError):
     """llama_decode refused a batch; the requests in it cannot continue."""
 
 
+class RestoreFailed(DecodeError):
+    """A cached prompt's state could not be loaded into its slot: its entry is forgotten."""
+
+    def __init__(self, message: str, entry):
+        super().__init__(message)
+        self.entry = entry
+
+
 class CacheFull(DecodeError):
     """llama_decode found no free cache cells for the batch (return code 1). Nothing was
     written, so the batch can be planned again after evicting a sequence."""

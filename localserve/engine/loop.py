@@ -19,7 +19,7 @@ from typing import Iterable
 
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, TokenEvent
-from localserve.engine.errors import CacheFull, DecodeError, EngineFailed
+from localserve.engine.errors import CacheFull, DecodeError, EngineFailed, RestoreFailed
 from localserve.engine.interfaces import EngineObserver, Runner
 from localserve.engine.plan import StepPlan
 from localserve.engine.scheduler import Scheduler
@@ -173,9 +173,12 @@ class EngineLoop(threading.Thread):
             self.llama_decode_s += out.decode_s
             self.sampling_s += out.sample_s
             self.scheduler.drafts.timed(plan, out.decode_s + out.sample_s)  # drafts.py
+            self.scheduler.prefixes.keep(out.saved)  # the prompt cache's one owner (reuse.py)
             events = self.scheduler.update(plan, out.sampled, out.costly_grammars)
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
+            if isinstance(exc, RestoreFailed):
+                self.scheduler.prefixes.forget(exc.entry)
             if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
             else:

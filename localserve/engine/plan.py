@@ -53,6 +53,8 @@ class StepPlan:
     chunks: list[SeqChunk] = field(default_factory=list)
     admitted: list[Admission] = field(default_factory=list)
     dropped: list[int] = field(default_factory=list)  # slots whose whole cache must be cleared
+    trims: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens kept): the
+    # rows of drafts that failed last step leave the cache first (drafts.py)
     saves: list[SlotSave] = field(default_factory=list)
 
     @property
@@ -70,12 +72,14 @@ class StepPlan:
 
 @dataclass
 class StepOutput:
-    """What the runner made of one StepPlan: for each sampled chunk's slot, the token sampled
-    (for a drafted chunk, the drafts that held and the token sampled after them), the
+    """What the runner made of one StepPlan: for each sampled chunk's slot, the tokens sampled
+    (one; for a drafted chunk, the drafts that held and the token sampled after them), the
     log-probabilities of the rows that asked for them, where the time went, and the slots whose
     grammar cost more than its bound to constrain a token (their requests are ended)."""
 
-    sampled: dict[int, int | list[int]]
+    sampled: dict[int, list[int]]
+    saved: list[tuple[SlotSave, object, int]] = field(default_factory=list)  # the plan's
+    # saves, serialized (state, bytes), for the scheduler to keep in the prompt cache
     logprobs: dict[int, tuple] = field(default_factory=dict)
     costly_grammars: frozenset[int] = frozenset()
     decode_s: float = 0.0  # inside llama_decode

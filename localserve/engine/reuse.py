@@ -82,6 +82,16 @@ class PrefixBook:
             return
         plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
+    def keep(self, saved) -> None:
+        """The step's saves, serialized by the runner, into the prompt cache."""
+        for save, state, size in saved:
+            if size:
+                self.prompt_cache.put(save.scope, save.tokens, state, size)
+
+    def forget(self, entry: CachedPrompt) -> None:
+        """An entry whose state would not load (RestoreFailed): never offered again."""
+        self.prompt_cache.remove(entry)
+
     def drop_scope(self, scope: str) -> int:
         """A removed key: forget its prompts in idle slots (never saved, never reused again)
         and in the prompt cache, files too; how many cache entries went."""
@@ -97,6 +107,7 @@ class DraftBook:
         self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
         self.acceptance = Acceptance()
         self.cost = StepCost()
+        self._trims: list[tuple[int, int]] = []  # (slot, tokens kept) for the next plan
 
     def add(self, plan: StepPlan, budget: int) -> None:
         """Give the budget left after everything else to decode rows as n-gram drafts, in plan
@@ -130,11 +141,11 @@ class DraftBook:
         """A step's decode and sampling time: what the next steps' drafts are weighed against."""
         self.cost.observe(plan.num_tokens, seconds)
 
-    def take(self, chunk: SeqChunk, sampled) -> list[int]:
+    def take(self, chunk: SeqChunk, sampled: list[int]) -> list[int]:
         """The tokens sampled for a chunk: one, or for a drafted chunk the drafts that held
         and the token sampled after them. Counts acceptance and tells the drafter."""
         if not chunk.drafts:
-            return [sampled]
+            return sampled
         accepted = len(sampled) - 1
         self.stats.draft_tokens += chunk.drafts
         self.stats.draft_tokens_accepted += accepted
@@ -142,7 +153,14 @@ class DraftBook:
         chunk.request.drafter.feedback(chunk.drafts, accepted)
         return sampled
 
-    @staticmethod
-    def kept_in_cache(chunk: SeqChunk, sampled: list[int]) -> list[int]:
-        """A drafted chunk's cache holds its first token and the drafts that held."""
-        return chunk.tokens[:len(chunk.tokens) - chunk.drafts + len(sampled) - 1]
+    def kept_in_cache(self, chunk: SeqChunk, sampled: list[int]) -> list[int]:
+        """A drafted chunk's cache keeps its first token and the drafts that held; the rows
+        of those that failed are trimmed at the start of the next step (StepPlan.trims)."""
+        kept = chunk.tokens[:len(chunk.tokens) - chunk.drafts + len(sampled) - 1]
+        if len(kept) < len(chunk.tokens):
+            self._trims.append((chunk.slot_id, chunk.start_pos + len(kept)))
+        return kept
+
+    def pending_trims(self) -> list[tuple[int, int]]:
+        trims, self._trims = self._trims, []
+        return trims

@@ -139,7 +139,7 @@ class Scheduler:
         7. A step carries at most `budget` tokens while any stream decodes (smoothness), and
            up to `prefill_budget` when none does (nothing to stall: prefill at full speed).
         """
-        plan = StepPlan(dropped=self._pending_drops)
+        plan = StepPlan(dropped=self._pending_drops, trims=self.drafts.pending_trims())
         self._pending_drops = []
         if self.pool.unified:
             self._make_room_for_decode(plan)
@@ -311,10 +311,10 @@ class Scheduler:
         return done
 
     # ---- after the decode ----------------------------------------------------------
-    def update(self, plan: StepPlan, sampled: dict[int, int | list[int]],
+    def update(self, plan: StepPlan, sampled: dict[int, list[int]],
                costly_grammars: frozenset[int] = frozenset()) -> list[tuple[Request, TokenEvent]]:
-        """`sampled`: a token per sampled row; for a drafted chunk, the drafts that held and
-        the token sampled after them (see drafts.py). A request in `costly_grammars` (its
+        """`sampled`: a sampled chunk's tokens (one; for a drafted chunk, the drafts that held
+        and the token sampled after them: drafts.py). A request in `costly_grammars` (its
         grammar took more than its bound to constrain a token) keeps this step's tokens and
         ends there."""
         self.stats.count_step(plan)

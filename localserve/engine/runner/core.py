@@ -16,14 +16,13 @@ import time
 import llama_cpp as C
 import numpy as np
 
-from localserve.engine.errors import CacheFull, DecodeError
+from localserve.engine.errors import CacheFull, DecodeError, RestoreFailed
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
-from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 
@@ -83,7 +82,6 @@ class LlamaRunner(Sampling):
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
-        self.prompt_cache: PromptCache | None = None  # set by the ModelHost (shared with the scheduler)
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -183,11 +181,12 @@ class LlamaRunner(Sampling):
     # ---- one step ---------------------------------------------------------------------
     def decode(self, plan: StepPlan) -> StepOutput:
         """Run one llama_decode over the whole plan; return what it sampled.
-        Before it: sequences the plan overwrites are saved to the prompt cache, dropped ones
-        cleared, admitted ones copied from a sibling or restored from the cache, then trimmed
-        to the prefix they keep."""
-        for save in plan.saves:
-            self.save_sequence(save.slot_id, save.scope, save.tokens)
+        Before it: last step's failed drafts leave their sequences, sequences the plan
+        overwrites are saved to the prompt cache, dropped ones cleared, admitted ones copied
+        from a sibling or restored from the cache, then trimmed to the prefix they keep."""
+        for slot_id, kept in plan.trims:
+            C.llama_memory_seq_rm(self.memory, slot_id, kept, -1)
+        saved = [(save, *read_sequence(self.ctx, save.slot_id)) for save in plan.saves]
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for admission in plan.admitted:
@@ -232,20 +231,17 @@ class LlamaRunner(Sampling):
             raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
                               f"from {len(plan.chunks)} sequences")
         sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
-                   else self._sample(chunk.slot_id, row) for chunk, row in rows}
-        logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id],
+                   else [self._sample(chunk.slot_id, row)] for chunk, row in rows}
+        logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id][0],
                                          self.logprob_n[c.slot_id])
                     for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
-        return StepOutput(sampled, logprobs, decode_s=decoded - started,
+        return StepOutput(sampled, saved, logprobs, decode_s=decoded - started,
                           sample_s=time.perf_counter() - decoded,
                           costly_grammars=frozenset(self.costly_grammars))
 
-    def save_sequence(self, slot_id: int, scope: str | None, tokens: list[int]) -> None:
-        """Put a slot's sequence (holding `tokens`) into the prompt cache."""
-        if self.prompt_cache is not None:
-            state, size = read_sequence(self.ctx, slot_id)
-            if size:
-                self.prompt_cache.put(scope, tokens, state, size)
+    def read_sequence(self, slot_id: int) -> tuple[object, int]:
+        """A slot's sequence serialized (state, bytes), for the prompt cache."""
+        return read_sequence(self.ctx, slot_id)
 
     def state_fingerprint(self) -> str:
         return state_fingerprint(self.config.model_path, self.config.cache_type_k,
@@ -258,8 +254,8 @@ class LlamaRunner(Sampling):
         C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
         if state is None or not write_sequence(self.ctx, admission.slot_id, state, entry.nbytes):
             C.llama_memory_seq_rm(self.memory, admission.slot_id, -1, -1)
-            self.prompt_cache.remove(entry)
-            raise DecodeError(f"could not restore a cached prompt of {len(entry.tokens)} tokens")
+            raise RestoreFailed(f"could not restore a cached prompt of {len(entry.tokens)} "
+                                "tokens", entry)
 
     def embedder(self, own_pooling: bool = False):
         """The /v1/embeddings context on this model, made on first use (its cache costs

@@ -203,8 +203,8 @@ class Sampling:
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
     def _sample_drafted(self, chunk: SeqChunk, first_row: int) -> list[int]:
-        """Sample row after row while each token equals the draft it checks; the cache keeps
-        the chunk's first token and the drafts that held (the last sampled one is pending)."""
+        """Sample row after row while each token equals the draft it checks (the scheduler
+        plans the failed drafts' rows out of the cache: StepPlan.trims)."""
         drafts = chunk.tokens[-chunk.drafts:]
         out: list[int] = []
         for k in range(chunk.drafts + 1):
@@ -212,7 +212,5 @@ class Sampling:
             out.append(token)
             if k == chunk.drafts or token != drafts[k] or self.is_eog(token):
                 break
-        kept = len(chunk.tokens) - chunk.drafts + len(out) - 1
-        C.llama_memory_seq_rm(self.memory, chunk.slot_id, chunk.start_pos + kept, -1)
         return out
 
