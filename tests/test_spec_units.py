@@ -175,3 +175,10 @@ def test_decisions_draw_p_so_a_class_with_a_bad_start_is_still_tried():
     for _ in range(300):
         acceptance.record(40, 8, 8)
     assert min(acceptance.draw(40) for _ in range(200)) > 0.95  # well measured: near its mean
+
+
+def test_more_rows_never_look_cheaper_than_fewer():
+    cost = cpu_like()
+    cost.observe(192, 0.100)  # a step measured in a shorter context than the 128-row one
+    assert cost.step(192) >= cost.step(128) and cost.step(160) >= cost.step(128)
+    assert cost.worth(0.5, 1, 1, 64) == 0  # and a decode row's drafts still do not pay

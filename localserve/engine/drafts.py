@@ -158,7 +158,10 @@ class StepCost:
     def step(self, rows: int) -> float:
         """Seconds a step of `rows` rows is expected to take (before any step is measured,
         every size costs the same: drafts are tried, then measured)."""
-        known = sorted(self.seconds.items())
+        known, most = [], 0.0
+        for n, t in sorted(self.seconds.items()):  # never cheaper for more rows: steps of
+            most = max(most, t)  # different contexts must not make a row look free
+            known.append((n, most))
         if not known:
             return 1.0
         below = [(n, t) for n, t in known if n <= rows]
@@ -172,11 +175,11 @@ class StepCost:
         return t0 if n0 == n1 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
 
     def worth(self, p: float, rows: int, made: int, available: int) -> int:
-        """How many drafts (at most `available`) to add to a step of `rows` rows holding
-        `made` decode rows: the length whose expected kept tokens (p + p^2 + ... + p^k) most
-        exceed what the time they add would make by plain decoding (made tokens per
+        """How many drafts (at most `available`) to add to `rows` decode and draft rows, of
+        which `made` decode rows: the length whose expected kept tokens (p + p^2 + ... + p^k)
+        most exceed what the time they add would make by plain decoding (made tokens per
         step(made) seconds); 0 unless that surplus is at least MIN_SURPLUS tokens. Prompt
-        chunks in the step do not make drafts look cheap: only the time added counts."""
+        chunks in the same step are left out: they cost the same with or without drafts."""
         if available <= 0 or p <= 0 or made <= 0:
             return 0
         plain_rate, base = made / self.step(made), self.step(rows)

@@ -115,7 +115,7 @@ class DraftBook:
         match's measured acceptance against the measured cost of a step that size)."""
         if not self.speculative or self.pool.unified:
             return
-        decode_rows = plan.num_decode_rows
+        decode_rows = rows = plan.num_decode_rows
         for chunk in plan.chunks:
             if budget <= 0:
                 return
@@ -131,8 +131,8 @@ class DraftBook:
             if not proposal.tokens:
                 continue
             drafts = proposal.tokens[:self.cost.worth(
-                self.acceptance.draw(proposal.match), plan.num_tokens, decode_rows,
-                len(proposal.tokens))]
+                self.acceptance.draw(proposal.match), rows, decode_rows, len(proposal.tokens))]
+            rows += len(drafts)
             chunk.tokens += drafts
             chunk.drafts = len(drafts)
             budget -= len(drafts)
