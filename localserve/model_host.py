@@ -20,6 +20,7 @@ from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
+from localserve.engine.plan import SlotSave
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
@@ -196,11 +197,11 @@ class ModelHost:
         cache = self.prompt_cache
         if cache is None or cache.disk is None or self.loop is None or self.loop.is_alive():
             return
-        for slot in self.loop.scheduler.pool.slots:
-            if slot.cached and not cache.holds(slot.cached, slot.cache_scope):
-                state, size = self.runner.read_sequence(slot.slot_id)
-                if size:
-                    cache.put(slot.cache_scope, list(slot.cached), state, size)
+        scheduler = self.loop.scheduler
+        scheduler.prefixes.keep([(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)),
+                                  *self.runner.read_sequence(slot.slot_id))
+                                 for slot in scheduler.pool.slots
+                                 if slot.cached and not cache.holds(slot.cached, slot.cache_scope)])
         log.info("prompt cache: %d prompts written to %s", cache.spill(), cache.disk.folder)
 
     def unload(self) -> None:

@@ -120,6 +120,17 @@ def open_webui_page(browser, url: str, who: dict):
     return page
 
 
+def new_chat(browser, url: str, state, alice: dict, text: str):
+    """A new chat in alice's Open WebUI page with `text` sent: the page, and how many of her
+    chat requests localserve had billed before it."""
+    page = open_webui_page(browser, url, alice)
+    before = len(chat_rows(state, "alice"))
+    page.locator("#chat-input").click()
+    page.keyboard.type(text)
+    page.locator("#send-message-button").click()
+    return page, before
+
+
 def settle(page, state, who: str, before: int) -> list[tuple]:
     """Wait until localserve has billed a new request of `who` and the page's answer is done
     (its Regenerate button back); the new ledger rows."""
@@ -147,11 +158,8 @@ def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser)
         url + "/api/v1/users/user/settings/update", headers=alice, timeout=60,
         json={"ui": {"params": {"temperature": 0, **params}}}).raise_for_status()
     settings(max_tokens=400)
-    page = open_webui_page(browser, url, alice)
-    before = len(chat_rows(state, "alice"))
-    page.locator("#chat-input").click()
-    page.keyboard.type("Write a long story about a dog who travels the world.")
-    page.locator("#send-message-button").click()
+    page, before = new_chat(browser, url, state, alice,
+                            "Write a long story about a dog who travels the world.")
     stop = page.locator("button[aria-label='Stop']")
     stop.wait_for(timeout=120_000)
     wait_for(lambda: page.locator("#response-content-container").last.inner_text().strip(),
@@ -161,11 +169,7 @@ def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser)
             and ("abort", 499) in [(f, s) for _, f, s in chat_rows(state, "alice")])
 
     settings(max_tokens=24)
-    page = open_webui_page(browser, url, alice)
-    before = len(chat_rows(state, "alice"))
-    page.locator("#chat-input").click()
-    page.keyboard.type("Tell me about the sea.")
-    page.locator("#send-message-button").click()
+    page, before = new_chat(browser, url, state, alice, "Tell me about the sea.")
     assert (24, "length", 200) in settle(page, state, "alice", before)
     answer = page.locator("#response-content-container").last
     first = answer.inner_text().strip()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
 from dataclasses import dataclass
 
 NGRAMS = (16, 8, 4, 2)  # looked up longest first: the match most likely to go on
@@ -141,6 +140,7 @@ class StepCost:
 
     def __init__(self):
         self.seconds: dict[int, float] = {}
+        self._known: list[tuple[int, float]] = []  # (size, seconds) made non-decreasing
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
@@ -150,6 +150,10 @@ class StepCost:
             self.seconds[size] = seconds
         else:
             self.seconds[size] += self.FOLLOW * (seconds - self.seconds[size])
+        self._known, most = [], 0.0
+        for n, t in sorted(self.seconds.items()):  # never cheaper for more rows: steps of
+            most = max(most, t)  # different contexts must not make a row look free
+            self._known.append((n, most))
 
     def view(self) -> dict[int, float]:
         """Measured milliseconds by batch size, for /slots."""
@@ -158,10 +162,7 @@ class StepCost:
     def step(self, rows: int) -> float:
         """Seconds a step of `rows` rows is expected to take (before any step is measured,
         every size costs the same: drafts are tried, then measured)."""
-        known, most = [], 0.0
-        for n, t in sorted(self.seconds.items()):  # never cheaper for more rows: steps of
-            most = max(most, t)  # different contexts must not make a row look free
-            known.append((n, most))
+        known = self._known
         if not known:
             return 1.0
         below = [(n, t) for n, t in known if n <= rows]
