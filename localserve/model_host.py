@@ -21,6 +21,8 @@ from localserve.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.plan import SlotSave
+from localserve.engine.request import Request as EngineRequest
+from localserve.engine.request import TokenEvent
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
@@ -63,6 +65,13 @@ class ModelHost:
         self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
         self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
         self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
+
+    def bill(self, request: EngineRequest, event: TokenEvent) -> None:
+        """A request answered outside the engine loop (an embedding): its finished event goes
+        to the loop's observers (metrics, per-key counters, ledger), which bill every answer."""
+        if self.loop is not None:
+            for observer in self.loop.observers:
+                observer.on_event(request, event)
 
     def check_memory(self, model_path: str) -> str:
         return check_memory(self.settings, model_path, supports_gpu_offload())

@@ -3,7 +3,7 @@ passes the key check and the rate limit: the app's routes are enumerated, so a n
 added without them fails here. Only the monitoring routes (dashboards poll them), the page's
 static files and /health stand outside the rate limit."""
 
-from localserve.api.admission import limit_rate
+from localserve.api.admission import admit, limit_rate
 from localserve.api.app import create_app
 from localserve.api.auth import require_key
 from localserve.config import Settings
@@ -32,9 +32,9 @@ def test_every_model_route_checks_the_key_and_the_rate():
     app = create_app(Settings(api_keys=("route-test-key",)))
     seen = list(routes_and_guards(app))
     assert len(seen) > 30 and ("POST", "/v1/responses", ) in {(m, p) for m, p, _ in seen}
-    unguarded = {path for _, path, guards in seen if limit_rate not in guards}
+    unguarded = {path for _, path, guards in seen if not guards & {limit_rate, admit}}
     assert unguarded <= OUTSIDE_THE_RATE, unguarded - OUTSIDE_THE_RATE
-    keyless = {path for _, path, guards in seen if require_key not in guards}
+    keyless = {path for _, path, guards in seen if not guards & {require_key, admit}}
     assert keyless <= {"/health", "/", "/chat", "/web/{name}", "/favicon.ico"}, keyless
 
 
@@ -46,15 +46,14 @@ NO_MODEL = {"/v1/models", "/models", "/v1/models/{model:path}", "/models/{model:
             "/api/blobs/{digest}"} | OUTSIDE_THE_RATE
 
 
-def test_every_route_that_runs_a_model_takes_the_quota_hold_as_a_dependency():
-    """No route takes the hold by hand: a new model route on a router without it fails here,
-    and so does one of the vocabulary routes (/tokenize, count_tokens, ...) left without."""
-    from localserve.api.admission import hold_quota
-
+def test_every_route_that_runs_a_model_is_admitted_by_the_one_dependency():
+    """Key, rate and quota hold come from `admit` (no route takes the hold by hand): a new
+    model route on a router without it fails here, and so does one of the vocabulary routes
+    (/tokenize, count_tokens, ...) left without."""
     app = create_app(Settings(api_keys=("route-test-key",)))
     seen = list(routes_and_guards(app))
-    held = {path for _, path, guards in seen if hold_quota in guards}
-    unheld = {path for _, path, guards in seen if hold_quota not in guards}
+    held = {path for _, path, guards in seen if admit in guards}
+    unheld = {path for _, path, guards in seen if admit not in guards}
     assert unheld <= NO_MODEL, unheld - NO_MODEL
     assert {"/tokenize", "/detokenize", "/apply-template", "/v1/messages/count_tokens",
             "/v1/responses/input_tokens", "/v1/chat/completions", "/infill",

@@ -70,6 +70,9 @@ def test_ledger_sums_match_the_clients_survive_a_restart_and_follow_roles(office
         add("alice", httpx.post(srv.url + "/v1/completions", headers=auth(ALICE), timeout=120,
                                 json={"prompt": "1, 2, 3,", "max_tokens": 5}).json()["usage"])
         add("bob", streamed_usage(srv, BOB))
+        embedded = httpx.post(srv.url + "/v1/embeddings", headers=auth(BOB), timeout=120,
+                              json={"input": ["red", "green and blue"]}).json()["usage"]
+        add("bob", {"prompt_tokens": embedded["prompt_tokens"], "completion_tokens": 0})
         with httpx.stream("POST", srv.url + "/v1/chat/completions", headers=auth(ALICE),
                           timeout=120, json={"messages": [{"role": "user", "content": "Tell a story."}],
                                              "max_tokens": 500, "ignore_eos": True,
@@ -96,9 +99,9 @@ def test_ledger_sums_match_the_clients_survive_a_restart_and_follow_roles(office
         assert set(usage_rows(srv, ALICE)) == {"alice"}  # a user sees only their own
         assert set(usage_rows(srv, BOB, group_by="model")) == {srv.slots(auth(ROOT_KEY))["model"]}
         day = usage_rows(srv, ROOT_KEY, group_by="day", **{"from": "2000-01-01"})
-        assert sum(r["requests"] for r in day.values()) == 5
+        assert sum(r["requests"] for r in day.values()) == 6
         admin_metrics = httpx.get(srv.url + "/metrics", headers=auth(ROOT_KEY)).text
-        assert 'localserve:key_requests_total{key="bob"} 2.0' in admin_metrics
+        assert 'localserve:key_requests_total{key="bob"} 3.0' in admin_metrics  # + embedding
         assert "key_requests" not in httpx.get(srv.url + "/metrics", headers=auth(BOB)).text
         before = rows
     with running(*args, log_name="ledger-restart") as srv:

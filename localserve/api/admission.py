@@ -1,12 +1,13 @@
-"""Admission: what every route that runs a model goes through before its work is queued.
+"""Admission: what every route that runs a model goes through before its work is queued,
+one dependency (`admit`, on every such router in app.py) that hands the route an `Admitted`:
 
-    require_key (auth.py)  who is asking: 401 without a valid key         } router
-    limit_rate             the key's request rate: 429                     } dependencies
-    hold_quota             the key's quotas: 429; holds a place until the  } (app.py: one
-                           response ends                                   } list, `admitted`)
-    lease                  the model, loaded and ready: 404 unknown, 503 loading (in the route,
-                           which knows the body's model)
-    reserve_tokens         what the submitted request may use, held against token quotas
+    require_key (auth.py)  who is asking: 401 without a valid key
+    limit_rate             the key's request rate: 429
+    hold_quota             the key's quotas: 429; holds a place until the response ends
+                           (released by limits.ReleaseReservations however it ends)
+  then, from the Admitted:
+    .lease(model)          the model the body names, loaded and ready: 404 unknown, 503 loading
+    .reserve_tokens(n)     what the submitted request may use, held against token quotas
                            (serving.submit, once the prompt is known)
 """
 
@@ -14,19 +15,59 @@ from __future__ import annotations
 
 import asyncio
 import math
+from dataclasses import dataclass
 
 from fastapi import Request
 
-from localserve.api.auth import caller
+from localserve.api.auth import Caller, caller, require_key
 from localserve.api.schemas import OpenAIError, _Sampling
-from localserve.quotas import QuotaError
+from localserve.quotas import QuotaError, Reservation
 from localserve.ledger import Ledger
+from localserve.office import Office
+from localserve.registry import ModelRegistry
 
 
-def lease(request: Request, model: str | None = None, kind: str = "chat"):
-    """The requested model's ModelHost, loaded and ready, for an `async with` block (see
-    registry.py); 404 for an unknown name when several models are served, 503 while loading."""
-    return request.app.state.models.lease(model, kind)
+@dataclass(frozen=True)
+class Admitted:
+    """What admission hands a route that runs a model: who asks, the hold on their key's
+    quotas (None without quotas or keys), and the models to lease the body's from."""
+
+    caller: Caller
+    hold: Reservation | None
+    models: ModelRegistry
+    office: Office
+
+    def lease(self, model: str | None = None, kind: str = "chat"):
+        """The requested model's ModelHost, loaded and ready, for an `async with` block (see
+        registry.py); 404 for an unknown name when several models are served, 503 while
+        loading."""
+        return self.models.lease(model, kind)
+
+    def user(self, body: _Sampling) -> str | None:
+        """Who is billed: the API key's name when keys are set, else the body's `user`."""
+        return self.caller.user(body.user)
+
+    def reserve_tokens(self, n: int) -> None:
+        """What a submitted request may use at most, held against its key's token quotas."""
+        if self.hold is None:
+            return
+        ledger = self.office.ledger
+        try:
+            self.hold.reserve_tokens(n, *_tokens_used(ledger, self.hold.key))
+        except QuotaError as exc:
+            raise _quota_refusal(ledger, self.hold.key, exc) from None
+
+
+async def admit(request: Request) -> Admitted:
+    """The one admission dependency of every router that runs a model (FastAPI solves it once
+    per request; a route takes the result as `admitted: Admitted = Depends(admit)`): the key,
+    then its rate, then its quota hold, each refusing before the body is read."""
+    await require_key(request)
+    await limit_rate(request)
+    hold_quota(request)
+    state = request.app.state
+    return Admitted(caller(request), getattr(request.state, "quota_hold", None), state.models,
+                    state.office)
 
 
 # Routes whose requests wait for their turn within the rate instead of a 429: a document
@@ -36,7 +77,7 @@ MAX_RATE_WAIT_S = 60.0
 
 
 async def limit_rate(request: Request) -> None:
-    """Router dependency, after the key check and before the body is validated: a key over its
+    """After the key check and before the body is validated: a key over its
     request rate (--rate-limit) gets 429 on every route it can reach, before any work;
     embeddings wait their turn (up to MAX_RATE_WAIT_S) instead."""
     user = caller(request).key
@@ -56,10 +97,9 @@ async def limit_rate(request: Request) -> None:
 
 
 def hold_quota(request: Request) -> None:
-    """Router dependency of every route that runs a model: [quotas] from the TOML, over one
-    -> 429 saying which limit and when it resets. Holds a place in the key's quotas until the
-    response ends (request.state.quota_hold, released by api/limits.py ReleaseReservations,
-    however the response ends)."""
+    """[quotas] from the TOML, over one -> 429 saying which limit and when it resets. Holds a
+    place in the key's quotas until the response ends (request.state.quota_hold, released by
+    api/limits.py ReleaseReservations, however the response ends)."""
     keeper, ledger = request.app.state.quotas, request.app.state.office.ledger
     user = caller(request).key
     if keeper is None or user is None:
@@ -68,18 +108,6 @@ def hold_quota(request: Request) -> None:
         request.state.quota_hold = keeper.reserve(user, *_tokens_used(ledger, user))
     except QuotaError as exc:
         raise _quota_refusal(ledger, user, exc) from None
-
-
-def reserve_tokens(request: Request, n: int) -> None:
-    """What a submitted request may use at most, held against its key's token quotas."""
-    hold = getattr(request.state, "quota_hold", None)
-    if hold is None:
-        return
-    ledger = request.app.state.office.ledger
-    try:
-        hold.reserve_tokens(n, *_tokens_used(ledger, hold.key))
-    except QuotaError as exc:
-        raise _quota_refusal(ledger, hold.key, exc) from None
 
 
 def _tokens_used(ledger: Ledger | None, user: str) -> tuple[int, int]:
@@ -91,8 +119,3 @@ def _quota_refusal(ledger: Ledger | None, user: str, exc: QuotaError) -> OpenAIE
         ledger.audit("quota", user, exc.limit)
     return OpenAIError(429, str(exc), code="quota_exceeded", param=exc.limit,
                        headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
-
-
-def identity(request: Request, body: _Sampling) -> str | None:
-    """Who is asking: the API key's name when keys are set, else the body's `user` field."""
-    return caller(request).user(body.user)

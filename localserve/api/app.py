@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from localserve.api import (routes_admin, routes_anthropic, routes_embeddings, routes_native,
                             routes_ollama, routes_openai, routes_rerank, routes_responses,
                             routes_web)
-from localserve.api.admission import hold_quota, limit_rate
+from localserve.api.admission import admit, limit_rate
 from localserve.api.message_reply import anthropic_error
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
@@ -67,11 +67,12 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
                               if office.keys_enabled and settings.rate_limit > 0 else None)
     app.state.quotas = (QuotaKeeper(settings.quotas)
                         if office.keys_enabled and settings.quotas else None)
-    # Admission, one list for every route that runs a model (generates, embeds, tokenizes,
-    # renders, or may load one): the key, its rate, its quota hold (admission.py). No route
-    # takes the hold by hand; the catalog and stored answers need only the key and the rate.
+    # Admission, one dependency for every route that runs a model (generates, embeds,
+    # tokenizes, renders, or may load one): the key, its rate, its quota hold (admission.py).
+    # No route takes the hold by hand; the catalog and stored answers need only the key and
+    # the rate.
     guarded = [Depends(require_key), Depends(limit_rate)]
-    admitted = [*guarded, Depends(hold_quota)]
+    admitted = [Depends(admit)]
     for router in (routes_openai.router, routes_native.router, routes_anthropic.router,
                    routes_responses.router, routes_rerank.router, routes_embeddings.router,
                    routes_ollama.router):

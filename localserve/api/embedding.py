@@ -10,11 +10,13 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from localserve.api.admission import identity
+from localserve.api.admission import Admitted
 from localserve.api.prompt import check_size, check_token_ids
 from localserve.api.schemas import OpenAIError
 from localserve.engine.errors import DecodeError
-from localserve.ledger import request_row
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request as EngineRequest
+from localserve.engine.request import SamplingParams, TokenEvent
 
 MAX_INPUTS = 256
 
@@ -68,20 +70,20 @@ async def _embed_one(request: Request, host, embedder, tokens: list[int],
         turns.give_back()
 
 
-async def embed(request: Request, host, body: EmbeddingRequest,
+async def embed(request: Request, admitted: Admitted, host, body: EmbeddingRequest,
                 endpoint: str) -> tuple[list[list[float]], int]:
-    """(a vector per input, the tokens embedded), billed to the caller in the ledger."""
+    """(a vector per input, the tokens embedded), billed to the caller like any answer."""
     if body.dimensions is not None:
         raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
                           f"{host.runner.n_embd} dimensions", param="dimensions")
-    started = time.monotonic()
+    arrived = time.monotonic()
     inputs = await run_in_threadpool(_inputs, host, body)
     embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
-    user = identity(request, body)
+    user = admitted.user(body)
     vectors = [await _embed_one(request, host, embedder, tokens, user) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
-    ledger = request.app.state.office.ledger
-    if ledger is not None:
-        ledger.record(request_row(user, endpoint, host.model_id, n_tokens, 0, 0, "stop",
-                                  queue_s=0.0, duration_s=time.monotonic() - started))
+    billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
+                           endpoint=endpoint)
+    billed.admitted_time = arrived
+    host.bill(billed, TokenEvent("", finish_reason=FinishReason.STOP, prompt_tokens=n_tokens))
     return vectors, n_tokens

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.message_reply import MessageReply
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.serving import chat_tokens, reasons, start_chat
@@ -159,9 +159,10 @@ def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
 
 
 @router.post("/messages")
-async def messages(body: MessagesRequest, request: Request):
+async def messages(body: MessagesRequest, request: Request,
+                   admitted: Admitted = Depends(admit)):
     chat = as_chat(body)
-    host, stream, plan = await start_chat(request, chat, "/v1/messages")
+    host, stream, plan = await start_chat(admitted, chat, "/v1/messages")
     message = MessageReply(host.model_id, stream.requests[0].num_prompt_tokens, plan,
                            reasons(host))
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
@@ -169,8 +170,9 @@ async def messages(body: MessagesRequest, request: Request):
 
 
 @router.post("/messages/count_tokens")
-async def count_tokens(body: CountTokensRequest, request: Request):
+async def count_tokens(body: CountTokensRequest, request: Request,
+                       admitted: Admitted = Depends(admit)):
     chat = as_chat(body.model_copy(update={"max_tokens": body.max_tokens or 1}))
-    async with lease(request, chat.model) as host:
+    async with admitted.lease(chat.model) as host:
         tokens, _, _ = await chat_tokens(host, chat)
     return {"input_tokens": len(tokens)}

@@ -6,9 +6,9 @@ from __future__ import annotations
 import base64
 import struct
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.embedding import EmbeddingRequest, embed
 
 router = APIRouter(prefix="/v1")
@@ -23,9 +23,10 @@ def _encode(vector: list[float], form: str):
 
 @router.post("/embeddings")
 @bare_router.post("/embeddings")
-async def embeddings(body: EmbeddingRequest, request: Request):
-    async with lease(request, body.model, kind="embedding") as host:
-        vectors, n_tokens = await embed(request, host, body, "/v1/embeddings")
+async def embeddings(body: EmbeddingRequest, request: Request,
+                     admitted: Admitted = Depends(admit)):
+    async with admitted.lease(body.model, kind="embedding") as host:
+        vectors, n_tokens = await embed(request, admitted, host, body, "/v1/embeddings")
     return {"object": "list", "model": host.model_id,
             "data": [{"object": "embedding", "index": i, "embedding": _encode(v, body.encoding_format)}
                      for i, v in enumerate(vectors)],

@@ -10,14 +10,14 @@ import time
 from contextlib import aclosing
 from typing import ClassVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured, tool_formats
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
 from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read, whole_answer
 from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, _Sampling
@@ -72,12 +72,13 @@ async def _prompt_tokens(host, body: NativeCompletion) -> list[int]:
     return await prompt.text_prompt(host, body.prompt)
 
 
-async def _run(request: Request, host, body: NativeCompletion, tokens: list[int]):
+async def _run(request: Request, admitted: Admitted, host, body: NativeCompletion,
+               tokens: list[int]):
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")
     grammar = await run_in_threadpool(structured.request_grammar, host, body)
-    stream = submit(request, host, tokens, body, grammar, request.url.path)
+    stream = submit(admitted, host, tokens, body, grammar, request.url.path)
     started = time.monotonic()
     if body.stream:
         return EventSourceResponse(_sse(host, body, stream, started), sep="\n")
@@ -143,14 +144,16 @@ def _final(host, body, text, end: Finish, engine_request, started) -> dict:
 
 @router.post("/completion")
 @router.post("/completions")  # llama-server's alias; the OpenAI shape is /v1/completions
-async def completion(body: NativeCompletion, request: Request):
-    async with lease(request, body.model) as host:
-        return await _run(request, host, body, await _prompt_tokens(host, body))
+async def completion(body: NativeCompletion, request: Request,
+                     admitted: Admitted = Depends(admit)):
+    async with admitted.lease(body.model) as host:
+        return await _run(request, admitted, host, body, await _prompt_tokens(host, body))
 
 
 @router.post("/infill")
-async def infill(body: Infill, request: Request):
-    async with lease(request, body.model) as host:
+async def infill(body: Infill, request: Request,
+                 admitted: Admitted = Depends(admit)):
+    async with admitted.lease(body.model) as host:
         fim = host.runner.fim_tokens
         if fim is None:
             raise OpenAIError(400, f"the model '{host.model_id}' has no fill-in-the-middle "
@@ -160,14 +163,15 @@ async def infill(body: Infill, request: Request):
         suffix = await prompt.text_prompt(host, body.input_suffix) if body.input_suffix else []
         middle = await _prompt_tokens(host, body) if body.prompt else []
         tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
-        return await _run(request, host, body, tokens)
+        return await _run(request, admitted, host, body, tokens)
 
 
 @router.post("/tokenize")
-async def tokenize(body: TokenizeBody, request: Request):
+async def tokenize(body: TokenizeBody, request: Request,
+                   admitted: Admitted = Depends(admit)):
     """All of it on a worker thread, the JSON too: a large text's ids and pieces must not
     stall the event loop (everyone's /health and streams)."""
-    async with lease(request, body.model) as host:
+    async with admitted.lease(body.model) as host:
         prompt.check_size(host, 1, len(body.content.encode()), "content")
         runner = host.runner
 
@@ -188,9 +192,10 @@ def _piece(runner, token: int) -> dict:
 
 
 @router.post("/detokenize")
-async def detokenize(body: DetokenizeBody, request: Request):
+async def detokenize(body: DetokenizeBody, request: Request,
+                     admitted: Admitted = Depends(admit)):
     """On a worker thread, like /tokenize (800k ids take a second and more to check)."""
-    async with lease(request, body.model) as host:
+    async with admitted.lease(body.model) as host:
         def answer() -> JSONResponse:
             tokens = prompt.check_token_ids(host, body.tokens, "tokens")
             return JSONResponse({"content": host.detokenize(tokens)})
@@ -199,8 +204,9 @@ async def detokenize(body: DetokenizeBody, request: Request):
 
 
 @router.post("/apply-template")
-async def apply_template(body: TemplateBody, request: Request):
-    async with lease(request, body.model) as host:
+async def apply_template(body: TemplateBody, request: Request,
+                         admitted: Admitted = Depends(admit)):
+    async with admitted.lease(body.model) as host:
         native = tool_formats.detect(host.template.source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])

@@ -21,13 +21,13 @@ import json
 import re
 import time
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.embedding import EmbeddingRequest, embed
 from localserve.api.ollama_model import show, tags_entry
 from localserve.api.ollama_reply import OllamaReply, now_iso
@@ -192,11 +192,12 @@ async def respond(reply: OllamaReply, stream, request: Request, streaming: bool,
 # ---- routes that run a model ----------------------------------------------------------------
 
 @router.post("/chat")
-async def chat(body: ChatBody, request: Request):
+async def chat(body: ChatBody, request: Request,
+               admitted: Admitted = Depends(admit)):
     started = time.monotonic()
     fields, ignored, num_ctx = sampling(body)
     remember_keep_alive(request, body)
-    async with lease(request, body.model) as host:
+    async with admitted.lease(body.model) as host:
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
         if not body.messages:  # Ollama's way to load a model: an empty chat
@@ -204,13 +205,14 @@ async def chat(body: ChatBody, request: Request):
                 "role": "assistant", "content": ""}, "done": True, "done_reason": "load"}
         chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
         tokens, grammar, plan = await chat_tokens(host, chat_request)
-        stream = submit(request, host, tokens, chat_request, grammar, "/api/chat")
+        stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
     reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
 
 
 @router.post("/generate")
-async def generate(body: GenerateBody, request: Request):
+async def generate(body: GenerateBody, request: Request,
+                   admitted: Admitted = Depends(admit)):
     started = time.monotonic()
     for name, why in (("template", "the model's own chat template is used; send raw: true "
                                    "with a prompt you formatted yourself"),
@@ -223,7 +225,7 @@ async def generate(body: GenerateBody, request: Request):
                           param="system")
     fields, ignored, num_ctx = sampling(body)
     remember_keep_alive(request, body)
-    async with lease(request, body.model) as host:
+    async with admitted.lease(body.model) as host:
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
         if not body.prompt and not body.suffix:  # Ollama's way to load a model
@@ -235,13 +237,13 @@ async def generate(body: GenerateBody, request: Request):
                                            **{"max_tokens": None, **fields})
             completion._context_limit = num_ctx
             tokens, grammar = await raw_tokens(host, body), await grammar_of(host, completion)
-            stream = submit(request, host, tokens, completion, grammar, "/api/generate")
+            stream = submit(admitted, host, tokens, completion, grammar, "/api/generate")
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) \
                 + [{"role": "user", "content": body.prompt}]
             chat_request = as_chat(body, messages, fields, num_ctx, host)
             tokens, grammar, plan = await chat_tokens(host, chat_request)
-            stream = submit(request, host, tokens, chat_request, grammar, "/api/generate")
+            stream = submit(admitted, host, tokens, chat_request, grammar, "/api/generate")
     reply = OllamaReply(host.model_id, False, plan, reasons(host) and not body.raw,
                         show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
@@ -277,12 +279,13 @@ class EmbedBody(BaseModel):
 
 
 @router.post("/embed")
-async def embed_route(body: EmbedBody, request: Request):
+async def embed_route(body: EmbedBody, request: Request,
+                      admitted: Admitted = Depends(admit)):
     started = time.monotonic()
     remember_keep_alive(request, body)
-    async with lease(request, body.model, kind="embedding") as host:
+    async with admitted.lease(body.model, kind="embedding") as host:
         loaded = time.monotonic()
-        vectors, n_tokens = await embed(request, host, EmbeddingRequest(
+        vectors, n_tokens = await embed(request, admitted, host, EmbeddingRequest(
             input=body.input, model=body.model, dimensions=body.dimensions), "/api/embed")
     return {"model": host.model_id, "embeddings": vectors,
             "total_duration": int((time.monotonic() - started) * 1e9),
@@ -299,11 +302,12 @@ class EmbeddingsBody(BaseModel):
 
 
 @router.post("/embeddings")
-async def embeddings_route(body: EmbeddingsBody, request: Request):
+async def embeddings_route(body: EmbeddingsBody, request: Request,
+                           admitted: Admitted = Depends(admit)):
     """Ollama's older embedding route: one prompt, one vector."""
     remember_keep_alive(request, body)
-    async with lease(request, body.model, kind="embedding") as host:
-        vectors, _ = await embed(request, host, EmbeddingRequest(input=body.prompt,
+    async with admitted.lease(body.model, kind="embedding") as host:
+        vectors, _ = await embed(request, admitted, host, EmbeddingRequest(input=body.prompt,
                                                                  model=body.model), "/api/embeddings")
     return {"embedding": vectors[0]}
 

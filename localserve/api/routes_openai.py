@@ -8,11 +8,11 @@ into SSE chunks or one response.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.replies import Reply, fingerprint
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
 from localserve.api.serving import reasons, start_chat, submit
@@ -46,24 +46,26 @@ async def get_model(model: str, request: Request):
 
 @router.post("/chat/completions")
 @bare_router.post("/chat/completions")
-async def chat_completions(body: ChatCompletionRequest, request: Request):
+async def chat_completions(body: ChatCompletionRequest, request: Request,
+                           admitted: Admitted = Depends(admit)):
     # With one model, every `model` name is answered by it (many tools hard-code
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
-    host, stream, plan = await start_chat(request, body, "/v1/chat/completions")
+    host, stream, plan = await start_chat(admitted, body, "/v1/chat/completions")
     reply = Reply("chat.completion", host.model_id, body, fingerprint(host), plan,
                   piece=host.runner.piece, reasoning=reasons(host))
     return await reply.respond(stream, request)
 
 
 @router.post("/completions")  # without /v1 it is llama-server's native API (routes_native)
-async def completions(body: CompletionRequest, request: Request):
-    async with lease(request, body.model) as host:  # `model`: see chat_completions
+async def completions(body: CompletionRequest, request: Request,
+                      admitted: Admitted = Depends(admit)):
+    async with admitted.lease(body.model) as host:  # `model`: see chat_completions
         grammar = await run_in_threadpool(structured.request_grammar, host, body)
         if isinstance(body.prompt, str):
             tokens = await prompt.text_prompt(host, body.prompt)
         else:
             tokens = prompt.check_token_ids(host, body.prompt, "prompt")
-        stream = submit(request, host, tokens, body, grammar, "/v1/completions")
+        stream = submit(admitted, host, tokens, body, grammar, "/v1/completions")
     reply = Reply("text_completion", host.model_id, body, fingerprint(host),
                   piece=host.runner.piece)
     if body.echo:

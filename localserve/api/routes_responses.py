@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import json
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
-from localserve.api.admission import lease
+from localserve.api.admission import Admitted, admit
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.serving import chat_tokens, reasons, start_chat
@@ -186,12 +186,13 @@ def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
 
 
 @router.post("/responses")
-async def create_response(body: ResponsesRequest, request: Request):
+async def create_response(body: ResponsesRequest, request: Request,
+                          admitted: Admitted = Depends(admit)):
     earlier = await run_in_threadpool(_earlier, request, body)
     chat = as_chat(body, earlier)
     if body.store:
         _fits_the_store(request, body, earlier)
-    host, stream, plan = await start_chat(request, chat, "/v1/responses")
+    host, stream, plan = await start_chat(admitted, chat, "/v1/responses")
     reply = ResponseReply(host.model_id, body, stream.requests[0].num_prompt_tokens, plan,
                           reasons(host))
     reply.turns = earlier + input_messages(body.input)
@@ -239,8 +240,9 @@ async def delete_response(response_id: str, request: Request):
 
 
 @router.post("/responses/input_tokens")
-async def input_tokens(body: ResponsesRequest, request: Request):
+async def input_tokens(body: ResponsesRequest, request: Request,
+                       admitted: Admitted = Depends(admit)):
     chat = as_chat(body, await run_in_threadpool(_earlier, request, body))
-    async with lease(request, chat.model) as host:
+    async with admitted.lease(chat.model) as host:
         tokens, _, _ = await chat_tokens(host, chat)
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}

@@ -1,8 +1,8 @@
-"""The serving core every API shape shares, after admission (admission.py) has leased the
-model: the request's sampling settings (its own, else the server's defaults), its chat prompt
-(tools or response_format as a grammar, the template, tokenizing on worker threads), who it
-is billed to, the token reservation against its key's quotas, and its queueing in the engine
-(submit). Route modules import this, never each other (vLLM's OpenAIServing role).
+"""The serving core every API shape shares, once admission (admission.py) has admitted the
+request and the route has leased its model: the request's sampling settings (its own, else
+the server's defaults), its chat prompt (tools or response_format as a grammar, the
+template, tokenizing on worker threads), who it is billed to, the token reservation against
+its key's quotas, and its queueing in the engine (submit). Route modules import this, never each other (vLLM's OpenAIServing role).
 """
 
 from __future__ import annotations
@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from fastapi import Request
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
-from localserve.api.admission import identity, lease, reserve_tokens
+from localserve.api.admission import Admitted
 from localserve.api.reasoning import uses_reasoning
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
 from localserve.config import Settings
@@ -69,12 +68,12 @@ def tools_share(host: ModelHost, body: _Sampling) -> str:
             f"tools (in Open WebUI, turn off the tools it attaches to this model's chats).")
 
 
-def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling,
+def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampling,
            grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first."""
-    user = identity(request, body)
+    user = admitted.user(body)
     n_ctx = min(host.n_ctx_per_slot, body.context_limit or host.n_ctx_per_slot)
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
@@ -95,12 +94,12 @@ def submit(request: Request, host: ModelHost, tokens: list[int], body: _Sampling
                           f"{n_slots} (--parallel)", param="n")
     params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings)
     prompt.check_token_ids(host, [t for t, _ in params.logit_bias], "logit_bias")
-    reserve_tokens(request, len(tokens) + params.max_tokens * body.n)
+    admitted.reserve_tokens(len(tokens) + params.max_tokens * body.n)
     choices: list[EngineRequest] = []
     for i in range(body.n):
         seeded = params if params.seed is None else replace(params, seed=params.seed + i)
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
-                                     cache_scope=request.app.state.office.cache_scope(user),
+                                     cache_scope=admitted.office.cache_scope(user),
                                      prefix_of=choices[0] if choices else None))
     try:
         return host.engine.submit_choices(choices)
@@ -140,9 +139,9 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
     return tokens, grammar, plan
 
 
-async def start_chat(request: Request, body: ChatCompletionRequest, endpoint: str):
+async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):
     """Admit and queue a chat request: (its model's host, its streams, its tool plan). The
     one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
-    async with lease(request, body.model) as host:
+    async with admitted.lease(body.model) as host:
         tokens, grammar, plan = await chat_tokens(host, body)
-        return host, submit(request, host, tokens, body, grammar, endpoint), plan
+        return host, submit(admitted, host, tokens, body, grammar, endpoint), plan
