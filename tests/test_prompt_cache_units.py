@@ -223,3 +223,35 @@ def test_a_removed_key_is_forgotten_in_idle_slots_and_at_start_in_files(tmp_path
     assert again.keep_scopes(lambda scope: scope == "bob") == 1
     assert again.lookup(tokens(1, 40), "alice") is None and len(list(tmp_path.iterdir())) == 1
     assert PromptCache(10_000, DiskTier(tmp_path, 10_000, "m")).keep_scopes(lambda _: True) == 0
+
+
+def test_the_cache_counts_saves_hits_misses_and_restored_tokens_and_the_threshold_is_exact():
+    from localserve.engine.request import Request, SamplingParams
+    from localserve.engine.reuse import PrefixBook
+    from localserve.engine.scheduler_stats import SchedulerStats
+    from localserve.engine.slots import MIN_PREFIX_REUSE
+
+    def ask(prompt):
+        return Request(prompt, SamplingParams(max_tokens=4))
+
+    cache = PromptCache(10_000)
+    book = PrefixBook(SlotPool(4096, 2), cache, SchedulerStats())
+    cache.put(None, tokens(1, 64), "s", 64)
+    cache.put(None, tokens(1000, 64), "t", 64)
+    cache.put(None, tokens(3000, BLOCK - 1), "too short", 1)  # not kept: under a block
+    cache.put(None, tokens(4000, BLOCK), "a block", 1)  # a block: kept
+    assert cache.stats.saves == 3 and "too short" not in {e.state for e in cache.ram.values()}
+    whole_bound = PromptCache(100)
+    whole_bound.put(None, tokens(1, BLOCK), "fills it", 100)
+    assert whole_bound.stats.saves == 1 and whole_bound.nbytes == 100
+    placed = book.place(ask(tokens(1, 64) + [9]))
+    assert placed.restore.state == "s" and placed.keep == 64
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.tokens_restored) == (1, 0, 64)
+    assert book.place(ask(tokens(5000, 64))).restore is None and cache.stats.misses == 1
+    whole = book.place(ask(tokens(1000, 64)))  # the whole prompt: all but its last token
+    assert whole.keep == 63 and (cache.stats.hits, cache.stats.tokens_restored) == (2, 64 + 63)
+    # A whole cached prompt of exactly MIN_PREFIX_REUSE tokens leaves MIN_PREFIX_REUSE - 1 to
+    # restore: below the threshold, computed instead.
+    cache.put(None, tokens(7000, MIN_PREFIX_REUSE + BLOCK), "u", 32)
+    assert book.place(ask(tokens(7000, MIN_PREFIX_REUSE))).restore is None
+    assert cache.stats.misses == 2

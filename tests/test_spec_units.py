@@ -182,3 +182,14 @@ def test_more_rows_never_look_cheaper_than_fewer():
     cost.observe(192, 0.100)  # a step measured in a shorter context than the 128-row one
     assert cost.step(192) >= cost.step(128) and cost.step(160) >= cost.step(128)
     assert cost.worth(0.5, 1, 1, 64) == 0  # and a decode row's drafts still do not pay
+
+
+def test_the_tables_slots_shows_are_named_by_class_and_size():
+    acceptance = Acceptance()
+    acceptance.held[1] = 3.0  # 4-7: 3 holds, 2 misses
+    assert acceptance.view() == {"2-3": 0.333, "4-7": 0.6, "8-15": 0.333, "16-31": 0.333,
+                                 "32+": 0.333}
+    cost = StepCost()
+    cost.observe(1, 0.0156789)
+    cost.observe(8, 0.0632)
+    assert cost.view() == {1: 15.68, 8: 63.2}
