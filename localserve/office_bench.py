@@ -73,7 +73,10 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
     chats = [[{"role": "system", "content": document(c)}] for c in range(colleagues)]
     followup_ttft, prompt, cached, turns = [], 0, 0, 0
     gate = asyncio.Semaphore(concurrency)
-    async with httpx.AsyncClient(timeout=900, headers=headers) as client:
+    # A connection idle for seconds (16 colleagues wait while 8 ask) is not reused: a server
+    # that closes idle ones after 5 s (llama-server) would otherwise drop a turn in the race.
+    limits = httpx.Limits(keepalive_expiry=1.0)
+    async with httpx.AsyncClient(timeout=900, headers=headers, limits=limits) as client:
         started = time.perf_counter()
         for round_no, question in enumerate(QUESTIONS):
             async def one(chat):
