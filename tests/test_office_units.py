@@ -15,6 +15,8 @@ from localserve.engine.request import Request, SamplingParams, TokenEvent
 from localserve.ledger import LedgerObserver, request_row
 from localserve.office import Office
 
+from conftest import key_file
+
 
 class FakeLedger:
     def __init__(self):
@@ -27,15 +29,8 @@ class FakeLedger:
         self.audits.append((event, key, detail))
 
 
-def key_file(tmp_path, *lines):
-    path = tmp_path / "keys"
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o600)
-    return str(path)
-
-
 def test_cache_scopes_follow_keys_and_the_shared_flag(tmp_path):
-    keys = key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002")
+    keys = str(key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002"))
     assert Office(Settings()).cache_scope("alice") is None  # one desktop user: all one scope
     assert Office(Settings(api_key_file=keys)).cache_scope("alice") == "alice"
     assert Office(Settings(api_key_file=keys)).cache_scope(None) is None
@@ -44,7 +39,7 @@ def test_cache_scopes_follow_keys_and_the_shared_flag(tmp_path):
 
 
 def test_kept_prompts_live_while_their_key_or_frontend_does(tmp_path):
-    keys = key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002")
+    keys = str(key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002"))
     office = Office(Settings(api_key_file=keys, trusted_frontends=("owui",)))
     assert office.live_scope("alice") and office.live_scope("owui")
     assert office.live_scope("owui:bob@example.com")  # a colleague of a trusted frontend
@@ -57,7 +52,7 @@ def test_kept_prompts_live_while_their_key_or_frontend_does(tmp_path):
 
 
 def test_names_in_the_config_that_are_no_keys_are_named(tmp_path):
-    keys = key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002")
+    keys = str(key_file(tmp_path, "alice:alice-key-0001", "owui:owui-key-0002"))
     office = Office(Settings(api_key_file=keys, trusted_frontends=("owui", "webui"),
                              quotas={"default": {}, "alice": {}, "bbo": {}, "owui:bob": {},
                                      "x:bob": {}}))
@@ -66,9 +61,8 @@ def test_names_in_the_config_that_are_no_keys_are_named(tmp_path):
 
 
 def test_a_key_reload_audits_each_change_and_says_who_came_and_went(tmp_path):
-    path = tmp_path / "keys"
-    path.write_text("alice:alice-key-0001\nbob:bob-key-00002:admin\ncarol:carol-key-003\n")
-    path.chmod(0o600)
+    path = key_file(tmp_path, "alice:alice-key-0001", "bob:bob-key-00002:admin",
+                    "carol:carol-key-003")
     office = Office(Settings(api_key_file=str(path)))
     office.ledger = FakeLedger()
     assert office.keys_enabled and len(office.keys) == 3
@@ -81,7 +75,7 @@ def test_a_key_reload_audits_each_change_and_says_who_came_and_went(tmp_path):
 
 
 def test_a_model_gets_the_per_key_counters_only_with_keys_and_the_ledger_when_kept(tmp_path):
-    keys = key_file(tmp_path, "alice:alice-key-0001")
+    keys = str(key_file(tmp_path, "alice:alice-key-0001"))
     with_keys = Office(Settings(api_key_file=keys, state_dir=str(tmp_path / "a")))
     observers = with_keys.observers(lambda: "m")
     assert observers[0] is with_keys.key_metrics and isinstance(observers[1], LedgerObserver)
@@ -232,9 +226,7 @@ def test_todays_totals_start_again_on_a_new_day(tmp_path):
 
 
 def test_key_changes_and_the_ledger_path_are_logged(tmp_path, caplog):
-    path = tmp_path / "keys"
-    path.write_text("alice:alice-key-0001:admin\n")
-    path.chmod(0o600)
+    path = key_file(tmp_path, "alice:alice-key-0001:admin")
     office = Office(Settings(api_key_file=str(path), state_dir=str(tmp_path / "s")))
     assert office.keys
     path.write_text("alice:alice-key-0001:user\nbo_b:bob-key-00002\n")
@@ -249,7 +241,7 @@ def test_key_changes_and_the_ledger_path_are_logged(tmp_path, caplog):
 
 
 def test_per_key_counters_are_kept_in_the_offices_own_registry(tmp_path):
-    office = Office(Settings(api_key_file=key_file(tmp_path, "alice:alice-key-0001")))
+    office = Office(Settings(api_key_file=str(key_file(tmp_path, "alice:alice-key-0001"))))
     request = Request([1, 2, 3], SamplingParams(), user="alice")
     office.key_metrics.on_event(request, finished(request, prompt=3, completion=2))
     assert office.key_registry.get_sample_value("localserve:key_prompt_tokens_total",

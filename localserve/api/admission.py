@@ -64,10 +64,9 @@ async def admit(request: Request) -> Admitted:
     then its rate, then its quota hold, each refusing before the body is read."""
     await require_key(request)
     await limit_rate(request)
-    hold_quota(request)
+    hold = hold_quota(request)
     state = request.app.state
-    return Admitted(caller(request), getattr(request.state, "quota_hold", None), state.models,
-                    state.office)
+    return Admitted(caller(request), hold, state.models, state.office)
 
 
 # Routes whose requests wait for their turn within the rate instead of a 429: a document
@@ -96,18 +95,19 @@ async def limit_rate(request: Request) -> None:
                       headers={"Retry-After": str(max(1, math.ceil(wait)))})
 
 
-def hold_quota(request: Request) -> None:
+def hold_quota(request: Request) -> Reservation | None:
     """[quotas] from the TOML, over one -> 429 saying which limit and when it resets. Holds a
-    place in the key's quotas until the response ends (request.state.quota_hold, released by
-    api/limits.py ReleaseReservations, however the response ends)."""
+    place in the key's quotas until the response ends (also kept as request.state.quota_hold
+    for api/limits.py ReleaseReservations, which releases it however the response ends)."""
     keeper, ledger = request.app.state.quotas, request.app.state.office.ledger
     user = caller(request).key
     if keeper is None or user is None:
-        return
+        return None
     try:
-        request.state.quota_hold = keeper.reserve(user, *_tokens_used(ledger, user))
+        hold = request.state.quota_hold = keeper.reserve(user, *_tokens_used(ledger, user))
     except QuotaError as exc:
         raise _quota_refusal(ledger, user, exc) from None
+    return hold
 
 
 def _tokens_used(ledger: Ledger | None, user: str) -> tuple[int, int]:
