@@ -42,8 +42,9 @@ def copy_texts(seed: int, n: int = 8, lines: int = 24) -> list[str]:
     return texts
 
 
-def document(colleague: int) -> str:
-    rng = random.Random(colleague)
+def document(colleague: int, seed: int = 0) -> str:
+    """A colleague's ~1,300-token document, different for every seed (round)."""
+    rng = random.Random(f"{seed}:{colleague}")
     paragraphs = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(11)]
     return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
 
@@ -69,13 +70,14 @@ async def turn(client, url, messages) -> tuple[float, str, dict]:
 
 
 async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
-                       headers: dict | None = None) -> dict:
-    chats = [[{"role": "system", "content": document(c)}] for c in range(colleagues)]
+                       headers: dict | None = None, seed: int = 0) -> dict:
+    chats = [[{"role": "system", "content": document(c, seed)}] for c in range(colleagues)]
     followup_ttft, prompt, cached, turns = [], 0, 0, 0
     gate = asyncio.Semaphore(concurrency)
-    # A connection idle for seconds (16 colleagues wait while 8 ask) is not reused: a server
-    # that closes idle ones after 5 s (llama-server) would otherwise drop a turn in the race.
-    limits = httpx.Limits(keepalive_expiry=1.0)
+    # A fresh connection per turn (a turn takes seconds, a local connect well under one ms):
+    # llama-server closes kept-alive connections on its own schedule, and a turn sent on one
+    # in that race is dropped ("Server disconnected"), even when reused after under 1 s.
+    limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=900, headers=headers, limits=limits) as client:
         started = time.perf_counter()
         for round_no, question in enumerate(QUESTIONS):
@@ -149,7 +151,7 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
     """`localserve bench --workload doc|copy`: one run against a server, printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     if workload == "doc":
-        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers))
+        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers, seed=seed))
         print(f"doc: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
               f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns")

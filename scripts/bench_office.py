@@ -2,8 +2,8 @@
 """Office-shaped traffic against localserve and llama.cpp's llama-server (same llama.cpp, same
 model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
-  doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document,
-        8 at a time; each asks a question, then two follow-ups in the same conversation, every
+  doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document
+        (different each round), 8 at a time; each asks a question, then two follow-ups in the same conversation, every
         colleague's next turn coming after all the others have had theirs (more conversations
         than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
         first token (p50), prompt tokens reused.
@@ -14,8 +14,10 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
         round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
+  mixed `localserve bench`'s prompt-heavy workload (30-400-word prompts, 16-128-token answers,
+        24 requests, different each round) at concurrency 8 (--concurrency for others).
 
-    .venv/bin/python scripts/bench_office.py --workload doc|copy|chat [--rounds 3] \
+    .venv/bin/python scripts/bench_office.py --workload doc|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 
@@ -44,6 +46,7 @@ from localserve.office_bench import copy_texts, copy_workload, doc_workload  # n
 from localserve.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
+CHAT_SHAPES = {"chat": ((10, 60), (32, 256)), "mixed": ((30, 400), (16, 128))}  # words in, tokens out
 
 
 def servers(args) -> dict[str, list[str] | None]:
@@ -72,9 +75,9 @@ def run_once(name, extra, args, seed: int) -> dict:
     srv = start(name, extra, args)
     try:
         if args.workload == "doc":
-            return asyncio.run(doc_workload(srv.url))
-        if args.workload == "chat":
-            jobs = bench.make_workload(24, seed, (10, 60), (32, 256))
+            return asyncio.run(doc_workload(srv.url, seed=seed))
+        if args.workload in CHAT_SHAPES:
+            jobs = bench.make_workload(24, seed, *CHAT_SHAPES[args.workload])
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
             return {f"c{c}": asyncio.run(bench.run_level(srv.url, jobs, c)).output_tok_s
                     for c in args.concurrency}
@@ -93,17 +96,17 @@ def run_once(name, extra, args, seed: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["doc", "copy", "chat"], default="doc")
+    ap.add_argument("--workload", choices=["doc", "copy", *CHAT_SHAPES], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=None,
-                    help="concurrency levels for copy (default 1 4) and chat (default 8)")
+                    help="concurrency levels for copy (default 1 4), chat and mixed (default 8)")
     ap.add_argument("--llama-server", help="path to llama-server (scripts/build-llama-server)")
     ap.add_argument("--localserve-args", action="append",
                     help="flags for a localserve side (repeat for several sides)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
-    args.concurrency = args.concurrency or ([8] if args.workload == "chat" else [1, 4])
+    args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
     sides = servers(args)
     results: dict[str, list[dict]] = {name: [] for name in sides}
     for round_no in range(args.rounds):

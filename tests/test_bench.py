@@ -9,6 +9,7 @@ import pytest
 from conftest import running
 from localserve.bench import LevelSummary, make_workload
 from localserve.bench_report import find_knee
+from localserve.office_bench import document
 
 
 def level(c, tput, p95):
@@ -41,6 +42,13 @@ def test_workload_is_seeded_mixed_and_heavy_tailed():
     assert outs[0] >= 16 and outs[-1] <= 128
     assert outs[len(outs) // 2] < 50 and outs[-1] > 100  # most short, a few long
     assert len({len(j.prompt) for j in jobs}) > 100
+
+
+def test_doc_documents_differ_by_colleague_and_round():
+    """Rounds of the doc workload measure different texts, not one prompt tuned on."""
+    assert document(3, seed=1) == document(3, seed=1)
+    assert len({document(c, seed) for c in range(3) for seed in range(3)}) == 9
+    assert 900 <= len(document(0).split()) <= 1100  # about 1,300 tokens
 
 
 @pytest.fixture(scope="module")
