@@ -23,6 +23,10 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
 Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
 
+--paired (chat and mixed): every side's server is up at once and works alone in turn, on the
+same jobs, the order rotated every round; a round is 3 x concurrency jobs (seconds, not
+minutes), so the drift of a shared machine falls on every side alike and many more rounds fit.
+
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
 
@@ -94,6 +98,30 @@ def run_once(name, extra, args, seed: int) -> dict:
         srv.stop()
 
 
+def run_paired(sides: dict, args) -> dict[str, list[dict]]:
+    """Rounds of a few seconds each, every side in turn (rotated) on the same jobs, with all
+    servers up (an idle one waits without spinning)."""
+    up = {name: start(name, extra, args) for name, extra in sides.items()}
+    try:
+        for srv in up.values():  # warm-up
+            asyncio.run(bench.run_level(srv.url, bench.make_workload(2, 999), 2))
+        results: dict[str, list[dict]] = {name: [] for name in up}
+        for round_no in range(args.rounds):
+            jobs = bench.make_workload(3 * max(args.concurrency), round_no,
+                                       *CHAT_SHAPES[args.workload])
+            names = list(up)[round_no % len(up):] + list(up)[:round_no % len(up)]
+            for name in names:
+                results[name].append({
+                    f"c{c}": asyncio.run(bench.run_level(up[name].url, jobs[:3 * c], c)).output_tok_s
+                    for c in args.concurrency})
+            print(f"round {round_no + 1}: " + ", ".join(
+                f"{name} {results[name][-1]}" for name in up), flush=True)
+        return results
+    finally:
+        for srv in up.values():
+            srv.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workload", choices=["doc", "copy", *CHAT_SHAPES], default="doc")
@@ -104,12 +132,16 @@ def main() -> int:
     ap.add_argument("--llama-server", help="path to llama-server (scripts/build-llama-server)")
     ap.add_argument("--localserve-args", action="append",
                     help="flags for a localserve side (repeat for several sides)")
+    ap.add_argument("--paired", action="store_true",
+                    help="chat, mixed: all servers up, short rounds rotated (see above)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
+    if args.paired and args.workload not in CHAT_SHAPES:
+        ap.error("--paired is for --workload chat or mixed")
     sides = servers(args)
-    results: dict[str, list[dict]] = {name: [] for name in sides}
-    for round_no in range(args.rounds):
+    results = run_paired(sides, args) if args.paired else {name: [] for name in sides}
+    for round_no in range(0 if args.paired else args.rounds):
         order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
         for name, extra in order:
             results[name].append(run_once(name, extra, args, seed=round_no))
