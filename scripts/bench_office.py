@@ -3,9 +3,9 @@
 model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
   doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document
-        (different each round), 8 at a time; each asks a question, then two follow-ups in the same conversation, every
-        colleague's next turn coming after all the others have had theirs (more conversations
-        than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
+        (different each round), 8 at a time; each asks a question, then two follow-ups in the
+        same conversation, every colleague's next turn coming after all the others have had
+        theirs (more conversations than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
         first token (p50), prompt tokens reused.
   copy  "rewrite this exactly, adding a comment": 8 passages of localserve's own sources,
         different each round, at concurrency 1 and 4: output tok/s
@@ -98,6 +98,17 @@ def run_once(name, extra, args, seed: int) -> dict:
         srv.stop()
 
 
+def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
+    """A fresh server per side and round, the order reversed every other round."""
+    results: dict[str, list[dict]] = {name: [] for name in sides}
+    for round_no in range(args.rounds):
+        order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
+        for name, extra in order:
+            results[name].append(run_once(name, extra, args, seed=round_no))
+            print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
+    return results
+
+
 def run_paired(sides: dict, args) -> dict[str, list[dict]]:
     """Rounds of a few seconds each, every side in turn (rotated) on the same jobs, with all
     servers up (an idle one waits without spinning)."""
@@ -140,12 +151,7 @@ def main() -> int:
     if args.paired and args.workload not in CHAT_SHAPES:
         ap.error("--paired is for --workload chat or mixed")
     sides = servers(args)
-    results = run_paired(sides, args) if args.paired else {name: [] for name in sides}
-    for round_no in range(0 if args.paired else args.rounds):
-        order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
-        for name, extra in order:
-            results[name].append(run_once(name, extra, args, seed=round_no))
-            print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
+    results = (run_paired if args.paired else run_rounds)(sides, args)
     first = next(iter(results))
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
     for name, runs in results.items():
