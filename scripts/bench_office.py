@@ -24,8 +24,9 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
 
 --paired (chat and mixed): every side's server is up at once and works alone in turn, on the
-same jobs, the order rotated every round; a round is 3 x concurrency jobs (seconds, not
-minutes), so the drift of a shared machine falls on every side alike and many more rounds fit.
+same jobs, the order rotated every round; a round is --waves (3) x concurrency jobs (seconds,
+not minutes), so the drift of a shared machine falls on every side alike and many more rounds
+fit. --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
@@ -118,13 +119,13 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
             asyncio.run(bench.run_level(srv.url, bench.make_workload(2, 999), 2))
         results: dict[str, list[dict]] = {name: [] for name in up}
         for round_no in range(args.rounds):
-            jobs = bench.make_workload(3 * max(args.concurrency), round_no,
+            jobs = bench.make_workload(args.waves * max(args.concurrency), round_no,
                                        *CHAT_SHAPES[args.workload])
             names = list(up)[round_no % len(up):] + list(up)[:round_no % len(up)]
             for name in names:
-                results[name].append({
-                    f"c{c}": asyncio.run(bench.run_level(up[name].url, jobs[:3 * c], c)).output_tok_s
-                    for c in args.concurrency})
+                level = lambda c: bench.run_level(up[name].url, jobs[:args.waves * c], c)  # noqa: E731
+                results[name].append({f"c{c}": asyncio.run(level(c)).output_tok_s
+                                      for c in args.concurrency})
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {results[name][-1]}" for name in up), flush=True)
         return results
@@ -145,6 +146,8 @@ def main() -> int:
                     help="flags for a localserve side (repeat for several sides)")
     ap.add_argument("--paired", action="store_true",
                     help="chat, mixed: all servers up, short rounds rotated (see above)")
+    ap.add_argument("--waves", type=int, default=3,
+                    help="--paired: jobs per round and level, in multiples of its concurrency")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
