@@ -23,10 +23,10 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
 Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
 
---paired (chat and mixed): every side's server is up at once and works alone in turn, on the
-same jobs, the order rotated every round; a round is --waves (3) x concurrency jobs (seconds,
-not minutes), so the drift of a shared machine falls on every side alike and many more rounds
-fit. --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
+--paired (chat, mixed and copy): every side's server is up at once and works alone in turn, on
+the same jobs, the order rotated every round; a round is --waves (3) x concurrency jobs
+(seconds, not minutes), so the drift of a shared machine falls on every side alike and many
+more rounds fit. --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
@@ -110,6 +110,17 @@ def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
     return results
 
 
+def paired_level(url: str, args, round_no: int, concurrency: int) -> float:
+    """One side's output tok/s on a paired round's jobs at one level: the first --waves x
+    concurrency of the round's jobs (chat and mixed prompts, or copy passages)."""
+    n, most = args.waves * concurrency, args.waves * max(args.concurrency)
+    if args.workload == "copy":
+        texts = copy_texts(round_no, n=most)[:n]
+        return asyncio.run(copy_workload(url, concurrency, texts))["tok_s"]
+    jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
+    return asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s
+
+
 def run_paired(sides: dict, args) -> dict[str, list[dict]]:
     """Rounds of a few seconds each, every side in turn (rotated) on the same jobs, with all
     servers up (an idle one waits without spinning)."""
@@ -119,12 +130,9 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
             asyncio.run(bench.run_level(srv.url, bench.make_workload(2, 999), 2))
         results: dict[str, list[dict]] = {name: [] for name in up}
         for round_no in range(args.rounds):
-            jobs = bench.make_workload(args.waves * max(args.concurrency), round_no,
-                                       *CHAT_SHAPES[args.workload])
             names = list(up)[round_no % len(up):] + list(up)[:round_no % len(up)]
             for name in names:
-                level = lambda c: bench.run_level(up[name].url, jobs[:args.waves * c], c)  # noqa: E731
-                results[name].append({f"c{c}": asyncio.run(level(c)).output_tok_s
+                results[name].append({f"c{c}": paired_level(up[name].url, args, round_no, c)
                                       for c in args.concurrency})
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {results[name][-1]}" for name in up), flush=True)
@@ -145,14 +153,14 @@ def main() -> int:
     ap.add_argument("--localserve-args", action="append",
                     help="flags for a localserve side (repeat for several sides)")
     ap.add_argument("--paired", action="store_true",
-                    help="chat, mixed: all servers up, short rounds rotated (see above)")
+                    help="chat, mixed, copy: all servers up, short rounds rotated (see above)")
     ap.add_argument("--waves", type=int, default=3,
                     help="--paired: jobs per round and level, in multiples of its concurrency")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
-    if args.paired and args.workload not in CHAT_SHAPES:
-        ap.error("--paired is for --workload chat or mixed")
+    if args.paired and args.workload == "doc":
+        ap.error("--paired is for --workload chat, mixed or copy")
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)
     first = next(iter(results))
