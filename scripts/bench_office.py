@@ -110,15 +110,17 @@ def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
     return results
 
 
-def paired_level(url: str, args, round_no: int, concurrency: int) -> float:
+def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     """One side's output tok/s on a paired round's jobs at one level: the first --waves x
-    concurrency of the round's jobs (chat and mixed prompts, or copy passages)."""
-    n, most = args.waves * concurrency, args.waves * max(args.concurrency)
+    concurrency of the round's jobs (chat and mixed prompts, or copy passages); for copy also
+    the answers' tokens (llama-server's ngram-mod does not always answer what greedy decoding
+    does, and a shorter answer is mostly time to first token)."""
+    n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
     if args.workload == "copy":
-        texts = copy_texts(round_no, n=most)[:n]
-        return asyncio.run(copy_workload(url, concurrency, texts))["tok_s"]
+        run = asyncio.run(copy_workload(url, concurrency, copy_texts(round_no, n=most)[:n]))
+        return {key: run["tok_s"], key + "_tokens": run["completion_tokens"]}
     jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
-    return asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s
+    return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
 
 
 def run_paired(sides: dict, args) -> dict[str, list[dict]]:
@@ -132,8 +134,10 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
         for round_no in range(args.rounds):
             names = list(up)[round_no % len(up):] + list(up)[:round_no % len(up)]
             for name in names:
-                results[name].append({f"c{c}": paired_level(up[name].url, args, round_no, c)
-                                      for c in args.concurrency})
+                row = {}
+                for c in args.concurrency:
+                    row.update(paired_level(up[name].url, args, round_no, c))
+                results[name].append(row)
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {results[name][-1]}" for name in up), flush=True)
         return results
@@ -180,6 +184,12 @@ def main() -> int:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]
             print(f"  {first} / {peer} {k}: {statistics.median(ratios):.2f}x "
                   f"({min(ratios):.2f}-{max(ratios):.2f})")
+            if k + "_tokens" in results[first][0]:  # paired copy: rounds with the same answers
+                same = [r for r, a, b in zip(ratios, results[first], results[peer])
+                        if a[k + "_tokens"] == b[k + "_tokens"]]
+                print(f"    same answer length in {len(same)} of {len(ratios)} rounds" + (
+                    f": {statistics.median(same):.2f}x ({min(same):.2f}-{max(same):.2f})"
+                    if same else ""))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
     return 0
