@@ -5,8 +5,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
   doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document
         (different each round), 8 at a time; each asks a question, then two follow-ups in the
         same conversation, every colleague's next turn coming after all the others have had
-        theirs (more conversations than slots: what a cache beyond the slots is for). Turns per minute, follow-up time to
-        first token (p50), prompt tokens reused.
+        theirs (more conversations than slots: what a cache beyond the slots is for). Turns
+        per minute, follow-up time to first token (p50), prompt tokens reused.
   copy  "rewrite this exactly, adding a comment": 8 passages of localserve's own sources,
         different each round, at concurrency 1 and 4: output tok/s
         (what speculative decoding is for), drafted tokens, the share kept, and (localserve)
@@ -51,7 +51,8 @@ from localserve.office_bench import copy_texts, copy_workload, doc_workload  # n
 from localserve.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
-CHAT_SHAPES = {"chat": ((10, 60), (32, 256)), "mixed": ((30, 400), (16, 128))}  # words in, tokens out
+# words in, tokens out
+CHAT_SHAPES = {"chat": ((10, 60), (32, 256)), "mixed": ((30, 400), (16, 128))}
 
 
 def servers(args) -> dict[str, list[str] | None]:
