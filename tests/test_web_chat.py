@@ -4,7 +4,7 @@ Regenerate, Continue, and a text file attached to a message."""
 
 import pytest
 
-from conftest import running
+from conftest import running, wait_for
 from web_pages import CHROMIUM, browser, open_page, send  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: scripts/setup-browser "
@@ -62,7 +62,8 @@ def test_a_reopened_chat_keeps_its_model_settings_and_answer_versions(two_models
     with page.expect_file_chooser() as chooser:
         page.click("#attach")
     chooser.value.set_files(str(notes))
-    page.wait_for_function("document.getElementById('input').value.includes('Tuesday')")
+    # (polled from here: wait_for_function evals in the page, which its CSP rightly forbids)
+    wait_for(lambda: "Tuesday" in page.input_value("#input"), what="the file's text in the input")
     page.fill("#input", page.input_value("#input") + "\nWhen is the meeting?")
     send(page, page.input_value("#input"), max_tokens=6)
     finished(page, 1)
