@@ -21,7 +21,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 
-Each --localserve-args adds a localserve side with those flags; ratios are the first side's.
+Each --localserve-args adds a localserve side with those flags (leading NAME=value words set its
+environment); ratios are the first side's.
 
 --paired (chat, mixed and copy): every side's server is up at once and works alone in turn, on
 the same jobs, the order rotated every round; a round is --waves (3) x concurrency jobs
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import sys
@@ -71,8 +73,13 @@ def start(name: str, extra: list[str], args) -> RunningServer:
     if name.startswith("llama-server"):
         return RunningServer("-m", str(resolve_model(None)), *common, *extra,
                              log_name="office-llama", program=[args.llama_server]).wait_ready(300)
-    return RunningServer(*common, *extra[1:], log_name="office-local",
-                         program=[sys.executable, "-m", "localserve", extra[0]]).wait_ready(300)
+    # Leading NAME=value words set the side's environment, as in a shell: e.g.
+    # "LLAMA_CPP_LIB_PATH=/tmp/lib --spec off" runs that side on another build of llama.cpp.
+    flags = extra[1:]
+    env = list(itertools.takewhile(lambda flag: "=" in flag and not flag.startswith("-"), flags))
+    return RunningServer(*common, *flags[len(env):], log_name="office-local",
+                         program=["env", *env, sys.executable, "-m", "localserve", extra[0]]
+                         ).wait_ready(300)
 
 
 def run_once(name, extra, args, seed: int) -> dict:
