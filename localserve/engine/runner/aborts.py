@@ -38,15 +38,17 @@ def _on_abort(message: bytes) -> None:
 
 def loaded_lib(stem: str) -> ctypes.CDLL | None:
     """The ggml library `stem` (e.g. "ggml-base") as libllama loaded it, found by its soname
-    (Linux: lib<stem>.so.0, macOS: lib<stem>.0.dylib), else None. Never a second copy: the
-    wheel ships lib<stem>.so and lib<stem>.so.0 as two files, and a copy has its own state."""
+    (Linux: lib<stem>.so.0, macOS: lib<stem>.0.dylib); libllama itself where ggml is linked
+    into it (scripts/build-libllama); else None. Never a second copy: the wheel ships
+    lib<stem>.so and lib<stem>.so.0 as two files, and a copy has its own state."""
     for name in (f"lib{stem}.so.0", f"lib{stem}.0.dylib", f"{stem}.dll"):
         for candidate in (name, str(_LIB_DIR / name)):
             try:
                 return ctypes.CDLL(candidate, mode=ctypes.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
             except OSError:
                 continue
-    return None
+    # One library (scripts/build-libllama) holds ggml, ggml-base and ggml-cpu; never ggml-rpc.
+    return llama_cpp.llama_cpp._lib if stem in ("ggml", "ggml-base", "ggml-cpu") else None
 
 
 def on_fatal_error(handler: Callable[[str], None]) -> Callable[[], None]:
