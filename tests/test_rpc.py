@@ -1,13 +1,15 @@
 """llama.cpp's RPC backend (a build with LOCALSERVE_RPC=1 scripts/setup; skipped otherwise):
 a worker on loopback holds half the layers; greedy text is identical to a local run; killing
 the worker fails the running request with a clear error, /health says so, the server lives.
-Also, in every build: a ggml fatal error ends the engine, never the process."""
+Also, in every build: a ggml fatal error ends the engine, never the process; and on Linux's CPU
+backend llama.cpp is the one library scripts/build-libllama makes."""
 
 import ctypes
 import json
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -36,6 +38,25 @@ def test_a_ggml_fatal_error_calls_the_handler_and_the_process_lives():
         assert seen.wait(10)  # ... and we are still here: abort() was never reached
     finally:
         forget()
+
+
+def built_for() -> str:
+    """The backend scripts/setup built llama.cpp for, from its stamp in the venv ("" if none)."""
+    stamps = list(Path(sys.prefix).glob(".llama-build-*"))
+    return stamps[0].read_text().split(" ")[0] if stamps else ""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or built_for() != "cpu",
+                    reason="one library is setup's build on Linux's CPU backend only")
+def test_on_linux_cpu_llama_cpp_is_one_library_and_ggml_is_found_in_it():
+    import llama_cpp
+
+    from localserve.engine.runner.aborts import loaded_lib
+
+    libs = sorted(p.name for p in (Path(llama_cpp.__file__).parent / "lib").glob("lib*.so*"))
+    assert libs == ["libllama.so"]  # not the wheel's four: 0.89x on chat (docs/install.md)
+    assert loaded_lib("ggml-base") is llama_cpp.llama_cpp._lib
+    assert loaded_lib("ggml-rpc") is None
 
 
 @pytest.mark.skipif(not supports_rpc(), reason="this llama.cpp build has no RPC backend "
