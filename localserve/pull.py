@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -76,8 +77,9 @@ def resolve(name: str) -> tuple[str, str]:
 
 def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
          client: httpx.Client | None = None) -> Path:
-    """Download `name` into `folder` (continuing a .part left by an interrupted pull); the
-    finished file's path. Raises PullError with the one line to show."""
+    """Download `name` into `folder` (continuing a .part left by an interrupted pull when the
+    hub gives a checksum to check it by); the finished file's path. Raises PullError with the
+    one line to show."""
     repo, file = resolve(name)
     target = folder / file
     if target.exists():
@@ -85,11 +87,13 @@ def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
         return target
     folder.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
+    if part.is_symlink():
+        raise PullError(f"{part} is a symbolic link; remove it (pull writes only files of its own)")
     url = f"{endpoint()}/{repo}/resolve/main/{file}"
     own = client is None
     client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30, read=120))
     try:
-        expected = _download(client, url, part, out) or sha256
+        expected = _fetch(client, url, part, sha256, out)
     except httpx.HTTPError as exc:
         raise PullError(f"cannot download {url} ({exc.__class__.__name__}: {exc}): pulling needs "
                         f"the internet once (or HF_ENDPOINT naming a mirror); or fetch the file "
@@ -97,45 +101,91 @@ def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
     finally:
         if own:
             client.close()
-    if sha256 and expected and sha256 != expected:
-        raise PullError(f"--sha256 {sha256} differs from the hub's {expected}")
-    digest = _sha256(part)
-    if expected and digest != expected:
-        part.unlink()
-        raise PullError(f"{file}: the download's sha256 is {digest}, the hub says {expected}; "
-                        f"the partial file was deleted, pull again")
     part.rename(target)
     print(f"{target}: {target.stat().st_size / 1e9:.2f} GB"
           + (", sha256 checked" if expected else ", no checksum given by the hub"), file=out)
     return target
 
 
-def _download(client: httpx.Client, url: str, part: Path, out) -> str | None:
-    """Fetch into `part`, continuing what it holds; the hub's sha256 of the file, if given."""
-    have = part.stat().st_size if part.exists() else 0
-    headers = {"Range": f"bytes={have}-"} if have else {}
-    with client.stream("GET", url, headers=headers) as response:
-        if response.status_code == 416:  # asked past the end: the .part is whole already
-            return _expected(response)
+def _fetch(client: httpx.Client, url: str, part: Path, sha256: str | None, out) -> str | None:
+    """Download into `part` and check it; the sha256 it was checked against (None: none was
+    given). A resumed .part that fails the check (another file's partial, a server that
+    answered the Range wrongly) is deleted and the file fetched once more from byte 0."""
+    resumed = part.exists() and part.stat().st_size > 0
+    for attempt in range(2):
+        expected = _download(client, url, part, out, resume=attempt == 0) or sha256
+        if sha256 and expected and sha256 != expected:
+            raise PullError(f"--sha256 {sha256} differs from the hub's {expected}")
+        digest = _sha256(part) if expected else None
+        if digest == expected:
+            return expected
+        part.unlink()
+        if not resumed or attempt:
+            raise PullError(f"{part.name.removesuffix('.part')}: the download's sha256 is {digest}, "
+                            f"the hub says {expected}; the partial file was deleted, pull again")
+        print("the partial download did not match the hub's checksum; starting over", file=out)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _download(client: httpx.Client, url: str, part: Path, out, resume: bool) -> str | None:
+    """Fetch into `part`, continuing what it holds when `resume` and the hub names a checksum
+    to check the whole by; the hub's sha256 of the file, if given. Never writes more than the
+    hub said the file holds, nor through a symlink, nor into a disk without room for it."""
+    have = part.stat().st_size if resume and part.exists() else 0
+    with client.stream("GET", url, headers={"Range": f"bytes={have}-"} if have else {}) as response:
+        expected, size = _announced(response)
+        if have and (expected is None or not _continues(response, have)):
+            response.close()  # cannot be checked, or not a continuation: start over
+            return _download(client, url, part, out, resume=False)
+        if response.status_code == 416 and have:  # nothing past the .part: checked after
+            return expected
         if response.status_code == 404:
             raise PullError(f"no such file on the hub: {url}")
         response.raise_for_status()
-        if response.status_code != 206:  # the server starts over: so does the file
-            have = 0
-        total = have + int(response.headers.get("content-length", 0))
+        total = size if size is not None else have + int(response.headers.get("content-length") or 0)
+        _check_room(part.parent, total - have)
         progress = Progress(total, have, out)
-        with open(part, "ab" if have else "wb") as fh:
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
+                     | (os.O_APPEND if have else os.O_TRUNC), 0o644)
+        with os.fdopen(fd, "wb") as fh:
             for chunk in response.iter_bytes(CHUNK):
+                if total and progress.have + len(chunk) > total:
+                    raise PullError(f"the hub sent more than the {total} bytes it announced; "
+                                    f"the partial file {part} is left to be checked on the next pull")
                 fh.write(chunk)
                 progress.add(len(chunk))
         progress.done()
-        return _expected(response)
+        return expected
 
 
-def _expected(response: httpx.Response) -> str | None:
-    """The hub's sha256 of the file: its X-Linked-Etag (large files) as 64 hex digits."""
-    tag = (response.headers.get("x-linked-etag") or "").strip('"').removeprefix("W/").strip('"')
-    return tag.lower() if len(tag) == 64 and all(c in "0123456789abcdefABCDEF" for c in tag) else None
+def _continues(response: httpx.Response, have: int) -> bool:
+    """A 206 that starts at byte `have`, or a 416 (nothing past `have`)."""
+    if response.status_code == 416:
+        return True
+    span = response.headers.get("content-range", "")
+    return response.status_code == 206 and span.startswith(f"bytes {have}-")
+
+
+def _check_room(folder: Path, need: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise PullError(f"the file needs {need / 1e9:.2f} GB more and {folder} has "
+                        f"{free / 1e9:.2f} GB free")
+
+
+def _announced(response: httpx.Response) -> tuple[str | None, int | None]:
+    """The hub's sha256 (X-Linked-Etag, 64 hex digits) and size (X-Linked-Size) of the file.
+    The hub sends them on its redirect to the storage server, not on the storage server's
+    answer (huggingface_hub reads them from the redirect too): the first response that has
+    them, from the first hop on."""
+    for hop in (*response.history, response):
+        tag = (hop.headers.get("x-linked-etag") or "").strip('"').removeprefix("W/").strip('"')
+        if len(tag) == 64 and all(c in "0123456789abcdefABCDEF" for c in tag):
+            size = hop.headers.get("x-linked-size", "")
+            return tag.lower(), int(size) if size.isdigit() else None
+    size = next((h.headers["x-linked-size"] for h in (*response.history, response)
+                 if h.headers.get("x-linked-size", "").isdigit()), None)
+    return None, int(size) if size else None
 
 
 def _sha256(path: Path) -> str:

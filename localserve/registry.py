@@ -35,6 +35,10 @@ from localserve.office import Office
 
 log = logging.getLogger("localserve.models")
 
+# The longest a colleague's keep_alive keeps a model loaded once idle (their "-1", never,
+# included): a model no one uses must still make room for another one eventually.
+USER_KEEP_ALIVE_MAX_S = 3600.0
+
 
 class ModelState(str, enum.Enum):
     """A model's lifecycle, as llama.cpp's server-models.h names it, read in one place
@@ -67,6 +71,7 @@ class Entry:
     keep_alive: float | None = None  # a client's idle time before unloading (Ollama's
     # keep_alive; negative: never), else the server's --idle-unload
     need_bytes: int | None = None  # estimated memory: weights + cache
+    loaded_at: float = field(default_factory=time.monotonic)  # its residency's start
 
     @property
     def loaded(self) -> bool:
@@ -120,6 +125,9 @@ class ModelRegistry:
         # Longest a request waits for another model's requests to finish before its model can
         # be loaded; meanwhile that model keeps serving its own. Past it: 503 + Retry-After.
         self.switch_timeout = s.model_switch_timeout
+        # How long a busy model keeps serving after its load before a switch may take it
+        # away (_residency): a third of the switch timeout, so a switch still fits in it.
+        self.residency = s.model_switch_timeout / 3
         self._switch_lock: asyncio.Lock | None = None  # one load or unload at a time
 
     @property
@@ -156,8 +164,11 @@ class ModelRegistry:
                            f"{', '.join(self.entries)}", code="model_not_found")
 
     @asynccontextmanager
-    async def lease(self, name: str | None, kind: str = "chat"):
-        """The model's ModelHost, loaded, for the duration of the block (see the module doc)."""
+    async def lease(self, name: str | None, kind: str = "chat", may_switch: bool = True):
+        """The model's ModelHost, loaded, for the duration of the block (see the module doc).
+        With `may_switch` False (a colleague's load call, with no prompt), a model that could
+        only be loaded by unloading another stays unloaded: loading it would cost everyone on
+        the loaded one their cached prompts, for no answer."""
         entry = self.entry(name)
         if self.office.draining:
             raise ModelUnavailable("the server is shutting down and takes no new requests",
@@ -165,7 +176,8 @@ class ModelRegistry:
         if entry.spec.kind == "embedding" and kind != "embedding":
             raise WrongKind(f"'{entry.spec.name}' is an embedding model: use it with "
                             f"/v1/embeddings")
-        if self.several:
+        if self.several and (may_switch or entry.loaded
+                             or not self._victims(entry, await self._need(entry))):
             await self._ensure_loaded(entry)
         entry.leases += 1
         try:
@@ -204,6 +216,7 @@ class ModelRegistry:
                                   f"GiB with its cache, but only {free_after / GIB:.2f} GiB would "
                                   f"be free; the loaded models keep running.",
                                   code="insufficient_memory")
+        await self._residency(victims, entry)
         for victim in victims:
             victim.yielding += 1
         try:
@@ -216,7 +229,20 @@ class ModelRegistry:
         if entry.host.load_error:
             raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
                                    f"{entry.host.load_error}")
-        entry.last_busy = time.monotonic()
+        entry.last_busy = entry.loaded_at = time.monotonic()
+
+    async def _residency(self, victims: list[Entry], entry: Entry) -> None:
+        """A busy model keeps taking requests for `residency` seconds after its load before
+        another model's switch makes it yield: requests for the other model wait meanwhile,
+        and go together in one switch. So a colleague asking for another model now and then
+        costs those on the loaded one one switch per residency at most, not one each time."""
+        while True:
+            left = max((v.loaded_at + self.residency - time.monotonic()
+                        for v in victims if v.busy), default=0.0)
+            if left <= 0:
+                return
+            log.info("%s waits %.1f s for the loaded model's residency", entry.spec.name, left)
+            await asyncio.sleep(min(left, 0.25))
 
     async def _unload(self, victims: list[Entry], entry: Entry, deadline: float) -> None:
         """Wait (at most until `deadline`) for the victims' requests to finish, then unload
@@ -271,11 +297,23 @@ class ModelRegistry:
                 + (f" beside the pinned {', '.join(pinned)}" if pinned else "") + ".")
 
     # ---- unloading idle models ---------------------------------------------------------
-    def keep_alive(self, name: str | None, seconds: float) -> None:
+    def keep_alive(self, name: str | None, seconds: float, admin: bool) -> None:
         """Ollama's keep_alive: how long this model stays loaded once idle (0: unload after
-        the request; negative: never). With one model it stays: nothing could replace it."""
-        if self.several:
-            self.entry(name).keep_alive = seconds
+        the request; negative: never). An admin's is taken as sent. A colleague's may only
+        lengthen the stay, up to USER_KEEP_ALIVE_MAX_S ("never" included): a 0 from one key
+        would otherwise unload the model others are using, and lose their cached prompts.
+        With one model it stays: nothing could replace it."""
+        if not self.several:
+            return
+        entry = self.entry(name)
+        if admin:
+            entry.keep_alive = seconds
+            return
+        now = self.idle_limit(entry)
+        if now is None:  # never unloaded while idle: nothing a colleague could lengthen
+            return
+        asked = USER_KEEP_ALIVE_MAX_S if seconds < 0 else min(seconds, USER_KEEP_ALIVE_MAX_S)
+        entry.keep_alive = max(now, asked)
 
     def idle_limit(self, entry: Entry) -> float | None:
         """Seconds idle before `entry` is unloaded; None: never."""

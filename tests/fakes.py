@@ -48,9 +48,7 @@ def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
 
 def step(sched, runner, plan):
     """What the engine loop does with one plan: decode, keep its saves, update."""
-    out = runner.decode(plan)
-    sched.prefixes.keep(out.saved)
-    return sched.update(plan, out.sampled)
+    return sched.update(plan, runner.decode(plan))
 
 
 def run(sched, runner, steps=100):
@@ -104,7 +102,7 @@ def run_all(sched, runner, requests, steps=5000):
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan).sampled):
+        for r, ev in sched.update(plan, runner.decode(plan)):
             out[r.request_id].extend(ev.token_ids)
             if ev.finished:
                 finish[r.request_id] = ev.finish_reason

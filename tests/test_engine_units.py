@@ -1,6 +1,8 @@
 """Small, exact tests of the pure engine parts (slots, queue, detokenizer, scheduler
 bookkeeping), written where scripts/mutation found behaviour no other test would notice."""
 
+from dataclasses import replace
+
 import pytest
 
 from localserve.engine.detokenize import IncrementalDetokenizer
@@ -19,7 +21,7 @@ def request(rid, prompt=(1, 2, 3), max_tokens=50, user=None, ignore_eos=True, st
 
 def step(sched, runner):
     plan = sched.schedule()
-    return plan, sched.update(plan, runner.decode(plan).sampled)
+    return plan, sched.update(plan, runner.decode(plan))
 
 
 # ---- slots --------------------------------------------------------------------------------
@@ -206,9 +208,9 @@ def test_aborted_mid_step_chunk_is_skipped_and_later_chunks_still_land():
     sched.add(request("a"))
     sched.add(request("b"))
     plan = sched.schedule()
-    sampled = runner.decode(plan).sampled
+    out = runner.decode(plan)
     sched.abort("a")
-    events = sched.update(plan, sampled)
+    events = sched.update(plan, out)
     assert [r.request_id for r, _ in events] == ["b"]
     assert sched.pool.slots[1].n_cached == 3
 
@@ -308,10 +310,10 @@ def test_a_request_whose_grammar_grew_costly_keeps_its_tokens_and_ends_with_its_
     sched.add(costly)
     sched.add(free)
     plan = sched.schedule()
-    sched.update(plan, runner.decode(plan).sampled)
+    sched.update(plan, runner.decode(plan))
     plan = sched.schedule()
     slot = next(c.slot_id for c in plan.chunks if c.request is costly)
-    events = sched.update(plan, runner.decode(plan).sampled, frozenset({slot}))
+    events = sched.update(plan, replace(runner.decode(plan), costly_grammars=frozenset({slot})))
     ended = [e for r, e in events if r is costly and e.finished]
     assert ended and ended[0].finish_reason is FinishReason.GRAMMAR_COST
     assert "grammar" in ended[0].error and ended[0].completion_tokens == costly.num_output_tokens

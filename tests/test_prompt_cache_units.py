@@ -115,7 +115,7 @@ def test_a_preempted_sequence_is_swapped_to_the_cache_and_restored():
         request.user = request.cache_scope = "alice"
         sched.add(request)
     for _ in range(5):
-        sched.update(plan := sched.schedule(), runner.decode(plan).sampled)
+        sched.update(plan := sched.schedule(), runner.decode(plan))
     theirs = req("b", 20, first=300)
     theirs.user = theirs.cache_scope = "bob"
     sched.add(theirs)

@@ -11,7 +11,7 @@ import asyncio
 
 from localserve.api.limits import ReleaseReservations
 from localserve.engine.drafts import MATCH_CLASSES
-from localserve.engine.plan import SeqChunk
+from localserve.engine.plan import SeqChunk, StepOutput
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
@@ -45,7 +45,7 @@ def test_the_ledger_bills_an_n_of_3_requests_prompt_once():
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for request, event in sched.update(plan, runner.decode(plan).sampled):
+        for request, event in sched.update(plan, runner.decode(plan)):
             observer.on_event(request, event)
     assert len(ledger.rows) == 3
     assert sum(row["prompt_tokens"] for row in ledger.rows) == len(prompt)
@@ -73,7 +73,7 @@ def test_the_acceptance_count_is_the_drafts_that_held():
     sched = Scheduler(SlotPool(256, 1), FakeVocab(), 64)
     request = req("r", 20)
     sched.add(request)
-    sched.update(plan := sched.schedule(), {0: [5]})
+    sched.update(plan := sched.schedule(), StepOutput({0: [5]}))
 
     class Drafter:
         told = None
@@ -144,7 +144,7 @@ def decoding(n: int, held: float = 0.99, budget: int = 64, unified: bool = False
     for r in requests:
         sched.add(r)
     plan = sched.schedule()
-    sched.update(plan, {c.slot_id: [11] for c in plan.chunks if c.sample})
+    sched.update(plan, StepOutput({c.slot_id: [11] for c in plan.chunks if c.sample}))
     return sched.schedule()
 
 
@@ -192,7 +192,7 @@ def test_a_removed_keys_drop_reaches_its_colleagues_but_no_one_else_and_no_busy_
     mine.cache_scope, theirs.cache_scope = "alice", "carol"
     for r in (mine, theirs):
         sched.add(r)
-    sched.update(plan := sched.schedule(), {c.slot_id: [5] for c in plan.chunks if c.sample})
+    sched.update(plan := sched.schedule(), StepOutput({c.slot_id: [5] for c in plan.chunks if c.sample}))
     assert sched.drop_scope("alice") == 2  # alice's entry and her colleague's, not "alicex"
     assert sorted(str(e.scope) for e in cache.ram.values()) == ["None", "alicex"]
     assert all(s.cached for s in sched.pool.slots)  # busy slots keep what they hold

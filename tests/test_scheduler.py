@@ -23,12 +23,12 @@ def test_decode_rows_come_before_prefill_and_share_a_step():
     run_steps = 3
     for _ in range(run_steps):
         plan = sched.schedule()
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     sched.add(req("b", 9))  # arrives while "a" streams
     plan = sched.schedule()
     assert plan.chunks[0].slot_id == 0 and len(plan.chunks[0].tokens) == 1  # a's decode token first
     assert plan.chunks[1].tokens == [1, 2, 3]  # b's first prompt chunk fills the rest of the budget
-    sched.update(plan, runner.decode(plan).sampled)
+    sched.update(plan, runner.decode(plan))
     out, _ = run(sched, runner)
     assert sched.stats.max_decode_rows_in_step == 2
     assert out["b"] == ("g", "stop")
@@ -45,7 +45,7 @@ def test_late_short_request_finishes_before_earlier_long_one():
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan).sampled):
+        for r, ev in sched.update(plan, runner.decode(plan)):
             if ev.finished:
                 finished.append(r.request_id)
     assert finished == ["short", "long"]
@@ -58,9 +58,9 @@ def test_waiting_request_admitted_the_step_after_a_slot_frees():
     sched.add(req("b", 2))
     plan = sched.schedule()
     assert [c.request.request_id for c in plan.chunks] == ["a"]
-    sched.update(plan, runner.decode(plan).sampled)
+    sched.update(plan, runner.decode(plan))
     plan = sched.schedule()
-    sched.update(plan, runner.decode(plan).sampled)  # a samples EOS and frees its slot
+    sched.update(plan, runner.decode(plan))  # a samples EOS and frees its slot
     plan = sched.schedule()
     assert [c.request.request_id for c in plan.chunks] == ["b"]
 
@@ -110,7 +110,7 @@ def test_abort_frees_slot_for_next_step():
     sched.add(req("b", 2))
     for _ in range(3):
         plan = sched.schedule()
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     req_a, event = sched.abort("a")
     assert event.finish_reason == "abort" and sched.pool.slots[0].state is SlotState.IDLE
     plan = sched.schedule()
@@ -122,9 +122,9 @@ def test_abort_while_step_in_flight_drops_its_result():
     runner = ScriptedRunner({"a": [5] * 50})
     sched.add(req("a", 2))
     plan = sched.schedule()
-    sampled = runner.decode(plan).sampled
+    out = runner.decode(plan)
     sched.abort("a")
-    assert sched.update(plan, sampled) == []
+    assert sched.update(plan, out) == []
 
 
 def test_prefix_reuse_keeps_shared_prompt_in_cache():

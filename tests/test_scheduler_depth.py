@@ -34,7 +34,7 @@ def test_preempted_request_goes_back_to_the_head_of_the_queue():
         sched.add(r)
     while sched.stats.preemptions == 0:
         plan = sched.schedule()
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     assert sched.waiting.peek() is b and b.preemptions == 1 and b.num_output_tokens > 0
 
 
@@ -75,7 +75,7 @@ def test_scripted_arrivals_one_user_cannot_starve_another():
             break
         plan = sched.schedule()
         order += [a.request.request_id for a in plan.admitted]
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     assert order.index("bob") <= 2
 
 
@@ -132,7 +132,7 @@ def test_static_policy_holds_new_requests_until_the_whole_batch_ends():
         plan = sched.schedule()
         for a in plan.admitted:
             admitted_at[a.request.request_id] = step
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     assert admitted_at["long"] == admitted_at["short"] == 0
     assert admitted_at["late"] >= 30  # only after "long" produced all 30 tokens
 
@@ -149,5 +149,5 @@ def test_serial_policy_runs_one_request_at_a_time():
     while sched.has_work():
         plan = sched.schedule()
         assert len({c.slot_id for c in plan.chunks}) <= 1
-        sched.update(plan, runner.decode(plan).sampled)
+        sched.update(plan, runner.decode(plan))
     assert sched.stats.max_decode_rows_in_step == 1 and sched.stats.requests_finished == 3

@@ -20,7 +20,7 @@ def request(rid, prompt, max_tokens=50, **kw):
 
 def step(sched, runner):
     plan = sched.schedule()
-    events = sched.update(plan, runner.decode(plan).sampled)
+    events = sched.update(plan, runner.decode(plan))
     return plan, events
 
 

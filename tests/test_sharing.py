@@ -7,6 +7,7 @@ from localserve.chat_template import ChatTemplate
 from localserve.api.rate_limit import RateLimiter
 from localserve.engine.loop import EngineLoop, QueueFull, UserQueueFull
 from localserve.engine.request import Request, SamplingParams
+from localserve.engine.plan import StepOutput
 from localserve.engine.slots import SlotPool
 from fakes import make
 
@@ -20,7 +21,7 @@ def req(rid, user, n_prompt=4, first=1, scope=None, max_tokens=LONG):
 
 def step(sched, token=5):
     plan = sched.schedule()
-    sched.update(plan, {c.slot_id: [token] for c in plan.chunks if c.sample})
+    sched.update(plan, StepOutput({c.slot_id: [token] for c in plan.chunks if c.sample}))
     return plan
 
 

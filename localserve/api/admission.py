@@ -37,11 +37,18 @@ class Admitted:
     models: ModelRegistry
     office: Office
 
-    def lease(self, model: str | None = None, kind: str = "chat"):
+    def lease(self, model: str | None = None, kind: str = "chat", load_only: bool = False):
         """The requested model's ModelHost, loaded and ready, for an `async with` block (see
         registry.py); 404 for an unknown name when several models are served, 503 while
-        loading."""
-        return self.models.lease(model, kind)
+        loading. A `load_only` lease (Ollama's load call, no prompt) switches models only
+        for an admin."""
+        return self.models.lease(model, kind, may_switch=not load_only or self.caller.is_admin)
+
+    def keep_alive(self, model: str | None, seconds: float | None) -> None:
+        """Ollama's keep_alive of an accepted request (registry.keep_alive: a colleague's
+        only lengthens a model's stay)."""
+        if seconds is not None:
+            self.models.keep_alive(model, seconds, self.caller.is_admin)
 
     def user(self, body: _Sampling) -> str | None:
         """Who is billed: the API key's name when keys are set, else the body's `user`."""

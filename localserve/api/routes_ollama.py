@@ -175,12 +175,6 @@ def as_chat(body: OllamaBody, messages: list[dict], fields: dict, num_ctx: int |
     return chat
 
 
-def remember_keep_alive(request: Request, body: OllamaBody) -> None:
-    seconds = keep_alive_seconds(body.keep_alive)
-    if seconds is not None:
-        request.app.state.models.keep_alive(body.model, seconds)
-
-
 async def respond(reply: OllamaReply, stream, request: Request, streaming: bool, ignored):
     headers = ignored_header(ignored)
     if not streaming:
@@ -196,16 +190,18 @@ async def chat(body: ChatBody, request: Request,
                admitted: Admitted = Depends(admit)):
     started = time.monotonic()
     fields, ignored, num_ctx = sampling(body)
-    remember_keep_alive(request, body)
-    async with admitted.lease(body.model) as host:
+    keep_alive = keep_alive_seconds(body.keep_alive)  # kept once the request is accepted
+    async with admitted.lease(body.model, load_only=not body.messages) as host:
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
         if not body.messages:  # Ollama's way to load a model: an empty chat
+            admitted.keep_alive(body.model, keep_alive)
             return {"model": host.model_id, "created_at": now_iso(), "message": {
                 "role": "assistant", "content": ""}, "done": True, "done_reason": "load"}
         chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
         tokens, grammar, plan = await chat_tokens(host, chat_request)
         stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
+    admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
 
@@ -224,11 +220,13 @@ async def generate(body: GenerateBody, request: Request,
         raise OpenAIError(400, "'system' needs the chat template, which raw: true skips",
                           param="system")
     fields, ignored, num_ctx = sampling(body)
-    remember_keep_alive(request, body)
-    async with admitted.lease(body.model) as host:
+    keep_alive = keep_alive_seconds(body.keep_alive)  # kept once the request is accepted
+    loading = not body.prompt and not body.suffix  # Ollama's way to load a model
+    async with admitted.lease(body.model, load_only=loading) as host:
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
-        if not body.prompt and not body.suffix:  # Ollama's way to load a model
+        if loading:
+            admitted.keep_alive(body.model, keep_alive)
             return {"model": host.model_id, "created_at": now_iso(), "response": "",
                     "done": True, "done_reason": "load"}
         if body.raw or body.suffix is not None:
@@ -244,6 +242,7 @@ async def generate(body: GenerateBody, request: Request,
             chat_request = as_chat(body, messages, fields, num_ctx, host)
             tokens, grammar, plan = await chat_tokens(host, chat_request)
             stream = submit(admitted, host, tokens, chat_request, grammar, "/api/generate")
+    admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, False, plan, reasons(host) and not body.raw,
                         show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
@@ -282,11 +281,12 @@ class EmbedBody(BaseModel):
 async def embed_route(body: EmbedBody, request: Request,
                       admitted: Admitted = Depends(admit)):
     started = time.monotonic()
-    remember_keep_alive(request, body)
+    keep_alive = keep_alive_seconds(body.keep_alive)
     async with admitted.lease(body.model, kind="embedding") as host:
         loaded = time.monotonic()
         vectors, n_tokens = await embed(request, admitted, host, EmbeddingRequest(
             input=body.input, model=body.model, dimensions=body.dimensions), "/api/embed")
+    admitted.keep_alive(body.model, keep_alive)
     return {"model": host.model_id, "embeddings": vectors,
             "total_duration": int((time.monotonic() - started) * 1e9),
             "load_duration": int((loaded - started) * 1e9), "prompt_eval_count": n_tokens}
@@ -305,10 +305,11 @@ class EmbeddingsBody(BaseModel):
 async def embeddings_route(body: EmbeddingsBody, request: Request,
                            admitted: Admitted = Depends(admit)):
     """Ollama's older embedding route: one prompt, one vector."""
-    remember_keep_alive(request, body)
+    keep_alive = keep_alive_seconds(body.keep_alive)
     async with admitted.lease(body.model, kind="embedding") as host:
         vectors, _ = await embed(request, admitted, host, EmbeddingRequest(input=body.prompt,
                                                                  model=body.model), "/api/embeddings")
+    admitted.keep_alive(body.model, keep_alive)
     return {"embedding": vectors[0]}
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 from localserve.engine.finish import FinishReason
+from localserve.engine.grammar_shares import GrammarRefused
 from localserve.engine.request import Request, TokenEvent
 from localserve.engine.errors import CacheFull, DecodeError, EngineFailed, RestoreFailed
 from localserve.engine.interfaces import EngineObserver, Runner
@@ -172,9 +173,7 @@ class EngineLoop(threading.Thread):
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s
             self.sampling_s += out.sample_s
-            self.scheduler.drafts.timed(plan, out.decode_s + out.sample_s)  # drafts.py
-            self.scheduler.prefixes.keep(out.saved)  # the prompt cache's one owner (reuse.py)
-            events = self.scheduler.update(plan, out.sampled, out.costly_grammars)
+            events = self.scheduler.update(plan, out)
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
             if isinstance(exc, RestoreFailed):
@@ -231,7 +230,8 @@ class EngineLoop(threading.Thread):
         try:
             self.scheduler.add(request)
         except ValueError as exc:
-            self._deliver([(request, TokenEvent("", finish_reason=FinishReason.ERROR, error=str(exc)))])
+            reason = FinishReason.GRAMMAR_COST if isinstance(exc, GrammarRefused) else FinishReason.ERROR
+            self._deliver([(request, TokenEvent("", finish_reason=reason, error=str(exc)))])
 
     def _release_queue_place(self, request: Request) -> None:
         if request.holds_queue_place:

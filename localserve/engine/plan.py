@@ -82,5 +82,6 @@ class StepOutput:
     # saves, serialized (state, bytes), for the scheduler to keep in the prompt cache
     logprobs: dict[int, tuple] = field(default_factory=dict)
     costly_grammars: frozenset[int] = frozenset()
+    grammar_s: dict[int, float] = field(default_factory=dict)  # per slot: its grammar's CPU s
     decode_s: float = 0.0  # inside llama_decode
     sample_s: float = 0.0  # inside the samplers

@@ -2,8 +2,9 @@
 
 Contract (called only from the engine loop thread, in this order, once per step):
   schedule() -> StepPlan     which tokens of which slots go into this step's ONE batch
-  update(plan, sampled)      feed back the token sampled for every row that wanted logits;
-                             advances slots, applies stop rules, returns (request, event) pairs
+  update(plan, output)       the runner's whole StepOutput: the tokens sampled, the states it
+                             saved, its timings and grammar costs; advances slots, applies stop
+                             rules, returns (request, event) pairs
   fail(plan, message)        the decode of that plan failed: its requests end with an error
   preempt_newest()           the runner found no cache room: evict one sequence, retry later
 Between steps the loop may call add(request), abort(request_id) and expire_waiting(max_wait).
@@ -36,8 +37,9 @@ import logging
 import time
 from collections import Counter
 
+from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares
 from localserve.engine.interfaces import Vocab
-from localserve.engine.plan import Admission, SeqChunk, StepPlan
+from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.reuse import DraftBook, Placement, PrefixBook
 from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats, log_preemption
@@ -72,6 +74,8 @@ class Scheduler:
         self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.drafts = DraftBook(pool, self.stats, speculative)
+        self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
+        self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
 
     @property
     def prompt_cache(self) -> PromptCache | None:
@@ -86,6 +90,7 @@ class Scheduler:
         if request.num_prompt_tokens >= self.pool.n_ctx_per_slot:
             raise ValueError(f"prompt of {request.num_prompt_tokens} tokens does not fit a slot "
                              f"of {self.pool.n_ctx_per_slot} tokens")
+        self.costly_grammars.check(request.user, request.params.grammar)
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:
             request.status = RequestStatus.HELD
@@ -138,6 +143,8 @@ class Scheduler:
            user waits (tests/test_sharing.py).
         7. A step carries at most `budget` tokens while any stream decodes (smoothness), and
            up to `prefill_budget` when none does (nothing to stall: prefill at full speed).
+        8. The one exception to 1: a user over their share of grammar time (grammar_shares.py)
+           has their constrained requests sit out steps that serve someone else.
         """
         plan = StepPlan(dropped=self._pending_drops, trims=self.drafts.pending_trims())
         self._pending_drops = []
@@ -148,9 +155,10 @@ class Scheduler:
         running = self.running
         decoding = any(s.state is SlotState.DECODE for s in running)
         budget = self.budget if decoding else self.prefill_budget
+        waits = self._grammar_waits(running)
         for state in (SlotState.DECODE, SlotState.PREFILL):
             for slot in running:
-                if slot.state is state and budget > 0 and self._room(plan) > 0:
+                if slot.state is state and budget > 0 and self._room(plan) > 0 and slot not in waits:
                     budget -= self._add_chunk(plan, slot, min(budget, self._room(plan)))
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
@@ -166,6 +174,13 @@ class Scheduler:
 
     def _admit_batch(self, plan: StepPlan) -> None:
         """Policies that admit whole batches at once override this (see StaticScheduler)."""
+
+    def _grammar_waits(self, running: list[Slot]) -> list[Slot]:
+        """Constrained slots of users over their grammar share, when someone else's request
+        can use the step (else they run: nobody waits for them, and steps repay the debt)."""
+        waits = [s for s in running if s.request.params.grammar is not None
+                 and self.grammar_shares.waits(s.request.user)]
+        return waits if self.waiting or len(waits) < len(running) else []
 
     def _room(self, plan: StepPlan) -> int:
         """Cache cells still free for this step's batch (unbounded per slot in split mode:
@@ -311,12 +326,15 @@ class Scheduler:
         return done
 
     # ---- after the decode ----------------------------------------------------------
-    def update(self, plan: StepPlan, sampled: dict[int, list[int]],
-               costly_grammars: frozenset[int] = frozenset()) -> list[tuple[Request, TokenEvent]]:
-        """`sampled`: a sampled chunk's tokens (one; for a drafted chunk, the drafts that held
-        and the token sampled after them: drafts.py). A request in `costly_grammars` (its
-        grammar took more than its bound to constrain a token) keeps this step's tokens and
-        ends there."""
+    def update(self, plan: StepPlan, out: StepOutput) -> list[tuple[Request, TokenEvent]]:
+        """`out.sampled`: a sampled chunk's tokens (one; for a drafted chunk, the drafts that
+        held and the token sampled after them: drafts.py). The states the runner saved go to
+        the prompt cache, its timings to the draft pay-off and the grammar shares. A request in
+        `out.costly_grammars` (its grammar took more than its bound to constrain a token) keeps
+        this step's tokens and ends there."""
+        self.prefixes.keep(out.saved)  # the prompt cache's one owner (reuse.py)
+        self.drafts.timed(plan, out.decode_s + out.sample_s)
+        self.grammar_shares.charge(plan, out)
         self.stats.count_step(plan)
         events = []
         for chunk in plan.chunks:
@@ -329,13 +347,14 @@ class Scheduler:
             if not chunk.sample:
                 slot.computed(chunk.tokens)
                 continue
-            tokens = self.drafts.take(chunk, sampled[chunk.slot_id])
+            tokens = self.drafts.take(chunk, out.sampled[chunk.slot_id])
             slot.computed(self.drafts.kept_in_cache(chunk, tokens))
             for token in tokens:
                 events.append((chunk.request, self._accept_or_fail(slot, token)))
                 if slot.request is not chunk.request:
                     break  # it ended there: tokens drafted past its end never reach the client
-            if chunk.slot_id in costly_grammars and slot.request is chunk.request:
+            if chunk.slot_id in out.costly_grammars and slot.request is chunk.request:
+                self.costly_grammars.ended(chunk.request.user, chunk.request.params.grammar)
                 events.append((chunk.request, self._end(slot, FinishReason.GRAMMAR_COST, error=(
                     "the grammar became too costly to constrain a token after "
                     f"{chunk.request.num_output_tokens} tokens (a colleague's answers wait "

@@ -71,6 +71,7 @@ class LlamaRunner(Sampling):
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
         self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
+        self.grammar_seconds: dict[int, float] = {}  # this step's grammar CPU s per slot
         self.grammar_costs: dict[int, deque] = {}  # per slot: its last tokens' grammar CPU s
         self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
         self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
@@ -201,7 +202,7 @@ class LlamaRunner(Sampling):
             self._new_grammar(admission.slot_id, admission.request.params.grammar,
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
-        self.costly_grammars = set()
+        self.costly_grammars, self.grammar_seconds = set(), {}
         batch = self.batch
         rows: list[tuple[SeqChunk, int]] = []  # each sampled chunk and its first sampled row
         i = 0
@@ -237,7 +238,8 @@ class LlamaRunner(Sampling):
                     for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
         return StepOutput(sampled, saved, logprobs, decode_s=decoded - started,
                           sample_s=time.perf_counter() - decoded,
-                          costly_grammars=frozenset(self.costly_grammars))
+                          costly_grammars=frozenset(self.costly_grammars),
+                          grammar_s=self.grammar_seconds)
 
     def read_sequence(self, slot_id: int) -> tuple[object, int]:
         """A slot's sequence serialized (state, bytes), for the prompt cache."""

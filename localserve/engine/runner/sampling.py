@@ -170,6 +170,9 @@ class Sampling:
         return token
 
     def _count_grammar_cost(self, slot_id: int, seconds: float) -> None:
+        """This step's grammar time per slot (charged to its user: grammar_shares.py), and
+        the request's own bound: a spike, or a costly window of tokens, ends it."""
+        self.grammar_seconds[slot_id] = self.grammar_seconds.get(slot_id, 0.0) + seconds
         window = self.grammar_costs.setdefault(slot_id, deque(maxlen=GRAMMAR_WINDOW))
         window.append(seconds)
         budget = self.grammar_budget()

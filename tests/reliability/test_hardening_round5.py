@@ -1,0 +1,101 @@
+"""Hardening round 5 on the real server: the costs that slot shares did not count. A grammar
+ended as too costly is refused at once when the same key sends it again; a colleague's
+keep_alive cannot unload a model others use (an admin's can), a refused request changes
+nothing; a colleague's load call with no prompt never switches models."""
+
+import asyncio
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from conftest import key_file, running, wait_for
+from localserve.config import default_model_path
+from localserve.registry import ModelRegistry
+
+ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
+LATE_COSTLY = ('root ::= "Sure" body\nbody ::= ' + " | ".join(f"r{i}" for i in range(1500)) + "\n"
+               + "\n".join(f'r{i} ::= [0-9]* "#{i:04d}"' for i in range(1500)))
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture(scope="module")
+def office(tmp_path_factory):
+    """Two names for the embedded model, one loaded at a time, unloaded after 300 s idle."""
+    folder = tmp_path_factory.mktemp("round5")
+    keys = key_file(folder, f"alice:{ALICE}:user", f"bob:{BOB}:user", f"root:{ROOT_KEY}:admin")
+    config = folder / "models.toml"
+    config.write_text(f'max_loaded_models = 1\nidle_unload = 300\n'
+                      f'[models.a]\npath = "{default_model_path()}"\nctx_size = 2048\nparallel = 2\n'
+                      f'[models.b]\npath = "{default_model_path()}"\nctx_size = 1024\nparallel = 1\n')
+    with running("--config", str(config), "-t", "2", "--api-key-file", str(keys),
+                 log_name="round5") as srv:
+        yield srv
+
+
+def post(srv, path, body, key=ALICE):
+    return httpx.post(srv.url + path, json=body, headers=auth(key), timeout=300)
+
+
+def states(srv) -> dict:
+    cards = httpx.get(srv.url + "/v1/models", headers=auth(ROOT_KEY), timeout=10).json()["data"]
+    return {c["id"]: c["status"]["value"] for c in cards}
+
+
+def test_a_grammar_ended_as_too_costly_is_refused_at_once_when_the_same_key_sends_it_again(office):
+    body = {"model": "a", "prompt": "Say sure", "max_tokens": 40, "grammar": LATE_COSTLY}
+    first = post(office, "/v1/completions", body)
+    assert first.status_code == 400 and first.json()["error"]["code"] == "grammar_cost"
+    assert "refused for" not in first.json()["error"]["message"]  # it ran, and was ended
+    again = post(office, "/v1/completions", body)
+    assert again.status_code == 400 and again.json()["error"]["code"] == "grammar_cost"
+    assert "refused for" in again.json()["error"]["message"]  # refused before it ran
+    other = post(office, "/v1/completions", body, key=BOB)  # bob's is his own
+    assert other.status_code == 400 and "refused for" not in other.json()["error"]["message"]
+
+
+def test_a_colleagues_keep_alive_0_leaves_the_model_loaded_and_an_admins_unloads_it(office):
+    generate = {"model": "a", "prompt": "Hi", "stream": False, "options": {"num_predict": 2}}
+    r = post(office, "/api/generate", {**generate, "keep_alive": 0}, key=BOB)
+    assert r.status_code == 200, r.text
+    time.sleep(2)  # the idle check runs every 0.5 s: a user's 0 must not have unloaded a
+    assert states(office)["a"] == "loaded"
+    refused = post(office, "/api/generate", {**generate, "think": "high", "keep_alive": 0},
+                   key=ROOT_KEY)
+    assert refused.status_code == 400  # a refused request changes nothing, an admin's included
+    time.sleep(2)
+    assert states(office)["a"] == "loaded"
+    r = post(office, "/api/generate", {**generate, "keep_alive": 0}, key=ROOT_KEY)
+    assert r.status_code == 200, r.text
+    wait_for(lambda: states(office)["a"] == "unloaded", timeout=60, what="the admin's unload")
+
+
+def test_a_colleagues_load_call_never_switches_models_and_an_admins_does(office):
+    assert post(office, "/v1/completions", {"model": "a", "prompt": "x", "max_tokens": 2}
+                ).status_code == 200
+    for path, body in (("/api/generate", {"model": "b"}), ("/api/chat", {"model": "b", "messages": []})):
+        r = post(office, path, body, key=BOB)
+        assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
+        assert states(office) == {"a": "loaded", "b": "unloaded"}
+    r = post(office, "/api/generate", {"model": "b"}, key=ROOT_KEY)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load"
+    assert states(office) == {"a": "unloaded", "b": "loaded"}
+
+
+def test_a_busy_model_keeps_its_residency_before_a_switch_and_an_idle_one_does_not():
+    """The rule alone (registry._residency): a switch waits for a busy model's residency to
+    pass since its load; an idle model is given up at once."""
+    registry = SimpleNamespace(residency=0.4)
+    wanted = SimpleNamespace(spec=SimpleNamespace(name="b"))
+    busy = SimpleNamespace(loaded_at=time.monotonic(), busy=True)
+    started = time.monotonic()
+    asyncio.run(ModelRegistry._residency(registry, [busy], wanted))
+    assert time.monotonic() - started >= 0.35
+    idle = SimpleNamespace(loaded_at=time.monotonic(), busy=False)
+    started = time.monotonic()
+    asyncio.run(ModelRegistry._residency(registry, [idle], wanted))
+    assert time.monotonic() - started < 0.3
