@@ -28,13 +28,12 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class Settings:
     model: str | None = None  # None: the embedded default model
-    ctx_size: int = 8192
+    ctx_size: int = 0  # the cache pool; 0: the model's trained context, fitted to memory
     parallel: int = 4
     max_num_batched_tokens: int | None = None  # None: 256 on CPU, 512 with GPU offload
     prefill_batch_tokens: int | None = None  # per step while nothing decodes; None: 4x the above
     max_num_seqs: int | None = None  # default: one per slot
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
-    kv_unified: bool = False  # one shared cache pool instead of a fixed share per slot
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
     spec: str = "ngram"  # speculative decoding: "ngram" (drafts from the request's own n-grams) or "off"
@@ -127,9 +126,10 @@ class Settings:
 
     def validate(self) -> "Settings":
         checks = [
-            (self.ctx_size >= 64, "-c/--ctx-size", self.ctx_size, "must be at least 64"),
+            (self.ctx_size == 0 or self.ctx_size >= 64, "-c/--ctx-size", self.ctx_size,
+             "must be 0 (from the model) or at least 64"),
             (self.parallel >= 1, "-np/--parallel", self.parallel, "must be at least 1"),
-            (self.kv_unified or self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size",
+            (self.ctx_size == 0 or self.ctx_size // max(self.parallel, 1) >= 16, "-c/--ctx-size",
              self.ctx_size,
              f"split over {self.parallel} slots leaves under 16 tokens per slot"),
             (self.max_num_batched_tokens is None or self.max_num_batched_tokens >= 1,

@@ -30,7 +30,7 @@ from localserve.engine.slots import SlotPool
 from localserve.ledger import state_dir
 from localserve.metrics import build_registry
 import psutil
-from localserve.resources import check_memory
+from localserve.resources import ContextChoice, check_memory, choose_context
 
 log = logging.getLogger("localserve")
 MIB = 1024 ** 2
@@ -63,6 +63,7 @@ class ModelHost:
         self.metrics_registry, self.metrics = build_registry(
             lambda: self.engine.snapshot if self.engine is not None else None)
         self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
+        self.context: ContextChoice | None = None  # the pool's size and why (context_choice)
         self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
         self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
 
@@ -73,8 +74,15 @@ class ModelHost:
             for observer in self.loop.observers:
                 observer.on_event(request, event)
 
+    def context_choice(self, model_path: str | Path) -> ContextChoice:
+        """The pool's size (-c, else fitted from the model and the machine), chosen once."""
+        if self.context is None:
+            self.context = choose_context(self.settings, str(model_path), supports_gpu_offload())
+        return self.context
+
     def check_memory(self, model_path: str) -> str:
-        return check_memory(self.settings, model_path, supports_gpu_offload())
+        return check_memory(self.settings, model_path, supports_gpu_offload(),
+                            self.context_choice(model_path).ctx_size)
 
     def in_flight(self) -> int:
         """Requests accepted and not yet finished, embeddings included (what a drain waits for)."""
@@ -101,7 +109,17 @@ class ModelHost:
 
     @property
     def n_ctx_per_slot(self) -> int:
+        """The most one request may use: the model's trained context, at most the pool."""
         return self.loop.scheduler.pool.n_ctx_per_slot
+
+    def context_bound(self) -> str:
+        """What bounds one request, in the words a refusal uses (never a slot's share: a
+        request borrows past it)."""
+        pool, trained = self.loop.scheduler.pool, self.runner.n_ctx_train
+        if trained and pool.n_ctx_per_slot >= trained:
+            return f"this model's context is {pool.n_ctx_per_slot} tokens (what it was trained on)"
+        return (f"one request may use the whole cache pool, {pool.n_ctx_per_slot} tokens "
+                f"(raise -c for more; the model was trained on {trained})")
 
     def start_loading(self) -> threading.Thread:
         thread = threading.Thread(target=self.load, name="localserve-load", daemon=True)
@@ -118,21 +136,17 @@ class ModelHost:
                 add_servers(list(s.rpc_servers))
             budget = s.step_token_budget(supports_gpu_offload())
             prefill_budget = s.prefill_token_budget(supports_gpu_offload())
+            context = self.context_choice(self.model_path)
             self.runner = LlamaRunner(RunnerConfig(
-                model_path=str(self.model_path), ctx_size=s.ctx_size, n_slots=s.parallel,
+                model_path=str(self.model_path), ctx_size=context.ctx_size, n_slots=s.parallel,
                 n_batch=prefill_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
-                main_gpu=s.main_gpu, tensor_split=s.tensor_split, kv_unified=s.kv_unified,
+                main_gpu=s.main_gpu, tensor_split=s.tensor_split,
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))
             if s.rpc_servers:  # asked once here: a worker that dies later must not be queried
                 facts["rpc_devices"] = rpc_devices()
-            pool = SlotPool(s.ctx_size, s.parallel, unified=s.kv_unified)
-            if self.runner.n_ctx_per_slot != pool.n_ctx_per_slot:
-                log.warning("llama.cpp gives %d tokens per slot, not %d; using its figure",
-                            self.runner.n_ctx_per_slot, pool.n_ctx_per_slot)
-                total = self.runner.n_ctx_per_slot * (1 if s.kv_unified else s.parallel)
-                pool = SlotPool(total, s.parallel, unified=s.kv_unified)
+            pool = self._pool(context)
             shares = self.shares  # without keys no identity can be trusted to share by
             self.prompt_cache = self._new_prompt_cache(pool)
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
@@ -154,7 +168,8 @@ class ModelHost:
                      facts["model"]["description"], facts["model"]["n_layers"],
                      facts["model"]["n_ctx_train"])
             log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
-            log.info("context split: %s", pool.describe())
+            log.info("context: %d tokens, %s", pool.ctx_size, context.why)
+            log.info("cache pool: %s", pool.describe())
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
                      "decodes), --max-num-seqs %d, --max-queue %s", scheduler.budget,
                      scheduler.prefill_budget, scheduler.max_num_seqs, s.max_queue)
@@ -164,26 +179,32 @@ class ModelHost:
                          s.rate_limit or "unlimited", s.rate_burst,
                          "shared across keys" if s.shared_prefix_cache else "per key")
             self._warn_if_slots_too_small(pool)
-            if self.runner.n_ctx_train and pool.n_ctx_per_slot > self.runner.n_ctx_train:
-                log.warning("each slot (%d tokens) is longer than the model was trained for (%d)",
-                            pool.n_ctx_per_slot, self.runner.n_ctx_train)
         except Exception as exc:
             self.load_error = str(exc)
             log.error("could not load the model: %s", exc)
         finally:
             self.loaded.set()
 
+    def _pool(self, context: ContextChoice) -> SlotPool:
+        """One pool of the context llama.cpp made (it may round -c up), each slot guaranteed
+        its share; one request may use the model's trained context, at most the pool."""
+        s, made = self.settings, self.runner.n_ctx_per_slot  # unified: the whole pool
+        if made != context.ctx_size:
+            log.info("llama.cpp made a cache of %d tokens for -c %d", made, context.ctx_size)
+        trained = self.runner.n_ctx_train
+        if s.ctx_size and trained and made > trained:
+            log.warning("the pool (%d tokens) is longer than the model was trained for (%d): "
+                        "one request may use %d", made, trained, trained)
+        return SlotPool(made, s.parallel, n_ctx_seq=min(made, trained or made))
+
     def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:
-        """--cache-ram MiB, at most a quarter of the RAM free now; off with --kv-unified (a
-        restored sequence must fit its own slot's cells) and for models with a sliding window
-        (their cache cannot be cut back to a prefix)."""
+        """--cache-ram MiB, at most a quarter of the RAM free now; off for models with a
+        sliding window (their cache cannot be cut back to a prefix)."""
         s = self.settings
         if s.cache_ram == 0 or s.scheduler != "continuous":
             return None
-        why_not = ("--kv-unified" if pool.unified else
-                   "this model's sliding-window attention" if self.runner.n_swa else None)
-        if why_not:
-            log.info("prompt cache in RAM: off (%s)", why_not)
+        if self.runner.n_swa:
+            log.info("prompt cache in RAM: off (this model's sliding-window attention)")
             return None
         bound = min(s.cache_ram * MIB, psutil.virtual_memory().available // 4)
         log.info("prompt cache in RAM: up to %d MiB (--cache-ram %d, at most a quarter of free "
@@ -244,7 +265,7 @@ class ModelHost:
             log.warning("each slot holds %d tokens, but a one-line chat with this model's template "
                         "takes %d tokens with a %d-token answer: raise -c to at least %d for "
                         "--parallel %d, or lower --parallel", pool.n_ctx_per_slot, need, answer_room,
-                        need * (1 if s.kv_unified else s.parallel), s.parallel)
+                        need * s.parallel, s.parallel)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the

@@ -71,9 +71,11 @@ GROUPS: dict[str, list[Option]] = {
         Option("threads", ("-t", "--threads"), "CPU threads", "all cores"),
     ],
     "slots and scheduling": [
-        Option("ctx_size", ("-c", "--ctx-size"), "total context, split evenly over the slots"),
-        Option("parallel", ("-np", "--parallel"), "slots = requests decoded together; each gets "
-               "ctx-size/parallel tokens"),
+        Option("ctx_size", ("-c", "--ctx-size"), "the cache pool every slot draws from, in "
+               "tokens; each slot is guaranteed ctx-size/parallel, and one request may use up to "
+               "the model's trained context by borrowing what the others do not use",
+               "0: the model's trained context, fitted to free memory (never under 4096)"),
+        Option("parallel", ("-np", "--parallel"), "slots = requests decoded together"),
         Option("max_num_batched_tokens", ("--max-num-batched-tokens",), "tokens per engine step: "
                "small = smooth streams while long prompts arrive, large = faster prefill",
                "256 on CPU, 512 with -ngl"),
@@ -82,9 +84,6 @@ GROUPS: dict[str, list[Option]] = {
         Option("max_num_seqs", ("--max-num-seqs",), "cap on concurrent sequences", "one per slot"),
         Option("scheduler", ("--scheduler",), "continuous is the product; static and serial exist "
                "to be measured against (see localserve bench)"),
-        Option("kv_unified", ("--kv-unified",), "one cache pool of -c tokens shared by all slots "
-               "instead of a fixed share each; when it runs short, the newest sequence is "
-               "preempted"),
         Option("cache_ram", ("-cram", "--cache-ram"), "MiB of RAM for prompts kept beyond the "
                "slots, restored instead of recomputed when their conversation comes back, at most "
                "a quarter of free RAM; 0 turns it off"),

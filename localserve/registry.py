@@ -265,8 +265,9 @@ class ModelRegistry:
 
     async def _need(self, entry: Entry) -> int:
         if entry.need_bytes is None:
-            s = entry.host.settings
-            needs = await asyncio.to_thread(memory_needs, str(resolve_model(s.model)), s.ctx_size,
+            s, path = entry.host.settings, str(resolve_model(entry.host.settings.model))
+            context = await asyncio.to_thread(entry.host.context_choice, path)
+            needs = await asyncio.to_thread(memory_needs, path, context.ctx_size,
                                             s.cache_type_k, s.cache_type_v)
             entry.need_bytes = needs["model_bytes"] + needs["kv_bytes"]
         return entry.need_bytes

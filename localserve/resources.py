@@ -3,6 +3,8 @@ rather than let the machine swap or the process be killed mid-load."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import psutil
 
 from localserve.config import Settings, SettingsError
@@ -12,14 +14,66 @@ GIB = 1024 ** 3
 OVERHEAD_BYTES = 512 * 1024 ** 2
 
 
-def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
+# With -c unset, the pool is the model's trained context, fitted to free memory with this
+# margin left over, and never under FIT_MIN_CTX unless the model is smaller (llama-server's
+# --fit and --fit-ctx).
+FIT_MARGIN_BYTES = GIB
+FIT_MIN_CTX = 4096
+
+
+@dataclass(frozen=True)
+class ContextChoice:
+    """The cache pool's size and why: what the start-up log and /props say."""
+
+    ctx_size: int
+    n_ctx_train: int  # the model's trained context (0: the file does not say)
+    kv_bytes_per_token: int
+    why: str
+
+    def as_json(self) -> dict:
+        return {"ctx_size": self.ctx_size, "n_ctx_train": self.n_ctx_train,
+                "kv_bytes_per_token": self.kv_bytes_per_token, "why": self.why}
+
+
+def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> ContextChoice:
+    """-c as given; with -c 0 (the default) the model's trained context, bounded by the RAM
+    free now less the weights and FIT_MARGIN_BYTES (on the CPU: GPU memory is not visible
+    from here), rounded down to 256 and never under FIT_MIN_CTX (or the trained context)."""
+    from localserve.engine.runner import memory_needs
+
+    try:
+        needs = memory_needs(model_path, 1, settings.cache_type_k, settings.cache_type_v)
+    except RuntimeError as exc:
+        raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
+    trained, per_token = needs["n_ctx_train"], max(needs["kv_bytes_per_token"], 1)
+    if settings.ctx_size:
+        return ContextChoice(settings.ctx_size, trained, per_token, f"-c {settings.ctx_size}")
+    wanted = trained or FIT_MIN_CTX
+    on_gpu = gpu_offload and settings.n_gpu_layers != 0
+    if on_gpu:
+        return ContextChoice(wanted, trained, per_token, f"the model's trained context ({wanted} "
+                             f"tokens); GPU memory is not checked")
+    free = psutil.virtual_memory().available
+    room = free - OVERHEAD_BYTES - FIT_MARGIN_BYTES - needs["model_bytes"]
+    fitting = max(0, room // per_token) // 256 * 256
+    if fitting >= wanted:
+        return ContextChoice(wanted, trained, per_token, f"the model's trained context ({wanted} "
+                             f"tokens, {wanted * per_token / GIB:.2f} GiB of cache)")
+    ctx = max(fitting, min(FIT_MIN_CTX, wanted))
+    more = (wanted - ctx) * per_token
+    return ContextChoice(ctx, trained, per_token, f"fitted to free memory ({free / GIB:.1f} GiB "
+                         f"free): the model's trained {wanted} tokens would need "
+                         f"{more / GIB:.2f} GiB more")
+
+
+def check_memory(settings: Settings, model_path: str, gpu_offload: bool, ctx_size: int) -> str:
     """Raise SettingsError with the numbers and a suggestion when RAM is short; else return a
     one-line summary for the start-up log. With layers on a GPU only the host share is
     checked (GPU memory is not visible from here)."""
     from localserve.engine.runner import memory_needs
 
     try:
-        needs = memory_needs(model_path, settings.ctx_size, settings.cache_type_k,
+        needs = memory_needs(model_path, ctx_size, settings.cache_type_k,
                              settings.cache_type_v)
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
@@ -27,7 +81,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
     host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
     free = psutil.virtual_memory().available
     summary = (f"memory: model {needs['model_bytes'] / GIB:.2f} GiB + cache "
-               f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {settings.ctx_size}"
+               f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {ctx_size}"
                f"{' (on the GPU; GPU memory not checked)' if on_gpu else ''}; "
                f"{free / GIB:.1f} GiB free")
     if (settings.cache_type_k, settings.cache_type_v) != ("f16", "f16"):
@@ -45,7 +99,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool) -> str:
             else "this model does not fit in free memory at any -c; free memory or use a smaller model")
     raise SettingsError(
         f"not enough memory: the model ({needs['model_bytes'] / GIB:.2f} GiB) and its cache for "
-        f"-c {settings.ctx_size} ({needs['kv_bytes'] / GIB:.2f} GiB) need about "
+        f"-c {ctx_size} ({needs['kv_bytes'] / GIB:.2f} GiB) need about "
         f"{host_bytes / GIB:.1f} GiB, but only {free / GIB:.1f} GiB is free. Rather than swap or "
         f"be killed, localserve stops here: {hint}, or offload layers to a GPU (-ngl), "
         f"or pass --no-memory-check to try anyway.")

@@ -2,6 +2,7 @@
 runners, and helpers to build a scheduler, requests, and run it until idle. Integration tests
 use the real model through the real server instead."""
 
+from localserve.engine.errors import CacheFull
 from localserve.engine.plan import StepOutput
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
@@ -65,21 +66,40 @@ def run(sched, runner, steps=100):
 
 
 class PositionalRunner:
-    """A deterministic 'model' with a real cache: the next token depends on the whole sequence
-    the slot's cache holds, so any lost, duplicated or misplaced token changes the output."""
+    """A deterministic 'model' with llama.cpp's sequences: one list of cells per sequence id in
+    one pool of `pool_size` cells. Each step, in the runner's order: trims (failed drafts),
+    saves (the sequence read out for the prompt cache), drops, admissions (a copy from another
+    sequence, or a restore of a saved state, then cut to the kept prefix), then the batch. A
+    batch that needs more cells than the pool has fails as llama_decode does (CacheFull) and
+    leaves every sequence as it was. The next token depends on the whole sequence the slot's
+    cache holds, so any lost, duplicated or misplaced token changes the output."""
 
     def __init__(self, pool_size: int):
         self.pool_size = pool_size
         self.cache: dict[int, list[int]] = {}
         self.max_used = 0
+        self.restored = 0  # tokens put back from the prompt cache
 
     def decode(self, plan):
+        for slot_id, kept in plan.trims:
+            del self.cache.setdefault(slot_id, [])[kept:]
+        saved = [(save, list(self.cache.get(save.slot_id, [])), 4 * len(save.tokens))
+                 for save in plan.saves]
+        for save, state, _ in saved:
+            assert state == save.tokens, "a save names tokens its sequence does not hold"
         for slot_id in plan.dropped:
             self.cache[slot_id] = []
         for a in plan.admitted:
             if a.copy_from is not None:  # llama_memory_seq_cp: the source's state before this step
                 self.cache[a.slot_id] = list(self.cache[a.copy_from])
+            elif a.restore is not None:
+                assert a.restore_state is not None, "a restore without its state"
+                self.cache[a.slot_id] = list(a.restore_state)
+                self.restored += a.kept_tokens
             del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
+        used = sum(len(s) for s in self.cache.values()) + plan.num_tokens
+        if used > self.pool_size:
+            raise CacheFull(f"no free cache cells for a batch of {plan.num_tokens} tokens")
         sampled = {}
         for c in plan.chunks:
             seq = self.cache.setdefault(c.slot_id, [])
@@ -87,10 +107,8 @@ class PositionalRunner:
             seq.extend(c.tokens)
             if c.sample:
                 sampled[c.slot_id] = [1 + (sum(seq) * 31 + len(seq)) % 25]
-        used = sum(len(s) for s in self.cache.values())
-        assert used <= self.pool_size, "cache pool overflow"
         self.max_used = max(self.max_used, used)
-        return StepOutput(sampled)
+        return StepOutput(sampled, saved=saved)
 
 
 def run_all(sched, runner, requests, steps=5000):

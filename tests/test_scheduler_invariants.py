@@ -41,7 +41,7 @@ def test_invariant_1_every_decoding_slot_gets_a_row_in_every_step():
 
 
 def test_invariant_2_a_preempted_request_is_the_next_admitted():
-    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 2, n_ctx_seq=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     for rid, user in (("a", "ann"), ("b", "bob"), ("c", "cat"), ("d", "dan")):
         sched.add(request(rid, range(1, 21), max_tokens=60, user=user))
@@ -70,7 +70,7 @@ def test_invariant_3_a_short_shared_prefix_does_not_take_a_recently_used_slot():
 
 def until_first_preemption(request_ids: str):
     """A shared pool of 80 cells, one 20-token request per id: run until one is preempted."""
-    sched = Scheduler(SlotPool(80, 2, unified=True), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 2, n_ctx_seq=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     for rid in request_ids:
         sched.add(request(rid, range(1, 21), max_tokens=60))
@@ -116,7 +116,7 @@ class CacheFullOnce(PositionalRunner):
 
 def test_loop_preempts_and_replans_when_the_runner_finds_the_cache_full():
     runner = CacheFullOnce()
-    sched = Scheduler(SlotPool(512, 2, unified=True), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(512, 2, n_ctx_seq=512), FakeVocab(), 64)
     loop = EngineLoop(sched, runner)
     events = {}
     requests = [request(rid, range(1, 11), max_tokens=5) for rid in "ab"]

@@ -16,13 +16,13 @@ SYSTEM = ("You are the help desk of a small architecture office. Answer briefly 
 
 @pytest.fixture(scope="module")
 def tight_server():
-    """One shared pool of 512 tokens for 4 slots: too small for 4 x (~10 + 150) tokens."""
-    with running("-c", "512", "-np", "4", "--kv-unified", "-t", "2", log_name="tight") as srv:
+    """One pool of 512 tokens for 4 slots: too small for 4 x (~10 + 150) tokens."""
+    with running("-c", "512", "-np", "4", "-t", "2", log_name="tight") as srv:
         yield srv
 
 
 # Counting prompts: the model's continuation is so certain that the float noise of a shared
-# cache (see README, "--kv-unified") cannot flip a greedy choice, and a lost or repeated
+# cache (see README, "One pool") cannot flip a greedy choice, and a lost or repeated
 # token would show as a broken sequence.
 PROMPTS = ["1, 2, 3, 4, 5,", "10, 11, 12, 13,", "100, 101, 102, 103,", "40, 41, 42,"]
 
@@ -63,8 +63,8 @@ def test_small_pool_preempts_yet_every_greedy_stream_is_unchanged(tight_server):
     assert crowded == alone
     assert all(s["state"] == "idle" for s in snap["slots"]) and snap["queue"]["waiting"] == 0
     log = tight_server.log()
-    assert "preempted req-" in log and "cache pool 512 tokens" in log
-    assert "sharing one cache pool of -c 512" in log
+    assert "preempted req-" in log and "cache pool of 512 tokens" in log
+    assert "sharing one cache pool of 512 tokens" in log
 
 
 def test_shared_system_prompt_is_served_from_the_prefix_cache(server, client):

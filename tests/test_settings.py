@@ -30,9 +30,9 @@ def test_config_file_from_environment_and_server_section(tmp_path):
 
 
 def test_env_lists_bools_and_none():
-    s = load_settings({}, environ={"LOCALSERVE_TENSOR_SPLIT": "3,1", "LOCALSERVE_KV_UNIFIED": "yes",
+    s = load_settings({}, environ={"LOCALSERVE_TENSOR_SPLIT": "3,1", "LOCALSERVE_WEB": "no",
                                    "LOCALSERVE_MAX_QUEUE": "none"})
-    assert s.tensor_split == (3.0, 1.0) and s.kv_unified is True and s.max_queue is None
+    assert s.tensor_split == (3.0, 1.0) and s.web is False and s.max_queue is None
 
 
 @pytest.mark.parametrize("kwargs, fragment", [
@@ -104,10 +104,10 @@ def test_generated_flags_parse_into_settings():
 
     args = build_parser().parse_args(
         ["up", "-c", "4096", "-np", "2", "--spec-type", "ngram-mod", "-n", "-1", "--no-web",
-         "--kv-unified", "--api-key", "k" * 12, "--api-key", "j" * 12, "--tensor-split", "3,1",
+         "--api-key", "k" * 12, "--api-key", "j" * 12, "--tensor-split", "3,1",
          "-ctk", "q8_0", "--rate-limit", "2.5"])
     s = settings_from_args(args)
-    assert (s.ctx_size, s.parallel, s.spec, s.n_predict, s.web, s.kv_unified) == \
-        (4096, 2, "ngram", None, False, True)
+    assert (s.ctx_size, s.parallel, s.spec, s.n_predict, s.web) == \
+        (4096, 2, "ngram", None, False)
     assert s.api_keys == ("k" * 12, "j" * 12) and s.tensor_split == (3.0, 1.0)
     assert (s.cache_type_k, s.rate_limit, s.ledger) == ("q8_0", 2.5, True)

@@ -20,11 +20,8 @@ from localserve.model_host import ModelHost
 
 
 def _too_long(host: ModelHost, what: str, param: str) -> OpenAIError:
-    s = host.settings
-    return OpenAIError(400, f"This request's {what}, but each slot holds {host.n_ctx_per_slot} "
-                       f"tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots). Shorten "
-                       f"it, or raise -c or lower --parallel.", code="context_length_exceeded",
-                       param=param)
+    return OpenAIError(400, f"This request's {what}, but {host.context_bound()}. Shorten it.",
+                       code="context_length_exceeded", param=param)
 
 
 def check_size(host: ModelHost, n_messages: int, n_bytes: int, param: str) -> None:

@@ -74,7 +74,8 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
                  "next_token": {"has_next_token": row["is_processing"],
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
     return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
-            "n_ctx_per_slot": pool.n_ctx_per_slot, "split": pool.describe(), **snap,
+            "n_ctx_per_slot": pool.n_ctx_per_slot, "n_ctx_guaranteed": pool.guarantee,
+            "split": pool.describe(), **snap,
             "models": request.app.state.models.cards()}
 
 
@@ -155,7 +156,8 @@ async def props(request: Request, model: str | None = None):
     return {
         **host.facts,
         "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
-        "kv_unified": pool.unified, "split": pool.describe(),
+        "kv_unified": True, "split": pool.describe(), "n_ctx_guaranteed": pool.guarantee,
+        "context": host.context.as_json() if host.context else None,
         "total_slots": len(pool.slots),  # llama-server's name for n_slots
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
         "chat_template": host.template.source if host.template else None,

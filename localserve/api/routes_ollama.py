@@ -165,10 +165,8 @@ def thinking(body: OllamaBody, host) -> bool:
 
 
 def as_chat(body: OllamaBody, messages: list[dict], fields: dict, num_ctx: int | None, host):
-    if num_ctx is not None and num_ctx > host.n_ctx_per_slot:
-        raise OpenAIError(400, f"options.num_ctx {num_ctx} is above this server's {host.n_ctx_per_slot}"
-                          f"-token slots (-c split over --parallel); leave it out, or ask the "
-                          f"admin for larger slots", param="options.num_ctx")
+    # A num_ctx above what one request may use here is held to it, as Ollama does: a prompt
+    # that does not fit is refused naming the real bound (serving.submit).
     chat = translated_chat({"model": body.model, "messages": messages, **fields,
                             "tools": getattr(body, "tools", None) or None, "stream": body.stream})
     chat._context_limit = num_ctx

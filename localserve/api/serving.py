@@ -77,16 +77,14 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampli
     n_ctx = min(host.n_ctx_per_slot, body.context_limit or host.n_ctx_per_slot)
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
-    if len(tokens) >= n_ctx and body.context_limit:
+    if len(tokens) >= n_ctx < host.n_ctx_per_slot:
         raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but it asked for "
                           f"a context of {n_ctx} (num_ctx), and the answer needs room too.",
                           code="context_length_exceeded", param="num_ctx")
     if len(tokens) >= n_ctx:
-        s = host.settings
-        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but each slot holds "
-                          f"{n_ctx} tokens (-c {s.ctx_size} split over --parallel {s.parallel} slots)"
-                          f", and the answer needs room too.{tools_share(host, body)} Shorten the "
-                          f"prompt, or raise -c or lower --parallel.",
+        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but "
+                          f"{host.context_bound()}, and the answer needs room too."
+                          f"{tools_share(host, body)} Shorten the prompt.",
                           code="context_length_exceeded", param="messages")
     n_slots = host.settings.parallel
     if body.n > n_slots:

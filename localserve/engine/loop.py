@@ -178,7 +178,7 @@ class EngineLoop(threading.Thread):
         except DecodeError as exc:
             if isinstance(exc, RestoreFailed):
                 self.scheduler.prefixes.forget(exc.entry)
-            if isinstance(exc, CacheFull) and self.scheduler.preempt_newest():
+            if isinstance(exc, CacheFull) and self.scheduler.cells.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
             else:
                 log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))

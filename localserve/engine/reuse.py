@@ -35,8 +35,7 @@ class Placement:
 class PrefixBook:
     def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None, stats: SchedulerStats):
         self.pool, self.stats = pool, stats
-        # Sequences beyond the slots (split mode only: a restore must fit its slot's own cells)
-        self.prompt_cache = None if pool.unified else prompt_cache
+        self.prompt_cache = prompt_cache  # sequences beyond the slots
 
     def place(self, req: Request) -> Placement | None:
         """The idle slot sharing the longest prefix with the request (None: no slot idle);
@@ -110,10 +109,10 @@ class DraftBook:
         self._trims: list[tuple[int, int]] = []  # (slot, tokens kept) for the next plan
 
     def add(self, plan: StepPlan, budget: int) -> None:
-        """Give the budget left after everything else to decode rows as n-gram drafts, in plan
-        order, each as many as make the step's tokens per second highest (drafts.py: its
+        """Give the budget (and pool cells) left after everything else to decode rows as
+        n-gram drafts, in plan order, each as many as make the step's tokens per second highest (drafts.py: its
         match's measured acceptance against the measured cost of a step that size)."""
-        if not self.speculative or self.pool.unified:
+        if not self.speculative:
             return
         decode_rows = rows = plan.num_decode_rows
         for chunk in plan.chunks:

@@ -6,7 +6,7 @@ Contract (called only from the engine loop thread, in this order, once per step)
                              saved, its timings and grammar costs; advances slots, applies stop
                              rules, returns (request, event) pairs
   fail(plan, message)        the decode of that plan failed: its requests end with an error
-  preempt_newest()           the runner found no cache room: evict one sequence, retry later
+  cells.preempt_newest()     the runner found no cache room: evict one sequence, retry later
 Between steps the loop may call add(request), abort(request_id) and expire_waiting(max_wait).
 
 One token budget per step (`max_num_batched_tokens`), spent in this order:
@@ -14,9 +14,10 @@ One token budget per step (`max_num_batched_tokens`), spent in this order:
   2. prompt chunks for slots still prefilling (chunked prefill: a long prompt spreads over steps);
   3. admission of waiting requests into idle slots (FairQueue order), while budget, slots,
      `max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
-With one shared cache pool (--kv-unified), room is checked first: idle slots' kept prefixes
-are dropped, then the most recently admitted running sequence is preempted (cache dropped,
-request put back at the head of the queue, its prompt and output recomputed later).
+The cache is one pool (slots.py): every slot is guaranteed its share, a request may borrow
+beyond it. Room is checked first: idle slots' kept prefixes are dropped, then a borrower (else
+the most recently admitted sequence) is preempted: saved to the prompt cache, put back in the
+queue, restored later. A waiting request within its guarantee takes borrowed cells back.
 
 Shares between identities (API keys), when `slot_share` is set: while another user waits, one
 user holds at most `slot_share` slots. Admission skips a user at their share; a user who took
@@ -40,9 +41,10 @@ from collections import Counter
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares
 from localserve.engine.interfaces import Vocab
 from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
+from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.reuse import DraftBook, Placement, PrefixBook
-from localserve.engine.scheduler_stats import PreemptionWatch, SchedulerStats, log_preemption
+from localserve.engine.scheduler_stats import SchedulerStats
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
@@ -68,11 +70,10 @@ class Scheduler:
         self.slot_share = slot_share  # most slots one user holds while others wait; None: no cap
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
-        self.preemption_watch = PreemptionWatch()
         self._admissions = 0
-        self._pending_drops: list[int] = []
         self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
+        self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.drafts = DraftBook(pool, self.stats, speculative)
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
@@ -88,8 +89,8 @@ class Scheduler:
     # ---- between steps -------------------------------------------------------------
     def add(self, request: Request) -> None:
         if request.num_prompt_tokens >= self.pool.n_ctx_per_slot:
-            raise ValueError(f"prompt of {request.num_prompt_tokens} tokens does not fit a slot "
-                             f"of {self.pool.n_ctx_per_slot} tokens")
+            raise ValueError(f"a prompt of {request.num_prompt_tokens} tokens does not fit the "
+                             f"{self.pool.n_ctx_per_slot} tokens one request may use")
         self.costly_grammars.check(request.user, request.params.grammar)
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:
@@ -146,20 +147,20 @@ class Scheduler:
         8. The one exception to 1: a user over their share of grammar time (grammar_shares.py)
            has their constrained requests sit out steps that serve someone else.
         """
-        plan = StepPlan(dropped=self._pending_drops, trims=self.drafts.pending_trims())
-        self._pending_drops = []
-        if self.pool.unified:
-            self._make_room_for_decode(plan)
+        plan = self.cells.carried_over(self.drafts.pending_trims())
+        self.cells.make_room_for_decode(plan)
         self._enforce_slot_share(plan)
+        reserved = self.cells.reclaim_guarantee(plan, self._next_admissible() if self.waiting else None)
         self._admit_batch(plan)
         running = self.running
         decoding = any(s.state is SlotState.DECODE for s in running)
         budget = self.budget if decoding else self.prefill_budget
         waits = self._grammar_waits(running)
-        for state in (SlotState.DECODE, SlotState.PREFILL):
+        for state, kept_back in ((SlotState.DECODE, 0), (SlotState.PREFILL, reserved)):
             for slot in running:
-                if slot.state is state and budget > 0 and self._room(plan) > 0 and slot not in waits:
-                    budget -= self._add_chunk(plan, slot, min(budget, self._room(plan)))
+                room = self.cells.room(plan) - kept_back
+                if slot.state is state and budget > 0 and room > 0 and slot not in waits:
+                    budget -= self._add_chunk(plan, slot, min(budget, room))
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
             admitted = self._admit_next(plan, budget)
@@ -167,7 +168,7 @@ class Scheduler:
                 break
             n_running += 1
             budget -= admitted
-        self.drafts.add(plan, budget)
+        self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
     admits_midway = True  # continuous batching: join the running batch at any step
@@ -182,13 +183,6 @@ class Scheduler:
                  and self.grammar_shares.waits(s.request.user)]
         return waits if self.waiting or len(waits) < len(running) else []
 
-    def _room(self, plan: StepPlan) -> int:
-        """Cache cells still free for this step's batch (unbounded per slot in split mode:
-        there a slot's own limit ends its request instead)."""
-        if not self.pool.unified:
-            return self.prefill_budget
-        return self.pool.free - plan.num_tokens
-
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
         pending = slot.pending_tokens()
         tokens = pending[:limit]
@@ -200,17 +194,17 @@ class Scheduler:
         """Admit the first waiting request whose user is within their share, if a slot (and,
         when shared, cache room) is free. Returns the tokens its first chunk took, 0 if none."""
         req = self._next_admissible()
-        if req is None:
+        if req is None or id(req) in self.cells.preempted:
             return 0
         where = self.prefixes.place(req)
         if where is None:
             return 0
         need = len(req.all_tokens) - where.keep + 1
         keep_in_pool = 0 if where.source else where.keep
-        if self.pool.unified and not self._room_to_admit(plan, where.slot, keep_in_pool, need):
+        if not self.cells.room_to_admit(plan, where.slot, keep_in_pool, need):
             return 0
         self._assign(plan, self.waiting.take(req), where)
-        return self._add_chunk(plan, where.slot, min(budget, self._room(plan)))
+        return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
 
     def _release_siblings(self, first: Request) -> None:
         """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""
@@ -220,7 +214,12 @@ class Scheduler:
             self.waiting.follow(sibling)
 
     def _slots_held(self) -> Counter:
-        return Counter(s.request.user for s in self.running)
+        """What each user holds, in slots' worth of cells: a request that borrowed three
+        guarantees' worth of the pool weighs three slots in the shares."""
+        held: Counter = Counter()
+        for slot in self.running:
+            held[slot.request.user] += max(1, -(-slot.n_cached // self.pool.guarantee))
+        return held
 
     def _next_admissible(self) -> Request | None:
         """The queue's head, unless its user is at their slot share while others wait: then
@@ -242,7 +241,7 @@ class Scheduler:
             if n > self.slot_share and waiting_users - {user}:
                 newest = max((s for s in self.running if s.request.user == user),
                              key=lambda s: s.admitted_seq)
-                self._preempt_slot(plan, newest, for_share=True)
+                self.cells.preempt_slot(plan, newest, "share")
 
     def _assign(self, plan: StepPlan, req: Request, where: Placement) -> None:
         slot, keep, source, restore = where.slot, where.keep, where.source, where.restore
@@ -260,70 +259,6 @@ class Scheduler:
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
-
-    # ---- the shared pool -----------------------------------------------------------
-    def _room_to_admit(self, plan: StepPlan, slot: Slot, keep: int, need: int) -> bool:
-        """Admit only if the whole remaining prompt fits: drop other idle slots' kept
-        prefixes (least recently used first) if that makes room; never preempt to admit."""
-        freed_by_slot = slot.n_cached - keep  # the chosen slot's cache beyond the shared prefix
-        while self._room(plan) + freed_by_slot < need:
-            victim = self.pool.lru_idle_with_cache(exclude=slot)
-            if victim is None:
-                return False
-            self._drop(plan, victim)
-        return True
-
-    def _make_room_for_decode(self, plan: StepPlan) -> None:
-        """Every decoding slot needs one free cell this step; find them or preempt."""
-        while True:
-            need = sum(1 for s in self.pool.slots if s.state is SlotState.DECODE)
-            if self.pool.free >= need:
-                return
-            victim = self.pool.lru_idle_with_cache()
-            if victim is not None:
-                self._drop(plan, victim)
-            elif not self._preempt(plan):
-                return
-
-    def _drop(self, plan: StepPlan, slot: Slot) -> None:
-        slot.forget()
-        plan.dropped.append(slot.slot_id)
-
-    def _preempt(self, plan: StepPlan) -> bool:
-        """The cache pool is short: evict the newest sequence; it is the next one admitted."""
-        running = self.running
-        if len(running) < 2:
-            return False  # a lone sequence that fills the pool ends by its length limit instead
-        self._preempt_slot(plan, max(running, key=lambda s: s.admitted_seq), for_share=False)
-        self.preemption_watch.record(time.monotonic())
-        return True
-
-    def _preempt_slot(self, plan: StepPlan, slot: Slot, for_share: bool) -> None:
-        """Drop a running sequence's cache and put its request back in the queue: at the very
-        head when the cache ran short, at the head of its own user's turn when it made room
-        for another user. Its prompt and output so far are saved to the prompt cache when there
-        is one (restored on re-admission), else recomputed."""
-        req = slot.request
-        log_preemption(slot, for_share, self.pool.ctx_size, len(self.running), len(self.waiting))
-        self.prefixes.save(plan, slot)  # swapped out: restored, not recomputed, on re-admission
-        self._drop(plan, slot)
-        slot.release()
-        req.status = RequestStatus.WAITING
-        req.preemptions += 1
-        if for_share:
-            self.waiting.requeue(req)
-            self.stats.share_preemptions += 1
-        else:
-            self.waiting.push_front(req)
-            self.stats.preemptions += 1
-
-    def preempt_newest(self) -> bool:
-        """The runner found no room for a planned batch (fragmentation): evict one sequence;
-        its cache is cleared with the next plan, and the batch is planned again."""
-        plan = StepPlan()
-        done = self._preempt(plan)
-        self._pending_drops.extend(plan.dropped)
-        return done
 
     # ---- after the decode ----------------------------------------------------------
     def update(self, plan: StepPlan, out: StepOutput) -> list[tuple[Request, TokenEvent]]:

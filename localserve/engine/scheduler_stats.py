@@ -21,6 +21,7 @@ class SchedulerStats:
     requests_failed: int = 0  # the server ended them: decode error, queue timeout, shutdown
     preemptions: int = 0  # the shared cache pool ran short
     share_preemptions: int = 0  # a user gave a slot back to a colleague who was waiting
+    borrow_preemptions: int = 0  # a borrower gave cells back to a request within its guarantee
     prompt_tokens_computed: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission
     prefix_cache_hits: int = 0  # of those, tokens found in a slot's cache
@@ -41,13 +42,14 @@ class SchedulerStats:
             self.requests_failed += 1
 
 
-def log_preemption(slot, for_share: bool, pool_tokens: int, running: int,
+def log_preemption(slot, why: str, pool_tokens: int, running: int,
                    waiting: int) -> None:  # pragma: no mutate block
-    why = ("to share slots with a waiting user" if for_share
-           else f"cache pool {pool_tokens} tokens short")
-    log.info("preempted %s (slot %d, %d cached tokens dropped, to be recomputed; %s): "
-             "%d running, %d waiting", slot.request.request_id, slot.slot_id, slot.n_cached,
-             why, running - 1, waiting)
+    because = {"share": "to share slots with a waiting user",
+               "guarantee": "to give borrowed cells back to a request within its guarantee",
+               }.get(why, f"cache pool of {pool_tokens} tokens short")
+    log.info("preempted %s (slot %d, %d cached tokens saved to the prompt cache or dropped; "
+             "%s): %d running, %d waiting", slot.request.request_id, slot.slot_id, slot.n_cached,
+             because, running - 1, waiting)
 
 
 class PreemptionWatch:

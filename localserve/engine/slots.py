@@ -114,19 +114,22 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 
 
 class SlotPool:
-    """Split mode (default): `n_slots` slots of `ctx_size // n_slots` tokens each, every slot
-    bounded by its own share. Unified mode (--kv-unified): one pool of `ctx_size` tokens that
-    all slots draw from; a sequence may grow to the whole pool, and admission needs free room."""
+    """One cache pool of `ctx_size` cells (llama.cpp's unified KV cache) that `n_slots` slots
+    draw from. Each slot is guaranteed `ctx_size // n_slots` cells (the `guarantee`); one
+    sequence may grow to `n_ctx_per_slot` (the model's context, at most the pool) by borrowing
+    cells no other slot uses. A borrower gives them back, preempted to the prompt cache, when
+    a request within its guarantee needs them (scheduler.py). Without `n_ctx_seq` a sequence
+    is held to its guarantee, as in llama.cpp's split cache."""
 
-    def __init__(self, ctx_size: int, n_slots: int, unified: bool = False):
+    def __init__(self, ctx_size: int, n_slots: int, n_ctx_seq: int | None = None):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
-        if not unified and ctx_size // n_slots < 16:
+        if n_ctx_seq is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size = ctx_size
-        self.unified = unified
-        self.n_ctx_per_slot = ctx_size if unified else ctx_size // n_slots
+        self.guarantee = ctx_size // n_slots
+        self.n_ctx_per_slot = min(n_ctx_seq or self.guarantee, ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
 
     @property
@@ -137,12 +140,14 @@ class SlotPool:
     def free(self) -> int:
         return self.ctx_size - self.used
 
+    def borrowed(self, slot: Slot) -> int:
+        """Cells a slot holds beyond its guarantee."""
+        return max(0, slot.n_cached - self.guarantee)
+
     def describe(self) -> str:
-        if self.unified:
-            return (f"{len(self.slots)} slots sharing one cache pool of -c {self.ctx_size} tokens "
-                    f"(--kv-unified; one request may use up to {self.ctx_size})")
-        return (f"{len(self.slots)} slots × {self.n_ctx_per_slot} tokens = -c {self.ctx_size} "
-                f"(each request's prompt + output must fit in {self.n_ctx_per_slot} tokens)")
+        return (f"{len(self.slots)} slots sharing one cache pool of {self.ctx_size} tokens, "
+                f"{self.guarantee} guaranteed to each; one request may use up to "
+                f"{self.n_ctx_per_slot} by borrowing cells the others do not use")
 
     def lru_idle(self) -> Slot | None:
         return min((s for s in self.slots if not s.busy), key=lambda s: s.last_used, default=None)

@@ -19,8 +19,10 @@ QUEUE_ROWS = 50  # waiting requests listed one by one
 class SlotView:
     id: int
     state: str  # "idle" | "prefill" | "decode"
-    n_ctx: int
+    n_ctx: int  # the most one request may use here (the model's context, at most the pool)
     n_cached: int
+    n_guaranteed: int  # cells this slot may always have: the pool split over the slots
+    n_borrowed: int  # cells it holds beyond them, that a request within its guarantee takes back
     request_id: str | None
     user: str | None
     n_prompt_tokens: int
@@ -50,9 +52,10 @@ class QueueView:
 
 @dataclass(frozen=True)
 class CacheView:
-    unified: bool
     pool_tokens: int
     used_tokens: int
+    guaranteed_per_slot: int
+    borrowed_tokens: int
     ram: "RamCacheView | None"  # the prompt cache beyond the slots (--cache-ram), if on
 
 
@@ -88,6 +91,7 @@ class EngineCounters:
     requests_failed: int  # the server ended them (error, queue timeout, shutdown)
     preemptions: int  # the shared cache pool ran short
     share_preemptions: int  # a key gave a slot back to a waiting colleague
+    borrow_preemptions: int  # a borrower gave cells back to a request within its guarantee
     prompt_tokens_computed: int
     prefix_cache_queries: int
     prefix_cache_hits: int
@@ -118,7 +122,8 @@ class EngineSnapshot:
 def build_snapshot(loop, plan=None) -> EngineSnapshot:
     """Read the loop's scheduler, pool and counters (on the loop thread, between steps)."""
     sched, now = loop.scheduler, time.monotonic()
-    slots = tuple(_slot_view(slot, now) for slot in sched.pool.slots)
+    pool = sched.pool
+    slots = tuple(_slot_view(slot, pool, now) for slot in pool.slots)
     oldest = sched.waiting.oldest_arrival()
     waiting = tuple(WaitingView(r.request_id, r.user, i, round(now - r.arrival_time, 3),
                                 r.preemptions > 0)
@@ -128,8 +133,8 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
         slots=slots,
         queue=QueueView(len(sched.waiting), loop.max_queue,
                         round(now - oldest, 3) if oldest else 0.0, waiting),
-        cache=CacheView(sched.pool.unified, sched.pool.ctx_size, sched.pool.used,
-                        _ram_view(sched.prompt_cache)),
+        cache=CacheView(pool.ctx_size, pool.used, pool.guarantee,
+                        sum(pool.borrowed(s) for s in pool.slots), _ram_view(sched.prompt_cache)),
         engine=EngineCounters(
             alive=loop.failure is None and not loop.stopping, failure=loop.failure,
             steps=stats.steps, tokens_batched=stats.tokens_batched,
@@ -139,7 +144,7 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             max_decode_rows_in_step=stats.max_decode_rows_in_step,
             requests_finished=stats.requests_finished, requests_aborted=stats.requests_aborted,
             requests_failed=stats.requests_failed, preemptions=stats.preemptions,
-            share_preemptions=stats.share_preemptions,
+            share_preemptions=stats.share_preemptions, borrow_preemptions=stats.borrow_preemptions,
             prompt_tokens_computed=stats.prompt_tokens_computed,
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, draft_tokens=stats.draft_tokens,
@@ -157,10 +162,11 @@ def _ram_view(cache) -> RamCacheView | None:
                         len(cache.on_disk), **dataclasses.asdict(cache.stats))
 
 
-def _slot_view(slot, now: float) -> SlotView:
+def _slot_view(slot, pool, now: float) -> SlotView:
     req = slot.request
     return SlotView(
         id=slot.slot_id, state=slot.state.value, n_ctx=slot.n_ctx, n_cached=slot.n_cached,
+        n_guaranteed=pool.guarantee, n_borrowed=pool.borrowed(slot),
         request_id=req.request_id if req else None, user=req.user if req else None,
         n_prompt_tokens=req.num_prompt_tokens if req else 0,
         n_decoded=req.num_output_tokens if req else 0,

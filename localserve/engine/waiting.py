@@ -57,11 +57,15 @@ class FairQueue:
             self._by_user[request.user] = queue
         return request
 
-    def requeue(self, request: Request) -> None:
-        """Preempted to give another user a slot: first of its own user's requests, and that
-        user behind everyone else in the rotation (so the user it made room for goes first)."""
+    def requeue(self, request: Request, behind: Request | None = None) -> None:
+        """Preempted to make room for another request (`behind`): first of its own user's
+        requests but after `behind` when that is one of them, and that user behind everyone
+        else in the rotation (so the request it made room for goes first)."""
         queue = self._by_user.pop(request.user, deque())
-        queue.appendleft(request)
+        if behind is not None and behind in queue:
+            queue.insert(queue.index(behind) + 1, request)
+        else:
+            queue.appendleft(request)
         self._by_user[request.user] = queue
 
     def users(self) -> set[str | None]:

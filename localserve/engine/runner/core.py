@@ -56,7 +56,7 @@ class LlamaRunner(Sampling):
         cparams.n_ubatch = min(config.n_batch, 512)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = config.kv_unified
+        cparams.kv_unified = True  # one pool; the scheduler keeps each slot's guarantee
         cparams.type_k = CACHE_TYPES[config.cache_type_k][0]
         cparams.type_v = CACHE_TYPES[config.cache_type_v][0]
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]

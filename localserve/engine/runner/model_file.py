@@ -71,10 +71,12 @@ def memory_needs(model_path: str, ctx_size: int, type_k: str = "f16", type_v: st
         elements = n_layer * n_head_kv * head_dim  # per token, for K and again for V
         kv_per_token = int(elements * (CACHE_TYPES[type_k][1] + CACHE_TYPES[type_v][1]))
         f16_per_token = elements * 4
+        n_ctx_train = meta_int(f"{a}.context_length", 0)
     finally:
         C.llama_model_free(model)
     return {"model_bytes": os.path.getsize(model_path), "kv_bytes": kv_per_token * ctx_size,
-            "kv_bytes_per_token": kv_per_token, "f16_bytes_per_token": f16_per_token}
+            "kv_bytes_per_token": kv_per_token, "f16_bytes_per_token": f16_per_token,
+            "n_ctx_train": n_ctx_train}
 
 
 _PROGRESS = {"last": -1}

@@ -1,0 +1,145 @@
+"""The one pool, pure (slots.py, scheduler.py): guarantees, borrowing, and preempting a
+borrower to the prompt cache, against fakes.PositionalRunner, which keeps llama.cpp's
+sequences in one pool of cells (saves, restores, trims, a batch that does not fit fails)."""
+
+import pytest
+
+from fakes import FakeVocab, PositionalRunner
+from localserve.engine.plan import StepOutput
+from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.request import Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+
+
+def request(rid, n_prompt, max_tokens, first=1, user=None):
+    return Request([first + i % 20 for i in range(n_prompt)], SamplingParams(max_tokens=max_tokens),
+                   request_id=rid, user=user)
+
+
+def pool_scheduler(pool=200, slots=2, cache=True, budget=64):
+    return Scheduler(SlotPool(pool, slots, n_ctx_seq=pool), FakeVocab(), budget,
+                     prompt_cache=PromptCache(1 << 20) if cache else None)
+
+
+def run(sched, runner, arrivals, steps=2000):
+    """Step until idle; `arrivals` maps a step number to requests added before it."""
+    out, finish = {}, {}
+    for n in range(steps):
+        for r in arrivals.get(n, []):
+            sched.add(r)
+            out[r.request_id] = []
+        if not sched.has_work() and n > max(arrivals):
+            return out, finish
+        plan = sched.schedule()
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            out[r.request_id].extend(ev.token_ids)
+            if ev.finished:
+                finish[r.request_id] = ev.finish_reason
+    raise AssertionError("did not finish")
+
+
+def alone(make_request):
+    sched, runner = pool_scheduler(pool=10_000), PositionalRunner(10_000)
+    return run(sched, runner, {0: [make_request()]})[0]
+
+
+def test_one_request_may_borrow_past_its_guarantee_up_to_the_pool():
+    pool = SlotPool(200, 2, n_ctx_seq=200)
+    assert pool.guarantee == 100 and pool.n_ctx_per_slot == 200
+    assert SlotPool(200, 2).n_ctx_per_slot == 100  # without n_ctx_seq: held to its share
+    sched, runner = pool_scheduler(), PositionalRunner(200)
+    out, _ = run(sched, runner, {0: [request("big", 150, 30)]})
+    assert len(out["big"]) == 30 and runner.max_used > 150
+
+
+def test_a_borrower_gives_its_cells_back_to_a_request_within_its_guarantee_and_resumes_by_restoring():
+    big = lambda: request("big", 150, 30)  # noqa: E731  borrows 80 cells past its 100
+    small = lambda: request("small", 60, 10, first=40)  # noqa: E731  within its guarantee
+    expected = {**alone(big), **alone(small)}
+    sched, runner = pool_scheduler(), PositionalRunner(200)
+    out, _ = run(sched, runner, {0: [big()], 5: [small()]})
+    assert out == expected  # the same tokens as alone: nothing lost, nothing repeated
+    assert sched.stats.borrow_preemptions == 1 and sched.stats.preemptions == 0
+    assert runner.restored >= 150  # restored from the prompt cache, not recomputed
+    assert sched.prompt_cache.stats.tokens_restored >= 150
+
+
+def test_a_request_over_its_guarantee_waits_and_takes_nothing_back():
+    big, other = request("big", 150, 30), request("other", 120, 5, first=40)
+    sched, runner = pool_scheduler(), PositionalRunner(200)
+    run(sched, runner, {0: [big], 5: [other]})
+    assert sched.stats.borrow_preemptions == 0
+
+
+def test_when_the_pool_runs_short_the_biggest_borrower_goes_before_the_newest_sequence():
+    sched = pool_scheduler(pool=300, slots=3, cache=False)
+    sched.add(request("old_big", 120, 100))  # borrows past its 100
+    sched.add(request("mid", 30, 100, first=40))
+    sched.add(request("newest", 30, 100, first=60))
+    runner = PositionalRunner(300)
+    for _ in range(60):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+        if sched.stats.preemptions:
+            break
+    assert sched.stats.preemptions == 1
+    waiting = [r.request_id for r in sched.waiting]
+    assert waiting == ["old_big"]
+
+
+def test_a_preemption_after_a_failed_batch_saves_the_sequence_with_the_next_plan():
+    """preempt_newest (llama_decode found no room): its save and drop wait for the next
+    plan, and the runner reads the sequence before clearing it."""
+    sched = pool_scheduler(pool=400, slots=2)
+    sched.add(request("a", 40, 50))
+    sched.add(request("b", 40, 50, first=40))
+    runner = PositionalRunner(400)
+    for _ in range(5):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+    assert sched.cells.preempt_newest()
+    plan = sched.schedule()
+    assert plan.dropped and [s.slot_id for s in plan.saves] == plan.dropped
+    out = runner.decode(plan)
+    assert out.saved and out.saved[0][1] == out.saved[0][0].tokens
+
+
+def test_an_idle_slots_prefix_dropped_for_room_is_saved_first():
+    sched, runner = pool_scheduler(pool=200, slots=2), PositionalRunner(200)
+    run(sched, runner, {0: [request("first", 90, 4)]})
+    out, _ = run(sched, runner, {0: [request("wide", 150, 4, first=40)]})
+    assert len(out["wide"]) == 4 and runner.max_used <= 200
+    assert sched.prompt_cache.stats.saves == 1  # first's 93 cells, before they were cleared
+
+
+@pytest.mark.parametrize("n_prompt", [199, 250])
+def test_a_prompt_past_what_one_request_may_use_is_refused_naming_it(n_prompt):
+    sched = pool_scheduler()
+    with pytest.raises(ValueError, match="200 tokens one request may use"):
+        sched.add(request("huge", n_prompt + 1, 4))
+
+
+def test_update_takes_the_whole_step_output():
+    sched, runner = pool_scheduler(), PositionalRunner(200)
+    sched.add(request("a", 10, 2))
+    plan = sched.schedule()
+    events = sched.update(plan, StepOutput({plan.chunks[0].slot_id: [3]}, decode_s=0.01))
+    assert events and events[0][1].token_ids == (3,)
+
+
+def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
+    """Three slots, one each at most while others wait: alice's one request borrowed two
+    guarantees' worth, so when bob arrives she is over her share and gives it back."""
+    sched = Scheduler(SlotPool(300, 3, n_ctx_seq=300), FakeVocab(), 64, slot_share=1,
+                      prompt_cache=PromptCache(1 << 20))
+    runner = PositionalRunner(300)
+    sched.add(request("alice", 150, 60, user="alice"))
+    for _ in range(4):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+    assert sched._slots_held()["alice"] == 2
+    sched.add(request("bob", 20, 5, first=40, user="bob"))
+    plan = sched.schedule()
+    assert [a.request.request_id for a in plan.admitted] == ["bob"]
+    assert sched.stats.share_preemptions == 1
