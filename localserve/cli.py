@@ -46,10 +46,11 @@ def _bench_parser(sub) -> None:
                        "doc: colleagues, at most 24; copy: passages, at most 8)")
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
-    bench.add_argument("--workload", choices=["mixed", "doc", "copy"], default="mixed",
+    bench.add_argument("--workload", choices=["mixed", "doc", "agents", "copy"], default="mixed",
                        help="mixed: the seeded chat workload per level (default); doc: colleagues "
                             "chatting with their documents (prompt tokens reused, follow-up "
-                            "time to first token); copy: answers that copy text, per level "
+                            "time to first token); agents: 4 colleagues on one coding agent's "
+                            "~5,000-token system prompt, 4 turns each; copy: answers that copy text, per level "
                             "(drafted tokens, the share kept, tokens per step)")
 
 
@@ -172,9 +173,10 @@ def run_usage(args: argparse.Namespace) -> int:
             print(f"{stamp}  {row['event']:<14} {row['key'] or '-':<12} {row['detail']}")
         return 0
     rows = usage(path, since, None, args.by)
-    print(f"{args.by:<20} {'requests':>9} {'prompt':>10} {'cached':>10} {'completion':>11}")
+    print(f"{args.by:<20} {'requests':>9} {'refused':>8} {'prompt':>10} {'cached':>10} "
+          f"{'completion':>11}")
     for r in rows:
-        print(f"{str(r[args.by]):<20} {r['requests']:>9} {r['prompt_tokens']:>10} "
+        print(f"{str(r[args.by]):<20} {r['requests']:>9} {r['refused']:>8} {r['prompt_tokens']:>10} "
               f"{r['cached_tokens']:>10} {r['completion_tokens']:>11}")
     return 0
 

@@ -39,7 +39,7 @@ def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
     if path.stat().st_mode & (stat.S_IRWXG | stat.S_IRWXO):
         log.warning("--api-key-file %s can be read by other users of this machine: "
                     "chmod 600 %s", path, path)
-    keys = {}
+    keys, lines = {}, {}
     for n, line in enumerate(text.splitlines(), 1):
         line = line.strip()
         if not line or line.startswith("#"):
@@ -52,7 +52,11 @@ def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
         if not sep or not name or len(key) < 8:
             raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' or "
                                 f"'name:key:role' with a key of at least 8 characters")
-        keys[key] = (name, role)
+        if key in keys:
+            raise SettingsError(f"--api-key-file {path}, line {n}: '{name}' has the same key as "
+                                f"'{keys[key][0]}' on line {lines[key]}; each colleague needs a "
+                                f"key of their own (one of them would silently be the other)")
+        keys[key], lines[key] = (name, role), n
     if not keys:
         raise SettingsError(f"--api-key-file {path}: no keys in it (only blank or '#' lines); "
                             f"refusing to start without the authentication it was meant to give. "

@@ -45,7 +45,8 @@ TRIM_AUDIT = ("DELETE FROM audit WHERE rowid <= "  # pragma: no mutate
 AUDIT_SINCE = ("SELECT ts, event, key, detail FROM audit "  # pragma: no mutate
                "WHERE ts >= ? ORDER BY ts")  # pragma: no mutate
 USAGE = ("SELECT {group} AS g, SUM(prompt_tokens), SUM(cached_tokens), "  # pragma: no mutate
-         "SUM(completion_tokens), COUNT(*) FROM requests "  # pragma: no mutate
+         "SUM(completion_tokens), COUNT(*), "  # pragma: no mutate
+         "SUM(finish_reason = 'refused') FROM requests "  # pragma: no mutate
          "WHERE {where} GROUP BY g ORDER BY g")  # pragma: no mutate
 FILTERS = (("ts >= ?", "since"), ("ts < ?", "until"), ("key = ?", "key"))  # pragma: no mutate
 FLUSH_S = 0.5
@@ -178,7 +179,8 @@ def usage(path: Path, since: float | None = None, until: float | None = None,
     finally:
         db.close()
     return [{group_by: g, "prompt_tokens": p or 0, "cached_tokens": c or 0,
-             "completion_tokens": o or 0, "requests": n} for g, p, c, o, n in rows]
+             "completion_tokens": o or 0, "requests": n, "refused": r or 0}
+            for g, p, c, o, n, r in rows]
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -194,6 +196,19 @@ def audit_log(path: Path, since: float | None = None) -> list[dict]:
     finally:
         db.close()
     return [{"ts": ts, "event": e, "key": k, "detail": d} for ts, e, k, d in rows]
+
+
+def refusal_row(key: str | None, endpoint: str, status: int, why: str) -> dict:
+    """A request refused before any work (400, 413, 429...): a `requests` row with no tokens,
+    finish_reason 'refused', its status, and why in the model column's place, so that
+    `localserve usage` shows whose requests fail, and why."""
+    return {"ts": time.time(), "key": key or "anonymous", "endpoint": endpoint,
+            "model": why[:MAX_WHY], "prompt_tokens": 0, "cached_tokens": 0,
+            "completion_tokens": 0, "finish_reason": "refused", "queue_s": 0.0,
+            "duration_s": 0.0, "status": status}
+
+
+MAX_WHY = 80
 
 
 def request_row(key: str | None, endpoint: str, model: str, prompt_tokens: int,

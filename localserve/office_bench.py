@@ -6,6 +6,9 @@ for scripts/bench_office.py's side-by-side rounds against llama-server:
         after all the others' (more conversations than slots: what the prompt cache is for).
   copy  "rewrite this exactly, adding a comment": passages of localserve's own sources, a
         different set per seed (what speculative decoding is for).
+  agents a coding agent's ~5,000-token system prompt (instructions and tool schemas, different
+        per seed) shared by 4 colleagues, 4 turns each (what one pool and the prompt cache are
+        for: it does not fit a slot's share of -c).
 
 Each reports what the engine did too, read from localserve's /slots (drafted tokens, the share
 kept, tokens per decode step, prompt tokens reused); another server reports speeds only.
@@ -69,9 +72,43 @@ async def turn(client, url, messages) -> tuple[float, str, dict]:
     return first or time.perf_counter() - start, "".join(text), usage
 
 
+AGENT_QUESTIONS = ("List the files of the project.", "Open README.md and summarise it.",
+                   "Which tool runs the tests?", "Write a commit message for the last change.")
+
+
+def agent_prompt(seed: int = 0, n_tools: int = 16) -> str:
+    """A coding agent's ~5,000-token system prompt: rules, then tool schemas (as agents send
+    them), different for every seed."""
+    rng = random.Random(f"agents:{seed}")
+    say = lambda n: " ".join(rng.choice(WORDS) for _ in range(n))  # noqa: E731
+    tools = [{"type": "function", "function": {
+        "name": f"{rng.choice(WORDS)}_{i}", "description": say(40),
+        "parameters": {"type": "object", "properties": {
+            f"{rng.choice(WORDS)}_{j}": {"type": "string", "description": say(10)}
+            for j in range(4)}}}} for i in range(n_tools)]
+    rules = "\n".join(f"- {say(25)}." for _ in range(12))
+    return f"You are a coding agent.\n# Rules\n{rules}\n# Tools\n{json.dumps(tools, indent=1)}"
+
+
+async def agents_workload(url: str, colleagues: int = 4, headers: dict | None = None,
+                          seed: int = 0) -> dict:
+    """4 colleagues on one agent's system prompt, 4 turns each, all at once."""
+    return await conversations_workload(url, [agent_prompt(seed)] * colleagues, AGENT_QUESTIONS,
+                                        colleagues, headers)
+
+
 async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
                        headers: dict | None = None, seed: int = 0) -> dict:
-    chats = [[{"role": "system", "content": document(c, seed)}] for c in range(colleagues)]
+    return await conversations_workload(url, [document(c, seed) for c in range(colleagues)],
+                                        QUESTIONS, concurrency, headers)
+
+
+async def conversations_workload(url: str, systems: list[str], questions, concurrency: int,
+                                 headers: dict | None) -> dict:
+    """A conversation per system prompt; each turn's question goes to every conversation
+    before the next turn's. Turns per minute, follow-up time to first token (p50), prompt
+    tokens and those reused."""
+    chats = [[{"role": "system", "content": system}] for system in systems]
     followup_ttft, prompt, cached, turns = [], 0, 0, 0
     gate = asyncio.Semaphore(concurrency)
     # A fresh connection per turn (a turn takes seconds, a local connect well under one ms):
@@ -80,7 +117,7 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
     limits = httpx.Limits(max_keepalive_connections=0)
     async with httpx.AsyncClient(timeout=900, headers=headers, limits=limits) as client:
         started = time.perf_counter()
-        for round_no, question in enumerate(QUESTIONS):
+        for round_no, question in enumerate(questions):
             async def one(chat):
                 nonlocal prompt, cached, turns
                 async with gate:
@@ -148,11 +185,12 @@ async def engine_counters(client, url: str) -> dict | None:
 
 def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | None,
         requests: int) -> dict:
-    """`localserve bench --workload doc|copy`: one run against a server, printed."""
+    """`localserve bench --workload doc|agents|copy`: one run against a server, printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    if workload == "doc":
-        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers, seed=seed))
-        print(f"doc: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
+    if workload in ("doc", "agents"):
+        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers, seed=seed)
+                          if workload == "doc" else agents_workload(url, headers=headers, seed=seed))
+        print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
               f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns")
         return out

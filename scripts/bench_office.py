@@ -16,6 +16,10 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
   mixed `localserve bench`'s prompt-heavy workload (30-400-word prompts, 16-128-token answers,
         24 requests, different each round) at concurrency 8 (--concurrency for others).
+  agents a coding agent's ~5,000-token system prompt with tools (different each round) shared
+        by 4 colleagues, 4 turns each: turns per minute and follow-up time to first token.
+
+Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults.
 
     .venv/bin/python scripts/bench_office.py --workload doc|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
@@ -49,7 +53,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningServer  # noqa: E402
 
 from localserve import bench  # noqa: E402
-from localserve.office_bench import copy_texts, copy_workload, doc_workload  # noqa: E402
+from localserve.office_bench import (agents_workload, copy_texts, copy_workload,  # noqa: E402
+                                     doc_workload)
 from localserve.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -69,7 +74,7 @@ def servers(args) -> dict[str, list[str] | None]:
 
 
 def start(name: str, extra: list[str], args) -> RunningServer:
-    common = (*SPLIT, "-t", str(args.threads))
+    common = (*(() if args.defaults else SPLIT), "-t", str(args.threads))
     if name.startswith("llama-server"):
         return RunningServer("-m", str(resolve_model(None)), *common, *extra,
                              log_name="office-llama", program=[args.llama_server]).wait_ready(300)
@@ -89,6 +94,8 @@ def run_once(name, extra, args, seed: int) -> dict:
     try:
         if args.workload == "doc":
             return asyncio.run(doc_workload(srv.url, seed=seed))
+        if args.workload == "agents":
+            return asyncio.run(agents_workload(srv.url, seed=seed))
         if args.workload in CHAT_SHAPES:
             jobs = bench.make_workload(24, seed, *CHAT_SHAPES[args.workload])
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
@@ -156,7 +163,7 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["doc", "copy", *CHAT_SHAPES], default="doc")
+    ap.add_argument("--workload", choices=["doc", "agents", "copy", *CHAT_SHAPES], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=None,
@@ -168,10 +175,13 @@ def main() -> int:
                     help="chat, mixed, copy: all servers up, short rounds rotated (see above)")
     ap.add_argument("--waves", type=int, default=3,
                     help="--paired: jobs per round and level, in multiples of its concurrency")
+    ap.add_argument("--defaults", action="store_true",
+                    help="no -c/-np on any side: each server's own defaults (both take the "
+                         "context from the model)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
-    if args.paired and args.workload == "doc":
+    if args.paired and args.workload in ("doc", "agents"):
         ap.error("--paired is for --workload chat, mixed or copy")
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)

@@ -51,6 +51,14 @@ def test_doc_documents_differ_by_colleague_and_round():
     assert 900 <= len(document(0).split()) <= 1100  # about 1,300 tokens
 
 
+def test_agents_prompts_are_seeded_and_past_a_slots_share():
+    from localserve.office_bench import agent_prompt
+
+    assert agent_prompt(1) == agent_prompt(1) != agent_prompt(2)
+    assert json.loads(agent_prompt(0).split("# Tools\n")[1])[0]["type"] == "function"
+    assert 15_000 <= len(agent_prompt(0)) <= 25_000  # about 5,000 tokens
+
+
 @pytest.fixture(scope="module")
 def second_server():
     with running("-c", "2048", "-np", "2", "-t", "2", log_name="second") as srv:

@@ -320,3 +320,13 @@ def test_a_request_whose_grammar_grew_costly_keeps_its_tokens_and_ends_with_its_
     assert costly.output_tokens and free.finish_reason is None  # the other goes on
     out, _ = run(sched, runner)
     assert out["free"][1] is FinishReason.STOP
+
+
+def test_text_held_back_for_a_possible_stop_string_is_flushed_at_end_of_generation():
+    """'x' may start the stop string 'xy': held back until the next token, and the answer
+    ends (EOS) there: the held text still reaches the client."""
+    sched = make(n_slots=1)
+    runner = ScriptedRunner({"a": [1, 23, EOS]})
+    sched.add(req("a", 3, stop=("xy",)))
+    out, _ = run(sched, runner)
+    assert out["a"] == ("bx", FinishReason.STOP)

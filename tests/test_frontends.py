@@ -44,7 +44,12 @@ def test_a_trusted_frontends_colleagues_are_billed_under_their_own_names(srv):
     assert "mallory@office.lan" not in str(names())  # alice's header is not read
     odd = chat(srv, headers={"X-OpenWebUI-User-Name": "Erin O'Neil <x>"})
     assert odd.status_code == 200
-    wait_for(lambda: "webui:Erin_O_Neil__x_" in names(), what="a name made safe")
+    wait_for(lambda: any(n.startswith("webui:Erin_O_Neil__x_~") for n in names()),
+             what="a name made safe, with a hash of the raw one")
+    for look_alike in ("Erin_O_Neil__x_", "Erin O'Neil (x)"):  # the same once cleaned
+        assert chat(srv, headers={"X-OpenWebUI-User-Name": look_alike}).status_code == 200
+    wait_for(lambda: len([n for n in names() if n.startswith("webui:Erin_O_Neil__x_")]) == 3,
+             what="three colleagues whose names clean alike, kept apart")
 
 
 def test_continue_final_message_leaves_the_last_answer_open(srv):

@@ -12,7 +12,7 @@ from localserve.config import Settings
 from localserve.conversations import Conversations
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, SamplingParams, TokenEvent
-from localserve.ledger import LedgerObserver, request_row
+from localserve.ledger import LedgerObserver, refusal_row, request_row
 from localserve.office import Office
 
 from conftest import key_file
@@ -135,20 +135,22 @@ def test_the_ledger_file_sums_rows_by_key_model_and_day_and_keeps_totals_across_
     ledger.record(request_row("alice", "/v1/chat/completions", "m1", 10, 4, 5, "stop", 0, 1))
     ledger.record(request_row("alice", "/v1/completions", "m2", 3, 0, 2, "length", 0, 1))
     ledger.record(request_row("bob", "/v1/chat/completions", "m1", 7, 0, 1, "abort", 0, 1))
+    ledger.record(refusal_row("bob", "/v1/chat/completions", 400, "context_length_exceeded"))
     ledger.audit("quota", "bob", "tokens_per_day")
     assert ledger.tokens_used("alice") == (20, 20) and ledger.tokens_used("carol") == (0, 0)
     ledger.close()
     path = tmp_path / "ledger.db"
     assert usage(path) == [
         {"key": "alice", "prompt_tokens": 13, "cached_tokens": 4, "completion_tokens": 7,
-         "requests": 2},
+         "requests": 2, "refused": 0},
         {"key": "bob", "prompt_tokens": 7, "cached_tokens": 0, "completion_tokens": 1,
-         "requests": 1}]
-    assert [r["model"] for r in usage(path, group_by="model")] == ["m1", "m2"]
-    assert usage(path, key="bob")[0]["requests"] == 1
+         "requests": 2, "refused": 1}]
+    assert [r["model"] for r in usage(path, group_by="model")] == [
+        "context_length_exceeded", "m1", "m2"]  # a refusal's row says why where the model goes
+    assert usage(path, key="bob")[0]["requests"] == 2
     assert usage(path, since=0, until=1) == []
     [day] = usage(path, group_by="day")
-    assert day["requests"] == 3
+    assert day["requests"] == 4 and day["refused"] == 1
     with pytest.raises(ValueError) as refused:
         usage(path, group_by="endpoint")
     assert str(refused.value) == "group_by must be one of key, model, day"
@@ -247,3 +249,23 @@ def test_per_key_counters_are_kept_in_the_offices_own_registry(tmp_path):
     assert office.key_registry.get_sample_value("localserve:key_prompt_tokens_total",
                                                 {"key": "alice"}) == 3
     assert office.draining is False and office.responses is None
+
+
+def test_two_colleagues_with_the_same_key_stop_start_up_naming_both(tmp_path):
+    from localserve.config import SettingsError
+    from localserve.keys import read_key_file
+
+    path = key_file(tmp_path, "alice:same-key-0001", "carol:other-key-01", "bob:same-key-0001")
+    with pytest.raises(SettingsError, match="line 3: 'bob' has the same key as 'alice' on line 1"):
+        read_key_file(path)
+
+
+def test_forwarded_names_that_clean_alike_stay_apart():
+    from localserve.api.auth import colleague_name
+
+    assert colleague_name("o_brien@office.lan") == "o_brien@office.lan"  # nothing to clean
+    cleaned = colleague_name("o'brien@office.lan")
+    assert cleaned.startswith("o_brien@office.lan~") and len(cleaned) == len("o_brien@office.lan") + 9
+    long_a, long_b = "a" * 64 + "@one.lan", "a" * 64 + "@two.lan"
+    assert colleague_name(long_a) != colleague_name(long_b)
+    assert colleague_name(long_a)[:64] == "a" * 64 and colleague_name(long_a) == colleague_name(long_a)

@@ -123,8 +123,6 @@ def test_refusals_say_what_and_come_in_ollamas_error_shape(srv):
     c = client(srv)
     cases = [
         (lambda: c.chat(model="any", messages=[{"role": "user", "content": "x"}],
-                        options={"num_ctx": 100_000}), 400, "num_ctx"),
-        (lambda: c.chat(model="any", messages=[{"role": "user", "content": "x"}],
                         options={"tfs_z": 0.5}), 400, "tfs_z"),
         (lambda: c.generate(model="any", prompt="x", template="{{ .Prompt }}"), 400, "template"),
         (lambda: c.chat(model="any", think=True, messages=[{"role": "user", "content": "x"}]),
@@ -140,6 +138,16 @@ def test_refusals_say_what_and_come_in_ollamas_error_shape(srv):
     with pytest.raises(ollama.ResponseError) as refused:
         wrong_key.list()
     assert refused.value.status_code == 401
+
+
+def test_a_num_ctx_above_what_a_request_may_use_is_held_to_it_as_ollama_does(srv):
+    """LlamaIndex's Ollama client sends the trained context from /api/show on every call."""
+    c = client(srv)
+    trained = next(v for k, v in c.show("any").modelinfo.items() if k.endswith(".context_length"))
+    for num_ctx in (trained, 100_000):
+        answer = c.chat(model="any", messages=[{"role": "user", "content": "x"}],
+                        options={"num_ctx": num_ctx, "num_predict": 2})
+        assert answer.done and answer.eval_count <= 2
 
 
 def test_a_small_num_ctx_is_honoured_and_a_prompt_beyond_it_refused(srv):

@@ -83,3 +83,11 @@ def test_a_server_with_several_models_is_read_for_the_model_shown():
     assert parse_metrics(text, "b") == {"localserve:generation_tokens_total": 70.0,
                                         "localserve:process_cpu_percent": 130.0}
     assert parse_metrics(text, "a")["localserve:generation_tokens_total"] == 5.0
+
+
+def test_borrowed_cells_per_slot_and_the_pools_use_are_read():
+    body = slots(5)
+    body["slots"][0]["n_borrowed"] = 300
+    body["cache"] = {"used_tokens": 812, "pool_tokens": 1024, "borrowed_tokens": 300}
+    view = Tracker().update(body, METRICS.format(gen=0, b1=0, b2=0), now=1.0)
+    assert [s.n_borrowed for s in view.slots] == [300, 0] and view.pool == (812, 1024, 300)

@@ -61,6 +61,7 @@ class SlotRow:
     age_s: float | None
     user: str | None
     request_id: str | None
+    n_borrowed: int = 0  # cells past the slot's guarantee, lent by the pool
 
 
 @dataclass
@@ -79,6 +80,7 @@ class View:
     ttft_p50_history: list[float] = field(default_factory=list)
     preemptions: int = 0
     preempted_just_now: bool = False
+    pool: tuple[int, int, int] = (0, 0, 0)  # the cache pool's cells: used, size, borrowed
     cpu_percent: float = 0.0
     cpu_count: int = 0
     rss_bytes: float = 0.0
@@ -125,7 +127,11 @@ class Tracker:
             if prev and dt > 0 and s["request_id"] in prev[3]:
                 rate = max(0, s["n_decoded"] - prev[3][s["request_id"]]) / dt
             view.slots.append(SlotRow(s["id"], s["state"], s["n_cached"], s["n_ctx"], s["n_decoded"],
-                                      rate, s.get("age_s"), s.get("user"), s["request_id"]))
+                                      rate, s.get("age_s"), s.get("user"), s["request_id"],
+                                      s.get("n_borrowed", 0)))
+        cache = slots.get("cache", {})
+        view.pool = (cache.get("used_tokens", 0), cache.get("pool_tokens", 0),
+                     cache.get("borrowed_tokens", 0))
         self._history.append((now, ttft_buckets))
         while self._history and now - self._history[0][0] > WINDOW_S:
             self._history.popleft()

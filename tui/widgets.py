@@ -48,8 +48,10 @@ class SlotTable(DataTable):
         for r in rows:
             age = f"{r.age_s:.1f}s" if r.age_s is not None else ""
             busy = r.request_id is not None
-            self.add_row(str(r.id), Text(r.state, style=STATE_STYLE.get(r.state, "")),
-                         context_bar(r.n_cached, r.n_ctx, idle=r.state == "idle"),
+            context = context_bar(r.n_cached, r.n_ctx, idle=r.state == "idle")
+            if r.n_borrowed:
+                context.append(f" +{r.n_borrowed} borrowed", style="magenta")
+            self.add_row(str(r.id), Text(r.state, style=STATE_STYLE.get(r.state, "")), context,
                          str(r.n_decoded) if busy else "", f"{r.tok_s:.1f}" if busy else "",
                          age, Text(r.user or ""))  # Text: a user name is never markup
 
@@ -91,6 +93,9 @@ class QueuePanel(Static):
         text.append(str(view.preemptions), style="bold red" if view.preempted_just_now else "")
         if view.preempted_just_now:
             text.append("  ← cache short: a sequence was evicted", style="red")
+        used, size, borrowed = view.pool
+        if borrowed:
+            text.append(f"   pool {used}/{size}, {borrowed} borrowed", style="magenta")
         if view.next_up:
             text.append("   next: ")
             for i, r in enumerate(view.next_up):

@@ -19,6 +19,7 @@ from localserve.api.message_reply import anthropic_error
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard
+from localserve.ledger import refusal_row
 from localserve.net import is_loopback
 from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
@@ -103,13 +104,29 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
     return app
 
 
+# Refusals the engine's own finish event already put in the ledger (ledger.LedgerObserver).
+BILLED_BY_THE_ENGINE = {"grammar_cost", "queue_timeout"}
+
+
 def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
     """OpenAI's error shape, or Anthropic's on the Messages API's paths, or Ollama's
-    ({"error": "..."}, what its client raises from) on /api/."""
+    ({"error": "..."}, what its client raises from) on /api/. A known key's refused request
+    (a 4xx other than a bad key's 401) gets its ledger row."""
     path = request.url.path if request is not None else ""
+    if request is not None and 400 <= exc.status < 500 and exc.code not in BILLED_BY_THE_ENGINE:
+        _note_refusal(request, exc)
     body = (anthropic_error(exc) if path.startswith("/v1/messages") else
             {"error": exc.message} if path.startswith("/api/") else exc.body())
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+def _note_refusal(request: Request, exc: OpenAIError) -> None:
+    who = getattr(request.state, "caller", None)
+    ledger = request.app.state.office.ledger
+    if who is None or who.key is None or ledger is None:
+        return  # no key (a desktop without keys, or refused before the key check)
+    why = exc.code or (f"param {exc.param}" if exc.param else exc.message.split(".")[0])
+    ledger.record(refusal_row(who.key, request.url.path, exc.status, why))
 
 
 # The model layer's refusals (model_errors.py) as HTTP answers: the one place they are mapped.

@@ -10,6 +10,7 @@ Keys fail closed: a key file that yields no key stops start-up rather than serve
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import logging
 import re
@@ -110,15 +111,25 @@ NOT_IN_A_NAME = re.compile(r"[^\w.@+-]")
 def forwarded(request: Request, frontend: Caller) -> Caller:
     """A trusted frontend's request for a colleague (--trust-user-header: Open WebUI forwards
     who is signed in, by e-mail, id and name): that colleague, as `frontend:colleague` (what a
-    name may not hold becomes _, at most 64 characters), with a user's role whatever the
+    name may not hold changed as colleague_name says), with a user's role whatever the
     frontend key's. Any other key's headers are not read: a client cannot name itself."""
     if frontend.key not in request.app.state.office.settings.trusted_frontends:
         return frontend
     header = next((h for h in FORWARDED if request.headers.get(h, "").strip()), None)
     if header is None:  # the frontend's own requests (titles, tags): its key's
         return frontend
-    colleague = NOT_IN_A_NAME.sub("_", request.headers[header].strip())[:64]
-    return Caller(f"{frontend.key}:{colleague}", "user")
+    return Caller(f"{frontend.key}:{colleague_name(request.headers[header].strip())}", "user")
+
+
+def colleague_name(raw: str) -> str:
+    """A forwarded name as a key name: what a name may not hold becomes _, at most 64
+    characters, and a short hash of the raw name whenever that changed it, so that names
+    differing only there (o'brien@ and o_brien@, e-mails sharing their first 64 characters)
+    stay two colleagues, who never read each other's stored answers."""
+    cleaned = NOT_IN_A_NAME.sub("_", raw)[:64]
+    if cleaned == raw:
+        return cleaned
+    return f"{cleaned}~{hashlib.sha256(raw.encode('utf-8', 'surrogatepass')).hexdigest()[:8]}"
 
 
 class RefusalLog:

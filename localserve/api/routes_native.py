@@ -171,8 +171,13 @@ async def tokenize(body: TokenizeBody, request: Request,
                    admitted: Admitted = Depends(admit)):
     """All of it on a worker thread, the JSON too: a large text's ids and pieces must not
     stall the event loop (everyone's /health and streams)."""
+    try:
+        n_bytes = len(body.content.encode())
+    except UnicodeEncodeError:
+        raise OpenAIError(400, "content is not text: it holds a lone UTF-16 surrogate",
+                          param="content") from None
     async with admitted.lease(body.model) as host:
-        prompt.check_size(host, 1, len(body.content.encode()), "content")
+        prompt.check_size(host, 1, n_bytes, "content")
         runner = host.runner
 
         def answer() -> JSONResponse:

@@ -90,6 +90,9 @@ def sampling(body: OllamaBody) -> tuple[dict, list[str], int | None]:
                               param="options.num_predict")
         fields["max_tokens"] = predict
     num_ctx = options.pop("num_ctx", None)
+    if num_ctx is not None and (type(num_ctx) is not int or num_ctx < 1):
+        raise OpenAIError(400, f"options.num_ctx: a positive count of tokens, not {num_ctx!r}",
+                          param="options.num_ctx")
     for name, value in options.items():
         if name in SAMPLING:
             fields[name] = value
@@ -122,10 +125,16 @@ def chat_messages(messages: list[dict]) -> list[dict]:
                               "only", param=f"messages[{i}].images")
         turn = {"role": message.get("role"), "content": message.get("content") or ""}
         calls = message.get("tool_calls") or []
+        if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
+            raise OpenAIError(400, f"messages[{i}].tool_calls must be a list of objects",
+                              param=f"messages[{i}].tool_calls")
         if calls:
             turn["tool_calls"] = []
             for j, call in enumerate(calls):
-                function = (call or {}).get("function") or {}
+                function = call.get("function") or {}
+                if not isinstance(function, dict):
+                    raise OpenAIError(400, f"messages[{i}].tool_calls[{j}].function must be an "
+                                      f"object", param=f"messages[{i}].tool_calls")
                 ids[function.get("name")] = call_id = f"call_{i}_{j}"
                 args = function.get("arguments", {})
                 turn["tool_calls"].append({"id": call_id, "type": "function", "function": {

@@ -18,6 +18,7 @@ def fuzz_server():
         yield srv
 
 
+@pytest.mark.timeout(1800)  # bounded by its work (EXAMPLES per operation), not by the clock
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE])
 def test_no_server_errors_for_generated_requests(fuzz_server, mode):
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")

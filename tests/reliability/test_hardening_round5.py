@@ -5,12 +5,13 @@ nothing; a colleague's load call with no prompt never switches models."""
 
 import asyncio
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import httpx
 import pytest
 
-from conftest import key_file, running, wait_for
+from conftest import key_file, ledger_rows, running, wait_for
 from localserve.config import default_model_path
 from localserve.registry import ModelRegistry
 
@@ -99,3 +100,29 @@ def test_a_busy_model_keeps_its_residency_before_a_switch_and_an_idle_one_does_n
     started = time.monotonic()
     asyncio.run(ModelRegistry._residency(registry, [idle], wanted))
     assert time.monotonic() - started < 0.3
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/api/chat", {"model": "a", "messages": [{"role": "user", "content": "x"}],
+                   "options": {"num_ctx": "abc"}}, "num_ctx"),
+    ("/api/chat", {"model": "a", "messages": [{"role": "assistant", "content": "",
+                                               "tool_calls": "x"}]}, "tool_calls"),
+    ("/api/chat", {"model": "a", "messages": [{"role": "assistant", "content": "",
+                                               "tool_calls": [{"function": "x"}]}]}, "tool_calls"),
+    ("/tokenize", {"model": "a", "content": "\ud800", "with_pieces": True}, "content"),
+])
+def test_malformed_fields_are_a_400_naming_them_not_a_500(office, path, body, param):
+    r = post(office, path, body)
+    assert r.status_code == 400, r.text[:300]
+    assert param in r.text
+
+
+def test_a_refused_request_leaves_a_ledger_row_saying_whose_and_why(office):
+    r = post(office, "/v1/chat/completions", {"model": "a", "max_tokens": -3,
+                                               "messages": [{"role": "user", "content": "x"}]},
+             key=BOB)
+    assert r.status_code == 400
+    rows = lambda: ledger_rows(Path(office.state_dir), "/v1/chat/completions",  # noqa: E731
+                               "key, finish_reason, status, model")
+    wait_for(lambda: [row for row in rows() if row[:3] == ("bob", "refused", 400)],
+             what="bob's refusal in the ledger")
