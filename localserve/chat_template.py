@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 
 from jinja2 import TemplateError
 from jinja2.utils import htmlsafe_json_dumps
@@ -88,6 +89,47 @@ def _raise(message: str):
     raise ChatTemplateError(message)
 
 
+class CallerText:
+    """Every string a caller sent that a template may write raw, swapped for a marker before
+    rendering and put back after as plain text (never parsed for special tokens): message
+    content, tool calls' arguments (a string, or every key and string of an object: templates
+    write them raw, with `tojson`, or key by key), and chat_template_kwargs' string values (Llama
+    3.x writes date_string raw). A forged "<|im_end|>" in any of them stays text."""
+
+    def __init__(self):
+        self.nonce = secrets.token_hex(8)
+        self.contents: dict[str, str] = {}
+
+    def text(self, value: str) -> str:
+        marker = f"\ue000{self.nonce}-{len(self.contents) // 2:06d}\ue001"
+        self.contents[marker] = value
+        # a template that writes it with `| tojson` (Llama 3.1's tool results) shows the
+        # marker escaped: the caller's text goes there, escaped the same way
+        self.contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(value))
+        return marker
+
+    def tree(self, value):
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            return {self.tree(k): self.tree(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.tree(v) for v in value]
+        return value
+
+    def message(self, message: dict) -> dict:
+        masked = {**message, "content": self.text(message.get("content") or "")}
+        if message.get("tool_calls"):
+            masked["tool_calls"] = [self._call(call) for call in message["tool_calls"]]
+        return masked
+
+    def _call(self, call: dict) -> dict:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or "arguments" not in function:
+            return call
+        return {**call, "function": {**function, "arguments": self.tree(function["arguments"])}}
+
+
 @dataclass(frozen=True)
 class PromptPart:
     """A run of prompt text and who wrote it: the template (trusted) or a caller (plain text)."""
@@ -101,6 +143,9 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
+        # what llama.cpp's and Transformers' template environments give (Granite 3.3, Llama
+        # 3.x write today's date with it)
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         self.source = source or CHATML
         self.template = env.from_string(self.source)
         self.bos_token = bos_token
@@ -118,21 +163,15 @@ class ChatTemplate:
         """The prompt as template parts and caller parts, in order (see the module doc).
         continue_final: the last message (the assistant's) is left open, to be continued: the
         template's text after it (its end of turn) is cut."""
-        nonce = secrets.token_hex(8)
-        contents = {}
-        masked = []
-        for i, message in enumerate(messages):
-            marker = f"\ue000{nonce}-{i}\ue001"
-            text = message.get("content") or ""
-            contents[marker] = text
-            # a template that writes content with `| tojson` (Llama 3.1's tool results) shows
-            # the marker escaped: the caller's text goes there, escaped the same way
-            contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(text))
-            masked.append({**message, "content": marker})
+        masker = CallerText()
+        masked = [masker.message(message) for message in messages]
+        variables = {k: masker.text(v) if isinstance(v, str) else v
+                     for k, v in (variables or {}).items()}
+        nonce, contents = masker.nonce, masker.contents
         rendered = self._render(masked, add_generation_prompt and not continue_final, tools,
                                 variables)
         if continue_final:
-            rendered = self._open_last(rendered, f"\ue000{nonce}-{len(messages) - 1}\ue001")
+            rendered = self._open_last(rendered, masked[-1]["content"])
         parts = []
         pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001|" + '"\\\\ue000' + nonce
                              + r'-\d+\\ue001")')

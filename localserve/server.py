@@ -8,6 +8,7 @@ Ctrl-C exits at once.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import threading
@@ -87,13 +88,24 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
-def reload_keys(app, models: ModelRegistry) -> None:
+# A SIGHUP may land while an editor is still saving the key file in place: it is looked at
+# again this long after each reload, and read again if it changed meanwhile.
+KEY_FILE_SETTLE_S = 2.0
+
+
+def reload_keys(app, models: ModelRegistry, follow_up: bool = True) -> None:
     """SIGHUP: read the key file again and swap the key checker in one assignment, so
     requests in flight are untouched (Office.reload_keys audits the changes), and forget what
     removed keys cached; then the quotas from --config. A file that cannot be read, or yields
     no key, keeps the old keys (fail closed); a config file that cannot be read keeps the old
-    quotas."""
+    quotas. A save still in progress when it was read is read again once it has changed
+    (KEY_FILE_SETTLE_S), so half a file never locks the other half out until the next SIGHUP."""
     office = models.office
+    if follow_up:
+        stamp = _file_stamp(office.settings.api_key_file)
+        timer = threading.Timer(KEY_FILE_SETTLE_S, _reload_if_changed, (app, models, stamp))
+        timer.daemon = True
+        timer.start()
     try:
         _, removed = office.reload_keys()
     except SettingsError as exc:
@@ -104,6 +116,21 @@ def reload_keys(app, models: ModelRegistry) -> None:
         app.state.keys = KeyChecker(office.keys)
         log.info("SIGHUP: %d keys loaded", len(office.keys))
     reload_quotas(app, office.settings)
+
+
+def _file_stamp(path: str | None) -> tuple | None:
+    try:
+        stat = os.stat(path) if path else None
+    except OSError:
+        return None
+    return (stat.st_mtime_ns, stat.st_size) if stat else None
+
+
+def _reload_if_changed(app, models: ModelRegistry, stamp: tuple | None) -> None:
+    if _file_stamp(models.office.settings.api_key_file) != stamp:
+        log.info("SIGHUP: the key file changed after it was read (a save in progress); "
+                 "reading it again")
+        reload_keys(app, models, follow_up=False)
 
 
 def reload_quotas(app, settings: Settings) -> None:

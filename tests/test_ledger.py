@@ -241,3 +241,23 @@ def test_sighup_reloads_the_key_file_without_dropping_requests(tmp_path):
                            text=True, timeout=60)
     assert "key_added" in audit.stdout and "bob" in audit.stdout
     assert "key_removed" in audit.stdout and "alice" in audit.stdout
+
+
+def test_a_sighup_during_an_in_place_save_reads_the_file_again_once_it_is_saved(tmp_path):
+    """The SIGHUP reads half a file (alice only); the save ends after: bob's key works without
+    a second SIGHUP."""
+    import signal
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text(f"alice:{ALICE}\nbob:{BOB}\n")
+    keys.chmod(0o600)
+    with running("-c", "1024", "-np", "1", "-t", "2", "--api-key-file", str(keys),
+                 "--state-dir", str(tmp_path / "s"), log_name="sighup-save") as srv:
+        keys.write_text(f"alice:{ALICE}\n")  # the editor's first write
+        srv.proc.send_signal(signal.SIGHUP)
+        models = lambda: httpx.get(srv.url + "/v1/models", headers=auth(BOB), timeout=30)  # noqa: E731
+        wait_for(lambda: models().status_code == 401, what="the half file loaded")
+        keys.write_text(f"alice:{ALICE}\nbob:{BOB}\n")  # the save ends
+        wait_for(lambda: chat(srv, BOB).status_code == 200, timeout=60,
+                 what="bob's key back without a second SIGHUP")
+        assert "a save in progress" in srv.log()

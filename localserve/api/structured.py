@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from localserve.api import tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
+from localserve.api.schema_patterns import PatternError, plain_patterns
 from localserve.api.tool_formats import NativeFormat
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
 from localserve.model_host import ModelHost
@@ -74,6 +75,10 @@ def _check_schema(schema, param: str) -> str:
 
 def schema_grammar(host: ModelHost, schema, param: str) -> str:
     text = _check_schema(schema, param)
+    try:
+        text = json.dumps(plain_patterns(json.loads(text)))
+    except PatternError as exc:
+        raise OpenAIError(400, f"{param}: {exc}", param=param) from None
     try:
         return host.runner.json_schema_grammar(text)
     except Exception as exc:  # the converter asserts on schemas it does not understand

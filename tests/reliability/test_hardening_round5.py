@@ -126,3 +126,19 @@ def test_a_refused_request_leaves_a_ledger_row_saying_whose_and_why(office):
                                "key, finish_reason, status, model")
     wait_for(lambda: [row for row in rows() if row[:3] == ("bob", "refused", 400)],
              what="bob's refusal in the ledger")
+
+
+def test_a_schema_pattern_with_escapes_constrains_the_answer(office):
+    import json
+    import re
+
+    pattern = r"^\d{4}-\d{2}-\d{2}$"
+    schema = {"type": "object", "properties": {"day": {"type": "string", "pattern": pattern}},
+              "required": ["day"]}
+    r = post(office, "/v1/chat/completions", {
+        "model": "a", "max_tokens": 60, "temperature": 0,
+        "messages": [{"role": "user", "content": "When is the meeting?"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "d", "schema": schema}}})
+    assert r.status_code == 200, r.text[:300]
+    answer = json.loads(r.json()["choices"][0]["message"]["content"])
+    assert re.fullmatch(pattern, answer["day"])
