@@ -175,3 +175,32 @@ def test_a_caller_is_named_one_way_everywhere():
     assert (alice.user("spoofed"), alice.owner, alice.is_admin) == ("alice", "alice", False)
     assert (NOBODY.user("bob"), NOBODY.user(), NOBODY.owner, NOBODY.is_admin) == \
         ("bob", None, "local", True)
+
+
+def test_a_frontend_rotating_colleague_names_is_bounded_as_a_whole():
+    """Each forwarded name has its own bucket; the frontend's key as a whole gets
+    FRONTEND_SCALE keys' worth, so names it rotates (each a full bucket) cannot pass it."""
+    from types import SimpleNamespace
+
+    from localserve.api.admission import FRONTEND_SCALE, limit_rate
+    from localserve.api.auth import Caller
+    from localserve.api.rate_limit import RateLimiter
+    from localserve.api.schemas import OpenAIError
+
+    limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: 0.0)
+
+    def ask(name):
+        request = SimpleNamespace(
+            state=SimpleNamespace(caller=Caller(f"webui:{name}", "user", "webui")),
+            app=SimpleNamespace(state=SimpleNamespace(rate_limiter=limiter)),
+            url=SimpleNamespace(path="/v1/chat/completions"))
+        try:
+            asyncio.run(limit_rate(request))
+            return 200
+        except OpenAIError as exc:
+            return exc.status, exc.message
+
+    statuses = [ask(f"n{i}") for i in range(3 * FRONTEND_SCALE + 5)]
+    assert statuses[:3 * FRONTEND_SCALE] == [200] * (3 * FRONTEND_SCALE)
+    assert all(s[0] == 429 and "'webui'" in s[1] for s in statuses[3 * FRONTEND_SCALE:])
+    assert ask("n0")[0] == 429  # a name seen before passes no more than a new one

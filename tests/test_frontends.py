@@ -108,3 +108,4 @@ def test_a_burst_of_embeddings_waits_its_turn_where_chats_get_429(srv):
     chats = asyncio.run(burst("/v1/chat/completions", {
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, 24))
     assert 429 in chats
+

@@ -115,6 +115,18 @@ def test_rate_limiter_allows_a_burst_then_the_rate():
     assert limiter.try_acquire("alice") == (True, 0.0)
 
 
+def test_a_scaled_bucket_holds_that_many_keys_and_the_buckets_kept_are_bounded(monkeypatch):
+    from localserve.api import rate_limit
+
+    now = [0.0]
+    limiter = RateLimiter(rate=2.0, burst=3, clock=lambda: now[0])
+    assert [limiter.try_acquire("webui", scale=4)[0] for _ in range(13)] == [True] * 12 + [False]
+    monkeypatch.setattr(rate_limit, "MAX_BUCKETS", 5)
+    for i in range(20):
+        limiter.try_acquire(f"name-{i}")
+    assert len(limiter._buckets) == 5 and "name-19" in limiter._buckets
+
+
 def test_requests_that_may_wait_take_places_in_line_in_order_up_to_their_bound():
     now = [0.0]
     limiter = RateLimiter(rate=2.0, burst=2, clock=lambda: now[0])

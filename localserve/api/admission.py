@@ -80,26 +80,34 @@ async def admit(request: Request) -> Admitted:
 # upload sends one embedding request per chunk at once (Open WebUI).
 WAITS_ITS_TURN = ("/v1/embeddings", "/embeddings", "/api/embed", "/api/embeddings")
 MAX_RATE_WAIT_S = 60.0
+# A trusted frontend (--trust-user-header) as a whole: this many colleagues' --rate-limit.
+FRONTEND_SCALE = 8
 
 
 async def limit_rate(request: Request) -> None:
     """After the key check and before the body is validated: a key over its
     request rate (--rate-limit) gets 429 on every route it can reach, before any work;
     embeddings wait their turn (up to MAX_RATE_WAIT_S) instead."""
-    user = caller(request).key
+    who = caller(request)
     limiter = request.app.state.rate_limiter
-    if user is None or limiter is None:
+    if who.key is None or limiter is None:
         return
-    waits = request.url.path in WAITS_ITS_TURN
-    taken, wait = limiter.try_acquire(user, MAX_RATE_WAIT_S if waits else 0.0)
-    if taken:
-        if wait > 0:
-            await asyncio.sleep(wait)
-        return
-    raise OpenAIError(429, f"Too many requests from key '{user}': the limit is "
-                      f"{limiter.rate:g} per second (burst {limiter.burst}). Retry in "
-                      f"{wait:.1f} s.", code="rate_limit_exceeded",
-                      headers={"Retry-After": str(max(1, math.ceil(wait)))})
+    max_wait = MAX_RATE_WAIT_S if request.url.path in WAITS_ITS_TURN else 0.0
+    # a trusted frontend's colleague: their own rate, and the frontend's as a whole (names
+    # it rotates are new colleagues, each with a full bucket, but never past that)
+    buckets = [(who.key, 1)] + ([(who.frontend, FRONTEND_SCALE)] if who.frontend else [])
+    wait = 0.0
+    for name, scale in buckets:
+        taken, waited = limiter.try_acquire(name, max_wait, scale)
+        if not taken:
+            raise OpenAIError(429, f"Too many requests from key '{name}': the limit is "
+                              f"{limiter.rate * scale:g} per second (burst "
+                              f"{limiter.burst * scale}). Retry in {waited:.1f} s.",
+                              code="rate_limit_exceeded",
+                              headers={"Retry-After": str(max(1, math.ceil(waited)))})
+        wait = max(wait, waited)
+    if wait > 0:
+        await asyncio.sleep(wait)
 
 
 def hold_quota(request: Request) -> Reservation | None:

@@ -67,6 +67,7 @@ class Caller:
 
     key: str | None = None
     role: str = "admin"
+    frontend: str | None = None  # the trusted frontend's key a colleague's request came through
 
     @property
     def is_admin(self) -> bool:
@@ -118,7 +119,8 @@ def forwarded(request: Request, frontend: Caller) -> Caller:
     header = next((h for h in FORWARDED if request.headers.get(h, "").strip()), None)
     if header is None:  # the frontend's own requests (titles, tags): its key's
         return frontend
-    return Caller(f"{frontend.key}:{colleague_name(request.headers[header].strip())}", "user")
+    return Caller(f"{frontend.key}:{colleague_name(request.headers[header].strip())}", "user",
+                  frontend.key)
 
 
 def colleague_name(raw: str) -> str:
