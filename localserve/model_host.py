@@ -112,6 +112,11 @@ class ModelHost:
         """The most one request may use: the model's trained context, at most the pool."""
         return self.loop.scheduler.pool.n_ctx_per_slot
 
+    @property
+    def n_ctx_embedding(self) -> int:
+        """The most one embedding input may hold: one slot's share of the pool."""
+        return self.runner.n_ctx_embedding
+
     def context_bound(self) -> str:
         """What bounds one request, in the words a refusal uses (never a slot's share: a
         request borrows past it)."""
@@ -257,15 +262,16 @@ class ModelHost:
         return source
 
     def _warn_if_slots_too_small(self, pool: SlotPool, answer_room: int = 64) -> None:
-        """A slot that cannot hold a one-line chat plus a short answer is useless: say so."""
+        """A slot whose guaranteed share cannot hold a one-line chat plus a short answer
+        serves its colleagues only by borrowing: say so."""
         one_line = self.template.render_parts([{"role": "user", "content": "Hello, how are you?"}])
         need = len(self.tokenize_parts(one_line)) + answer_room
-        if pool.n_ctx_per_slot < need:
+        if pool.guarantee < need:
             s = self.settings
-            log.warning("each slot holds %d tokens, but a one-line chat with this model's template "
-                        "takes %d tokens with a %d-token answer: raise -c to at least %d for "
-                        "--parallel %d, or lower --parallel", pool.n_ctx_per_slot, need, answer_room,
-                        need * s.parallel, s.parallel)
+            log.warning("each slot holds %d tokens of the pool for sure, but a one-line chat with "
+                        "this model's template takes %d tokens with a %d-token answer: raise -c to "
+                        "at least %d for --parallel %d, or lower --parallel", pool.guarantee, need,
+                        answer_room, need * s.parallel, s.parallel)
 
     def tokenize_prompt(self, text: str) -> list[int]:
         """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the

@@ -117,7 +117,8 @@ def running(*args: str, log_name: str, preexec_fn=None):
 
 @pytest.fixture(scope="session")
 def server():
-    """4 slots of 1024 tokens, small step budget so chunked prefill is exercised."""
+    """A pool of 4,096 tokens for 4 slots (1,024 guaranteed to each), small step budget so
+    chunked prefill is exercised."""
     with running("-c", "4096", "-np", "4", "--max-num-batched-tokens", "128", "-t", "2",
                  log_name="main") as srv:
         yield srv

@@ -2,7 +2,7 @@
 runners, and helpers to build a scheduler, requests, and run it until idle. Integration tests
 use the real model through the real server instead."""
 
-from localserve.engine.errors import CacheFull
+from localserve.engine.errors import CacheFull, RestoreFailed
 from localserve.engine.plan import StepOutput
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
@@ -94,7 +94,10 @@ class PositionalRunner:
                 self.cache[a.slot_id] = list(self.cache[a.copy_from])
             elif a.restore is not None:
                 assert a.restore_state is not None, "a restore without its state"
-                self.cache[a.slot_id] = list(a.restore_state)
+                self.cache[a.slot_id] = list(a.restore_state)  # all of it, then cut back
+                if sum(len(s) for s in self.cache.values()) > self.pool_size:
+                    del self.cache[a.slot_id][:]
+                    raise RestoreFailed("no room for the restored state", a.restore)
                 self.restored += a.kept_tokens
             del self.cache.setdefault(a.slot_id, [])[a.kept_tokens:]
         used = sum(len(s) for s in self.cache.values()) + plan.num_tokens

@@ -14,9 +14,11 @@ def test_health_models_and_slots_show_the_split(server, client):
     models = client.models.list()
     assert [m.id for m in models.data] == ["SmolLM2-135M-Instruct.Q4_1"]
     slots = server.slots()
-    assert slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 1024 and slots["ctx_size"] == 4096
-    assert "4 slots × 1024 tokens = -c 4096" in slots["split"]
-    assert "4 slots × 1024 tokens = -c 4096" in server.log()
+    assert slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 4096 and slots["ctx_size"] == 4096
+    assert slots["n_ctx_guaranteed"] == 1024
+    said = "4 slots sharing one cache pool of 4096 tokens, 1024 guaranteed to each"
+    assert said in slots["split"] and said in server.log()
+    assert all(s["n_guaranteed"] == 1024 and s["n_borrowed"] == 0 for s in slots["slots"])
     assert {s["state"] for s in slots["slots"]} <= {"idle", "prefill", "decode"}
 
 
@@ -69,23 +71,23 @@ def test_max_tokens_and_stop_string(client):
 
 
 def test_prompt_too_long_is_refused_with_the_numbers(client, server):
-    long_prompt = "hello " * 1500
+    long_prompt = "hello " * 4500
     with pytest.raises(openai.BadRequestError) as info:
         client.completions.create(model="default", prompt=long_prompt, max_tokens=5)
     err = info.value.body
     assert err["code"] == "context_length_exceeded"
-    assert "1024" in err["message"] and "-c 4096" in err["message"]
+    assert "the whole cache pool, 4096 tokens" in err["message"] and "raise -c" in err["message"]
     n_prompt = int(re.search(r"prompt is (\d+) tokens", err["message"]).group(1))
-    assert n_prompt >= 1500
+    assert n_prompt >= 4500
     assert all(s["state"] == "idle" for s in server.slots()["slots"])
 
 
 def test_context_limit_ends_with_length(client):
-    prompt = "word " * 1000  # about 1000 tokens of a 1024-token slot
+    prompt = "word " * 4000  # about 4000 tokens of the 4096 one request may use
     reply = client.completions.create(model="default", prompt=prompt, max_tokens=500, temperature=0,
                                       extra_body={"ignore_eos": True})
     assert reply.choices[0].finish_reason == "length"
-    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 1024
+    assert reply.usage.prompt_tokens + reply.usage.completion_tokens <= 4096
     assert reply.usage.completion_tokens < 500
 
 

@@ -93,7 +93,8 @@ def test_a_second_model_waits_for_the_first_to_finish_then_loads_and_unloads_whe
     assert states(office) == {"chat": "unloaded", "wide": "loaded", "huge": "unloaded",
                               "vectors": "unloaded"}
     slots = httpx.get(office.url + "/slots?view=full", timeout=10).json()
-    assert slots["model"] == "wide" and slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 2048
+    assert slots["model"] == "wide" and slots["n_slots"] == 4 and slots["n_ctx_per_slot"] == 8192
+    assert slots["n_ctx_guaranteed"] == 2048
     loaded = rss(office)
     wait_for(lambda: states(office)["wide"] == "unloaded", timeout=30, what="idle unload")
     assert rss(office) < loaded - 50 * 1024 ** 2  # the weights and the 8192-token cache freed

@@ -97,7 +97,8 @@ def test_props_describe_model_backend_split_and_scheduler(office):
     assert props["model"]["n_layers"] == 30 and props["model"]["quantization"] == "Q4_1"
     assert props["model"]["n_params"] > 100e6 and props["model"]["path"].endswith(".gguf")
     assert props["backend"]["name"] == "cpu" and props["backend"]["n_gpu_layers"] == 0
-    assert props["n_slots"] == 2 and props["n_ctx_per_slot"] == 1024 and props["ctx_size"] == 2048
+    assert props["n_slots"] == 2 and props["n_ctx_per_slot"] == 2048 and props["ctx_size"] == 2048
+    assert props["n_ctx_guaranteed"] == 1024 and props["context"]["why"] == "-c 2048"
     assert props["scheduler"]["policy"] == "continuous" and props["version"]
 
 

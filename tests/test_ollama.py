@@ -39,7 +39,7 @@ def test_the_catalog_lists_shows_and_reports_loaded_models(srv):
     assert len(listed) == 1 and listed[0].details.format == "gguf" and listed[0].size > 0
     name = listed[0].model
     loaded = c.ps().models
-    assert [m.model for m in loaded] == [name] and loaded[0].context_length == 1024
+    assert [m.model for m in loaded] == [name] and loaded[0].context_length == 2048  # the pool
     shown = c.show(name)
     assert "completion" in shown.capabilities and shown.details.quantization_level == "Q4_1"
     assert "im_start" in shown.template  # the model's own chat template

@@ -143,3 +143,42 @@ def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
     plan = sched.schedule()
     assert [a.request.request_id for a in plan.admitted] == ["bob"]
     assert sched.stats.share_preemptions == 1
+
+
+def test_a_restore_llama_cpp_refuses_puts_the_request_back_to_be_computed():
+    """RestoreFailed (no room where llama.cpp needs the state): the entry is forgotten, the
+    admission taken back and placed again at once, computing what the entry held."""
+    sched, runner = pool_scheduler(pool=400, slots=1), PositionalRunner(400)
+    first = lambda: request("a", 60, 3)  # noqa: E731
+    expected = alone(first)
+    run(sched, runner, {0: [first()]})
+    run(sched, runner, {0: [request("b", 60, 3, first=40)]})  # a's sequence saved, b's in the slot
+    again = first()
+    sched.add(again)
+    plan = sched.schedule()
+    [admission] = plan.admitted
+    assert admission.restore is not None
+    sched.restore_failed(plan, admission.restore)  # instead of runner.decode(plan)
+    assert not sched.pool.slots[0].busy and list(sched.waiting) == [again]
+    plan = sched.schedule()
+    assert plan.dropped == [0] and plan.admitted[0].restore is None
+    assert plan.admitted[0].kept_tokens == 0  # b's cells do not match: computed from scratch
+    sched.update(plan, runner.decode(plan))
+    while sched.has_work():
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+    assert again.output_tokens == expected["a"] and again.cached_tokens == 0
+
+
+def test_a_restore_is_admitted_only_with_room_for_the_whole_saved_sequence():
+    """A 180-token conversation is saved; a question sharing its first 60 tokens comes while
+    another request holds up to 170 cells of 300: the saved state is written whole before it
+    is cut to the shared prefix, so it waits for 180 free cells, not 61 (the fake runner
+    refuses a restore without room, as llama.cpp does)."""
+    sched, runner = pool_scheduler(pool=300, slots=2), PositionalRunner(300)
+    run(sched, runner, {0: [request("long", 180, 2)]})  # slot 0
+    run(sched, runner, {0: [request("filler", 20, 2, first=60)]})  # slot 1, used last
+    out, finish = run(sched, runner, {0: [request("other", 130, 40, first=40)],  # overwrites 0
+                                      3: [request("short", 61, 2)]})
+    assert sched.prompt_cache.stats.tokens_restored == 60  # short restored long's prefix
+    assert set(finish) == {"other", "short"} and runner.max_used <= 300

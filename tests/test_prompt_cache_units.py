@@ -244,14 +244,21 @@ def test_the_cache_counts_saves_hits_misses_and_restored_tokens_and_the_threshol
     whole_bound = PromptCache(100)
     whole_bound.put(None, tokens(1, BLOCK), "fills it", 100)
     assert whole_bound.stats.saves == 1 and whole_bound.nbytes == 100
+    def take(prompt):  # placed, and admitted there: counted once
+        placed = book.place(ask(prompt))
+        book.taken(placed)
+        return placed
+
     placed = book.place(ask(tokens(1, 64) + [9]))
     assert placed.restore.state == "s" and placed.keep == 64
+    assert (cache.stats.hits, cache.stats.misses) == (0, 0)  # placed, not yet admitted
+    book.taken(placed)
     assert (cache.stats.hits, cache.stats.misses, cache.stats.tokens_restored) == (1, 0, 64)
-    assert book.place(ask(tokens(5000, 64))).restore is None and cache.stats.misses == 1
-    whole = book.place(ask(tokens(1000, 64)))  # the whole prompt: all but its last token
+    assert take(tokens(5000, 64)).restore is None and cache.stats.misses == 1
+    whole = take(tokens(1000, 64))  # the whole prompt: all but its last token
     assert whole.keep == 63 and (cache.stats.hits, cache.stats.tokens_restored) == (2, 64 + 63)
     # A whole cached prompt of exactly MIN_PREFIX_REUSE tokens leaves MIN_PREFIX_REUSE - 1 to
     # restore: below the threshold, computed instead.
     cache.put(None, tokens(7000, MIN_PREFIX_REUSE + BLOCK), "u", 32)
-    assert book.place(ask(tokens(7000, MIN_PREFIX_REUSE))).restore is None
+    assert take(tokens(7000, MIN_PREFIX_REUSE)).restore is None
     assert cache.stats.misses == 2

@@ -114,10 +114,10 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
         wait_for(lambda: page.inner_text("#whoami") == "Signed in as alice",
                  what="the page to say who is signed in")
         assert ALICE not in page.url
-        send(page, "word " * 3000, max_tokens=8)  # beyond a 1024-token slot: the server refuses
+        send(page, "word " * 3000, max_tokens=8)  # beyond the 2048-token pool: the server refuses
         wait_for(lambda: page.get_attribute("#status", "class") == "error", timeout=60,
                  what="the refusal to be shown")
-        assert "each slot holds" in page.inner_text("#status")
+        assert "the whole cache pool" in page.inner_text("#status")
         assert page.input_value("#input").startswith("word word")  # given back to edit
         assert page.locator(".message.user").count() == 0
         send(page, "Say hi.", max_tokens=4)

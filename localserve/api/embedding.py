@@ -44,9 +44,9 @@ def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
             tokens = host.runner.tokenize(item, add_special=True, parse_special=False)
         else:
             tokens = check_token_ids(host, item, f"input[{i}]")
-        if not 0 < len(tokens) <= host.n_ctx_per_slot:
+        if not 0 < len(tokens) <= host.n_ctx_embedding:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
-                              f"{host.n_ctx_per_slot}", code="context_length_exceeded",
+                              f"{host.n_ctx_embedding}", code="context_length_exceeded",
                               param="input")
         out.append(tokens)
     return out

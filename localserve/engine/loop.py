@@ -177,8 +177,10 @@ class EngineLoop(threading.Thread):
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
             if isinstance(exc, RestoreFailed):
-                self.scheduler.prefixes.forget(exc.entry)
-            if isinstance(exc, CacheFull) and self.scheduler.cells.preempt_newest():
+                log.warning("%s; its requests are placed again without it", exc)
+                self.scheduler.restore_failed(plan, exc.entry)
+                events = []
+            elif isinstance(exc, CacheFull) and self.scheduler.cells.preempt_newest():
                 events = []  # the evicted request is requeued; this batch is planned again
             else:
                 log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))

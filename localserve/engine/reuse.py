@@ -65,13 +65,21 @@ class PrefixBook:
         found = cache.lookup(tokens, req.cache_scope) if cache is not None else None
         if (found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
-            if cache is not None:
-                cache.stats.misses += 1
             return Placement(slot, keep)
         entry, shared = found
-        cache.stats.hits += 1
-        cache.stats.tokens_restored += min(shared, len(tokens) - 1)
         return Placement(self.pool.lru_idle(), min(shared, len(tokens) - 1), restore=entry)
+
+    def taken(self, where: Placement) -> None:
+        """Count a placement once it is admitted (a request placed again at every step
+        while it waits for room counts once): a restore is a hit, else a miss."""
+        cache = self.prompt_cache
+        if cache is None or where.source is not None:
+            return
+        if where.restore is None:
+            cache.stats.misses += 1
+        else:
+            cache.stats.hits += 1
+            cache.stats.tokens_restored += where.keep
 
     def save(self, plan: StepPlan, slot: Slot) -> None:
         """Keep a slot's sequence in the prompt cache before the plan overwrites it (unless it

@@ -200,6 +200,8 @@ class Scheduler:
         if where is None:
             return 0
         need = len(req.all_tokens) - where.keep + 1
+        if where.restore is not None:  # its whole saved sequence is written, then cut back
+            need = max(need, len(where.restore.tokens) - where.keep)
         keep_in_pool = 0 if where.source else where.keep
         if not self.cells.room_to_admit(plan, where.slot, keep_in_pool, need):
             return 0
@@ -245,6 +247,7 @@ class Scheduler:
 
     def _assign(self, plan: StepPlan, req: Request, where: Placement) -> None:
         slot, keep, source, restore = where.slot, where.keep, where.source, where.restore
+        self.prefixes.taken(where)
         if restore is not None or source is not None or slot.n_cached > keep:
             self.prefixes.save(plan, slot)  # what this admission overwrites
         self._admissions += 1
@@ -304,6 +307,16 @@ class Scheduler:
             log.exception("request %s failed while handling its token",  # pragma: no mutate block
                           slot.request.request_id)
             return self._end(slot, FinishReason.ERROR, error=f"internal error in this request: {exc!r}")
+
+    def restore_failed(self, plan: StepPlan, entry) -> None:
+        """llama.cpp could not take a restored state (no room where it needs it): the entry
+        is never offered again, and the step's admissions go back to the head of the queue,
+        to be placed again; nothing of the step was decoded."""
+        self.prefixes.forget(entry)
+        for admission in reversed(plan.admitted):
+            slot = self.pool.slots[admission.slot_id]
+            if slot.request is admission.request:
+                self.cells.unadmit(slot)
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
         """A failed decode leaves those slots' caches unknown: forget them and end the requests."""

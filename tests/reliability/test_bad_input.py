@@ -33,8 +33,8 @@ CHAT_CASES = [
     ("too many stops", {"messages": OK_MESSAGES, "stop": [str(i) for i in range(40)]}, 400, "stop"),
     ("stop not strings", {"messages": OK_MESSAGES, "stop": [1, 2]}, 400, "stop"),
     ("stream not bool", {"messages": OK_MESSAGES, "stream": "yes please"}, 400, "stream"),
-    ("prompt exceeds its slot", {"messages": [{"role": "user", "content": "word " * 3000}]}, 400,
-     "each slot holds"),
+    ("prompt exceeds the pool", {"messages": [{"role": "user", "content": "word " * 5000}]}, 400,
+     "one request may use the whole cache pool, 4096 tokens"),
 ]
 
 COMPLETION_CASES = [

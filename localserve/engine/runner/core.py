@@ -66,7 +66,9 @@ class LlamaRunner(Sampling):
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
-        self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)
+        self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)  # unified: the whole pool
+        # an embedding context of one slot's share: its cache is a second one, beside the pool
+        self.n_ctx_embedding = max(64, self.n_ctx_per_slot // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
@@ -266,7 +268,7 @@ class LlamaRunner(Sampling):
             if self._embedder is None:
                 from localserve.engine.runner.embeddings import Embedder
 
-                self._embedder = Embedder(self.model, self.n_ctx_per_slot,
+                self._embedder = Embedder(self.model, self.n_ctx_embedding,
                                           self.config.n_threads or os.cpu_count() or 1,
                                           own_pooling)
             return self._embedder
