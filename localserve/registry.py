@@ -164,7 +164,8 @@ class ModelRegistry:
                            f"{', '.join(self.entries)}", code="model_not_found")
 
     @asynccontextmanager
-    async def lease(self, name: str | None, kind: str = "chat", may_switch: bool = True):
+    async def lease(self, name: str | None, kind: str = "chat", may_switch: bool = True,
+                    user: str | None = None):
         """The model's ModelHost, loaded, for the duration of the block (see the module doc).
         With `may_switch` False (a colleague's load call, with no prompt), a model that could
         only be loaded by unloading another stays unloaded: loading it would cost everyone on
@@ -178,7 +179,7 @@ class ModelRegistry:
                             f"/v1/embeddings")
         if self.several and (may_switch or entry.loaded
                              or not self._victims(entry, await self._need(entry))):
-            await self._ensure_loaded(entry)
+            await self._ensure_loaded(entry, user)
         entry.leases += 1
         try:
             yield ready(entry)
@@ -186,7 +187,7 @@ class ModelRegistry:
             entry.leases -= 1
             entry.last_busy = time.monotonic()
 
-    async def _ensure_loaded(self, entry: Entry) -> None:
+    async def _ensure_loaded(self, entry: Entry, user: str | None = None) -> None:
         """Wait until `entry` is loaded and takes new requests. A model another model's switch
         is waiting for takes none meanwhile (its running and queued requests finish): one
         key's sustained load on it cannot starve the switch."""
@@ -202,9 +203,9 @@ class ModelRegistry:
                 ready(entry)  # the 503 naming why it failed to load
             async with self._switch:
                 if not entry.loaded:
-                    await self._switch_to(entry, deadline)
+                    await self._switch_to(entry, deadline, user)
 
-    async def _switch_to(self, entry: Entry, deadline: float) -> None:
+    async def _switch_to(self, entry: Entry, deadline: float, user: str | None = None) -> None:
         """Make room (unloading idle models, least recently busy first, after waiting for
         their running requests), then load `entry`. Refused with the numbers if it can never
         fit; the loaded models are untouched then."""
@@ -225,11 +226,22 @@ class ModelRegistry:
             for victim in victims:
                 victim.yielding -= 1
         log.info("loading %s on demand", entry.spec.name)
+        started = time.monotonic()
         await asyncio.to_thread(entry.host.load)
+        self._charge_switch(user, entry, victims, time.monotonic() - started)
         if entry.host.load_error:
             raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
                                    f"{entry.host.load_error}")
         entry.last_busy = entry.loaded_at = time.monotonic()
+
+    def _charge_switch(self, user: str | None, entry: Entry, victims: list[Entry],
+                       seconds: float) -> None:
+        """A switch's cost goes on the record of the key whose request caused it (the audit
+        log, `localserve usage --audit`): who makes everyone on the loaded model wait."""
+        if victims and self.office.ledger is not None:
+            unloaded = ", ".join(v.spec.name for v in victims)
+            self.office.ledger.audit("model_switch", user, f"{unloaded} -> {entry.spec.name}: "
+                                     f"loaded in {seconds:.1f} s")
 
     async def _residency(self, victims: list[Entry], entry: Entry) -> None:
         """A busy model keeps taking requests for `residency` seconds after its load before

@@ -42,7 +42,8 @@ class Admitted:
         registry.py); 404 for an unknown name when several models are served, 503 while
         loading. A `load_only` lease (Ollama's load call, no prompt) switches models only
         for an admin."""
-        return self.models.lease(model, kind, may_switch=not load_only or self.caller.is_admin)
+        return self.models.lease(model, kind, may_switch=not load_only or self.caller.is_admin,
+                                 user=self.caller.key)
 
     def keep_alive(self, model: str | None, seconds: float | None) -> None:
         """Ollama's keep_alive of an accepted request (registry.keep_alive: a colleague's

@@ -85,6 +85,11 @@ def test_a_colleagues_load_call_never_switches_models_and_an_admins_does(office)
     r = post(office, "/api/generate", {"model": "b"}, key=ROOT_KEY)
     assert r.status_code == 200 and r.json()["done_reason"] == "load"
     assert states(office) == {"a": "unloaded", "b": "loaded"}
+    from localserve.ledger import audit_log  # the switch is on the record of who caused it
+
+    wait_for(lambda: [row for row in audit_log(Path(office.state_dir) / "ledger.db")
+                      if row["event"] == "model_switch" and row["key"] == "root"
+                      and "a -> b" in row["detail"]], what="the switch in the audit log")
 
 
 def test_a_busy_model_keeps_its_residency_before_a_switch_and_an_idle_one_does_not():
