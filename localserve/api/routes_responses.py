@@ -201,15 +201,25 @@ async def create_response(body: ResponsesRequest, request: Request,
     return await respond_with(reply.collect, reply.events, stream, request, body.stream, headers)
 
 
+# What one answer token takes in the store at most, written twice (the turns and the
+# response object), JSON-escaped: room reserved for max_output_tokens before generating.
+STORED_BYTES_PER_TOKEN = 2 * 12
+
+
 def _fits_the_store(request: Request, body: ResponsesRequest, earlier: list[dict]) -> None:
     """Refused before any work (and billed nothing) when what is known to be stored already
-    cannot fit: the chain so far, the input, the instructions and metadata."""
+    cannot fit: the chain so far, the input, the instructions and metadata, and room for an
+    answer of max_output_tokens when it is given."""
     known = len(json.dumps([earlier, body.input, body.instructions, body.metadata]))
+    answer = (body.max_output_tokens or 0) * STORED_BYTES_PER_TOKEN
     room = min(_store(request).room(_owner(request)), MAX_CONVERSATION_BYTES)
-    if known > room:
+    if known + answer > room:
         raise OpenAIError(413, f"this response could not be stored: its input, instructions "
-                          f"and chain take {known} bytes and the store has {room} left for this "
-                          f"key; send store: false, or start a new chain",
+                          f"and chain take {known} bytes"
+                          + (f", and an answer of up to {body.max_output_tokens} tokens up to "
+                             f"{answer} more," if answer else "")
+                          + f" and the store has {room} left for this key; send store: false, "
+                          f"lower max_output_tokens, or start a new chain",
                           code="response_too_large")
 
 

@@ -149,3 +149,13 @@ def test_a_schema_pattern_with_escapes_constrains_the_answer(office):
     assert r.status_code == 200, r.text[:300]
     answer = json.loads(r.json()["choices"][0]["message"]["content"])
     assert re.fullmatch(pattern, answer["day"])
+
+
+def test_a_stored_response_that_could_not_fit_its_answer_is_refused_before_it_runs(office):
+    r = post(office, "/v1/responses", {"model": "a", "input": "Write a long story.",
+                                       "max_output_tokens": 100_000})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "response_too_large"
+    assert "max_output_tokens" in r.json()["error"]["message"]
+    rows = ledger_rows(Path(office.state_dir), "/v1/responses",
+                       "key, finish_reason, completion_tokens")
+    assert all(row[1] == "refused" and row[2] == 0 for row in rows)  # nothing generated, billed
