@@ -112,6 +112,11 @@ class ModelHost:
         """The most one request may use: the model's trained context, at most the pool."""
         return self.loop.scheduler.pool.n_ctx_per_slot
 
+    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
+        """Why this key's grammar is refused at once (the engine lately ended it as too
+        costly), else None."""
+        return self.loop.scheduler.costly_grammars.refusal(user, grammar)
+
     @property
     def n_ctx_embedding(self) -> int:
         """The most one embedding input may hold: one slot's share of the pool."""

@@ -7,9 +7,9 @@ four keys: what one colleague's grammars or model switches cost another's answer
    temperature 1; (b) a grammar that turns costly after its start, sent again and again on 3
    connections (each ends with grammar_cost; the key's resends are refused).
 2. switches (two names for the embedded model, `--max-loaded-models 1`): carol's 4-token chats
-   on model a (median seconds) alone, then (a) while alice streams on a and bob asks for b
-   every 4 s, (b) while dave alternates Ollama load calls for a and b (no prompt). Bob's
-   longest wait for b is reported too.
+   on model a (median seconds) alone, beside alice's stream on a (no switch: the base), then
+   (a) while alice streams on a and bob asks for b every 4 s, (b) while dave alternates Ollama
+   load calls for a and b (no prompt). Bob's longest wait for b is reported too.
 
     .venv/bin/python scripts/bench_costs.py [--seconds 40] [--only grammars|switches]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
@@ -131,6 +131,7 @@ def switches(folder: Path, chats: int) -> None:
             waits.append(time.monotonic() - started)
             time.sleep(4)
 
+        beside = under(alice, 1, lambda: carol_median(srv.url, chats))  # no switch: the base
         stop = threading.Event()
         threads = [keep_sending(stop, alice), keep_sending(stop, bob)]
         time.sleep(3)
@@ -142,9 +143,10 @@ def switches(folder: Path, chats: int) -> None:
         loads = lambda: httpx.post(srv.url + "/api/generate", headers=auth("dave"),  # noqa: E731
                                    json={"model": next(flip)}, timeout=600)
         loading = under(loads, 1, lambda: carol_median(srv.url, chats))
-        print(f"switches: carol alone {alone:.2f} s; with alice streaming on a and bob asking for "
-              f"b every 4 s {switching:.2f} s ({switching / alone:.2f}x), bob's longest wait "
-              f"for b {max(waits, default=0):.1f} s over {len(waits)} requests; with dave's "
+        print(f"switches: carol alone {alone:.2f} s, beside alice's stream on a {beside:.2f} s; "
+              f"with bob asking for b every 4 s too {switching:.2f} s ({switching / alone:.2f}x "
+              f"alone, {switching / beside:.2f}x beside alice), bob's longest wait for b "
+              f"{max(waits, default=0):.1f} s over {len(waits)} requests; with dave's "
               f"alternating load calls {loading:.2f} s ({loading / alone:.2f}x)", flush=True)
 
 

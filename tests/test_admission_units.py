@@ -204,3 +204,20 @@ def test_a_frontend_rotating_colleague_names_is_bounded_as_a_whole():
     assert statuses[:3 * FRONTEND_SCALE] == [200] * (3 * FRONTEND_SCALE)
     assert all(s[0] == 429 and "'webui'" in s[1] for s in statuses[3 * FRONTEND_SCALE:])
     assert ask("n0")[0] == 429  # a name seen before passes no more than a new one
+
+
+def test_a_grammar_sent_again_is_checked_once_and_the_memory_is_bounded():
+    from types import SimpleNamespace
+
+    from localserve.api.structured import CheckedGrammars
+
+    calls = []
+    runner = SimpleNamespace(grammar_error=lambda g: calls.append(g) or ("slow" if "b" in g else None))
+    host = SimpleNamespace(model_path="/m.gguf", runner=runner)
+    checked = CheckedGrammars(kept=2)
+    assert [checked.problem(host, 'root ::= "a"') for _ in range(3)] == [None] * 3
+    assert checked.problem(host, 'root ::= "b"') == "invalid grammar: slow"
+    assert checked.problem(host, 'root ::= "b"') == "invalid grammar: slow" and len(calls) == 2
+    checked.problem(host, 'root ::= "c"')
+    checked.problem(host, 'root ::= "a"')  # pushed out by two newer ones: checked again
+    assert len(calls) == 4 and len(checked._found) == 2

@@ -104,7 +104,9 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
     return app
 
 
-# Refusals the engine's own finish event already put in the ledger (ledger.LedgerObserver).
+# Refusals the engine's own finish event already put in the ledger (ledger.LedgerObserver):
+# those codes from answer.py, which name no param (the same code refused before the engine,
+# as grammar_cost with param "grammar" in serving.submit, gets its row here).
 BILLED_BY_THE_ENGINE = {"grammar_cost", "queue_timeout"}
 
 
@@ -113,7 +115,8 @@ def _error(exc: OpenAIError, request: Request | None = None) -> JSONResponse:
     ({"error": "..."}, what its client raises from) on /api/. A known key's refused request
     (a 4xx other than a bad key's 401) gets its ledger row."""
     path = request.url.path if request is not None else ""
-    if request is not None and 400 <= exc.status < 500 and exc.code not in BILLED_BY_THE_ENGINE:
+    billed = exc.code in BILLED_BY_THE_ENGINE and exc.param is None
+    if request is not None and 400 <= exc.status < 500 and not billed:
         _note_refusal(request, exc)
     body = (anthropic_error(exc) if path.startswith("/v1/messages") else
             {"error": exc.message} if path.startswith("/api/") else exc.body())
@@ -144,6 +147,8 @@ def model_refusal(exc: ModelError) -> OpenAIError:
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
     async def openai_error(request: Request, exc: OpenAIError):
+        if exc.delay_s:
+            await asyncio.sleep(exc.delay_s)
         return _error(exc, request)
 
     @app.exception_handler(ModelError)

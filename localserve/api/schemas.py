@@ -26,10 +26,13 @@ class OpenAIError(Exception):
     """Raised anywhere in a handler; rendered as {"error": {...}} with its HTTP status."""
 
     def __init__(self, status: int, message: str, type_: str = "invalid_request_error",
-                 code: str | None = None, param: str | None = None, headers: dict | None = None):
+                 code: str | None = None, param: str | None = None, headers: dict | None = None,
+                 delay_s: float = 0.0):
         super().__init__(message)
         self.status, self.message, self.type, self.code, self.param = status, message, type_, code, param
         self.headers = headers
+        self.delay_s = delay_s  # answered only after this long: a refusal sent again and
+        # again costs its sender the wait, not the server its CPU (app.py)
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param,

@@ -68,12 +68,22 @@ def tools_share(host: ModelHost, body: _Sampling) -> str:
             f"tools (in Open WebUI, turn off the tools it attaches to this model's chats).")
 
 
+# A grammar the engine ended as too costly, sent again by the same key: its 400 comes after
+# this long, so a client looping on it sends one a second per connection (each would cost the
+# server a parse of its body, and everyone else's streams that CPU).
+REFUSED_AGAIN_DELAY_S = 1.0
+
+
 def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampling,
            grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first."""
     user = admitted.user(body)
+    refused = host.grammar_refusal(user, grammar)
+    if refused:  # sent again after the engine ended it: answered late, at no cost (tarpit)
+        raise OpenAIError(400, refused, code="grammar_cost", param="grammar",
+                          delay_s=REFUSED_AGAIN_DELAY_S)
     n_ctx = min(host.n_ctx_per_slot, body.context_limit or host.n_ctx_per_slot)
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")

@@ -16,9 +16,12 @@ the schema converter's refusals, llama.cpp's own grammar parser (a grammar it ca
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+import threading
 import uuid
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from localserve.api import tool_formats
@@ -94,14 +97,41 @@ def schema_constraint(host: ModelHost, schema, param: str) -> str:
 def checked_grammar(host: ModelHost, gbnf: str, param: str) -> str:
     if len(gbnf.encode()) > MAX_GRAMMAR_BYTES:
         raise OpenAIError(400, f"the grammar is longer than {MAX_GRAMMAR_BYTES} bytes", param=param)
-    try:
-        check_gbnf(gbnf)
-    except BoundError as exc:
-        raise OpenAIError(400, f"{param}: {exc}", param=param) from None
-    problem = host.runner.grammar_error(gbnf)
+    problem = CHECKED.problem(host, gbnf)
     if problem:
-        raise OpenAIError(400, f"invalid grammar ({param}): {problem}", param=param)
+        raise OpenAIError(400, f"{param}: {problem}", param=param)
     return gbnf
+
+
+class CheckedGrammars:
+    """What checking a grammar found (its bounds, then llama.cpp's parse and the timed pass
+    over the vocabulary), kept per model for the last CHECKED_KEPT grammars: the same tool or
+    schema grammar sent every turn is checked once, and one sent again and again to load the
+    server (a grammar the engine ends as too costly) costs a lookup, not a pass."""
+
+    def __init__(self, kept: int = 256):
+        self.kept, self._found, self._lock = kept, OrderedDict(), threading.Lock()
+
+    def problem(self, host: ModelHost, gbnf: str) -> str | None:
+        key = (str(host.model_path), hashlib.sha256(gbnf.encode()).hexdigest())
+        with self._lock:
+            if key in self._found:
+                self._found.move_to_end(key)
+                return self._found[key]
+        try:
+            check_gbnf(gbnf)
+            found = host.runner.grammar_error(gbnf)
+            found = f"invalid grammar: {found}" if found else None
+        except BoundError as exc:
+            found = str(exc)
+        with self._lock:
+            self._found[key] = found
+            while len(self._found) > self.kept:
+                self._found.popitem(last=False)
+        return found
+
+
+CHECKED = CheckedGrammars()
 
 
 def request_grammar(host: ModelHost, body: _Sampling) -> str | None:

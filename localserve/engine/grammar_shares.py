@@ -18,6 +18,7 @@ counted here, per user, as llama.cpp's own work is: in seconds of the loop threa
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections import OrderedDict
 
@@ -66,6 +67,7 @@ class CostlyGrammars:
     def __init__(self, memory_s: float = COSTLY_GRAMMAR_MEMORY_S):
         self.memory_s = memory_s
         self._ended: OrderedDict[tuple[str | None, str], float] = OrderedDict()
+        self._lock = threading.Lock()
 
     @staticmethod
     def _key(user: str | None, grammar: str) -> tuple[str | None, str]:
@@ -75,24 +77,32 @@ class CostlyGrammars:
         if grammar is None:
             return
         key = self._key(user, grammar)
-        self._ended.pop(key, None)
-        self._ended[key] = time.monotonic() if now is None else now
-        while len(self._ended) > COSTLY_GRAMMARS_KEPT:
-            self._ended.popitem(last=False)
+        with self._lock:
+            self._ended.pop(key, None)
+            self._ended[key] = time.monotonic() if now is None else now
+            while len(self._ended) > COSTLY_GRAMMARS_KEPT:
+                self._ended.popitem(last=False)
 
     def check(self, user: str | None, grammar: str | None, now: float | None = None) -> None:
         """Raise GrammarRefused if this user's same grammar was ended as too costly lately."""
+        why = self.refusal(user, grammar, now)
+        if why:
+            raise GrammarRefused(why)
+
+    def refusal(self, user: str | None, grammar: str | None, now: float | None = None) -> str | None:
+        """Why this user's grammar is refused (ended as too costly lately), else None. Asked
+        from the HTTP side too (before a request is queued): hence the lock."""
         if grammar is None:
-            return
+            return None
         key = self._key(user, grammar)
-        at = self._ended.get(key)
         now = time.monotonic() if now is None else now
-        if at is None:
-            return
-        if now - at >= self.memory_s:
-            del self._ended[key]
-            return
-        raise GrammarRefused(
-            f"this grammar was ended as too costly to constrain {now - at:.0f} s ago (a "
-            f"colleague's answers wait while it runs); it is refused for "
-            f"{self.memory_s - (now - at):.0f} s more: simplify its alternatives")
+        with self._lock:
+            at = self._ended.get(key)
+            if at is None:
+                return None
+            if now - at >= self.memory_s:
+                del self._ended[key]
+                return None
+        return (f"this grammar was ended as too costly to constrain {now - at:.0f} s ago (a "
+                f"colleague's answers wait while it runs); it is refused for "
+                f"{self.memory_s - (now - at):.0f} s more: simplify its alternatives")
