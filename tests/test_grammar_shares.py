@@ -108,3 +108,20 @@ def test_the_memory_of_costly_grammars_expires_and_is_bounded():
     for i in range(2000):
         memory.ended("eve", f"g{i}", now=1.0)
     assert len(memory._ended) == 1024
+
+
+def test_charges_are_exact_per_user_and_a_paid_debt_is_gone():
+    from types import SimpleNamespace
+
+    def chunk(slot_id, user):
+        return SimpleNamespace(slot_id=slot_id, request=SimpleNamespace(user=user))
+
+    plan = SimpleNamespace(chunks=[chunk(0, "eve"), chunk(1, "bob"), chunk(2, "eve")])
+    shares = GrammarShares()
+    shares.charge(plan, StepOutput({}, decode_s=0.02, grammar_s={0: 0.05, 2: 0.03}))
+    assert shares.debt == {"eve": pytest.approx(0.08 - 0.01)} and "bob" not in shares.charged
+    assert shares.charged["eve"] == pytest.approx(0.08)
+    shares.charge(plan, StepOutput({}, decode_s=0.14))  # pays back exactly 0.07
+    assert shares.debt == {}
+    shares.debt["eve"] = GRAMMAR_BURST_S
+    assert not shares.waits("eve")  # at the burst exactly, not over it

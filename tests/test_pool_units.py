@@ -182,3 +182,61 @@ def test_a_restore_is_admitted_only_with_room_for_the_whole_saved_sequence():
                                       3: [request("short", 61, 2)]})
     assert sched.prompt_cache.stats.tokens_restored == 60  # short restored long's prefix
     assert set(finish) == {"other", "short"} and runner.max_used <= 300
+
+
+# ---- PoolKeeper.reclaim_guarantee at its exact bounds ----------------------------------------
+
+def keeper(pool_size, n_slots, *held):
+    """A PoolKeeper whose first slots run decoding requests holding `held` cells each."""
+    from localserve.engine.pool_keeper import PoolKeeper
+    from localserve.engine.reuse import PrefixBook
+    from localserve.engine.scheduler_stats import SchedulerStats
+    from localserve.engine.waiting import FairQueue
+
+    pool = SlotPool(pool_size, n_slots, n_ctx_seq=pool_size)
+    for i, n in enumerate(held):
+        running = Request(list(range(1, n + 1)), SamplingParams(max_tokens=50), request_id=f"r{i}")
+        pool.slots[i].assign(running, 0, i + 1)
+        pool.slots[i].computed(running.prompt_tokens)
+        running.output_tokens.append(5)  # decoding: one cell wanted this step
+    stats = SchedulerStats()
+    return PoolKeeper(pool, PrefixBook(pool, None, stats), FairQueue(), stats)
+
+
+def asking(n):
+    return Request(list(range(100, 100 + n)), SamplingParams(max_tokens=4), request_id="new")
+
+
+@pytest.mark.parametrize("n_prompt, preempted", [(99, 1), (100, 0)])
+def test_a_request_is_owed_cells_up_to_exactly_its_guarantee(n_prompt, preempted):
+    cells = keeper(200, 2, 150)  # guarantee 100; the prompt and its next token need n + 1
+    reserved = cells.reclaim_guarantee(cells.carried_over([]), asking(n_prompt))
+    assert cells.stats.borrow_preemptions == preempted
+    assert reserved == (n_prompt + 1 if preempted else 0)
+
+
+@pytest.mark.parametrize("n_prompt, preempted", [(48, 0), (49, 1)])
+def test_reclaiming_counts_the_decoding_rows_exactly(n_prompt, preempted):
+    cells = keeper(200, 2, 150)  # 50 free; the borrower's next row takes one of them
+    cells.reclaim_guarantee(cells.carried_over([]), asking(n_prompt))
+    assert cells.stats.borrow_preemptions == preempted
+
+
+def test_an_idle_prefix_goes_before_a_borrower_and_the_biggest_borrower_first():
+    cells = keeper(300, 3, 150)
+    idle = cells.pool.slots[1]
+    idle.cached = list(range(100))  # a kept prefix, no request
+    plan = cells.carried_over([])
+    cells.reclaim_guarantee(plan, asking(60))
+    assert plan.dropped == [1] and cells.stats.borrow_preemptions == 0
+    cells = keeper(400, 4, 250, 120)
+    plan = cells.carried_over([])
+    cells.reclaim_guarantee(plan, asking(99))
+    assert plan.dropped == [0] and cells.pool.slots[1].busy  # 150 borrowed went, not 20
+
+
+def test_nothing_is_kept_back_without_a_request_or_a_free_slot():
+    cells = keeper(200, 2, 150, 40)
+    assert cells.reclaim_guarantee(cells.carried_over([]), asking(10)) == 0  # no slot free
+    idle_one = keeper(200, 2, 150)
+    assert idle_one.reclaim_guarantee(idle_one.carried_over([]), None) == 0
