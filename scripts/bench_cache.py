@@ -3,7 +3,7 @@
 1. prefix caching: time to first token for questions behind a shared ~1,000-token system
    prompt, each user's first question (cold: the prompt is computed) against later ones
    (warm: the prompt comes from a slot's cache);
-2. preemption: how often a shared pool (--kv-unified) preempts under a chosen load.
+2. preemption: how often the one pool preempts under a chosen load.
 
     .venv/bin/python scripts/bench_cache.py [--threads 2]
 """
@@ -77,7 +77,7 @@ def prefix_benchmark(threads: str) -> dict:
 def preemption_benchmark(threads: str) -> dict:
     """8 slots sharing a 1,024-token pool under the chat workload at concurrency 8."""
     jobs = bench.make_workload(32, 1, (10, 60), (64, 256))
-    with running("-c", "1024", "-np", "8", "--kv-unified", "-t", threads, log_name="preempt") as srv:
+    with running("-c", "1024", "-np", "8", "-t", threads, log_name="preempt") as srv:
         summary = asyncio.run(bench.run_level(srv.url, jobs, 8))
         engine = srv.slots()["engine"]
         warned = "cache is too small for this traffic" in srv.log()
@@ -99,7 +99,7 @@ def main() -> int:
           f"median cached tokens {prefix['median_cached_tokens']:.0f}; "
           f"prompt-token hit rate {prefix['hit_rate']:.0%}")
     pre = preemption_benchmark(args.threads)
-    print(f"preemption, --kv-unified -c 1024 -np 8, 32 chat requests (64-256 tokens out) at "
+    print(f"preemption, -c 1024 -np 8, 32 chat requests (64-256 tokens out) at "
           f"concurrency 8: {pre['preemptions']} preemptions in {pre['wall_s']:.0f}s "
           f"({pre['per_minute']:.1f}/min), errors {pre['errors']}, {pre['output_tok_s']:.1f} tok/s, "
           f"'cache too small' warning logged: {pre['warned']}")

@@ -65,10 +65,10 @@ def test_drafting_never_changes_a_greedy_answer(both, kind, stream):
 
 def test_a_copying_answer_accepts_drafts(both):
     """How many drafts a step gets follows measured step costs (drafts.py), which a busy
-    machine moves: kept drafts are asked of up to three copying answers, not a count of one."""
+    machine moves: kept drafts are asked of up to six copying answers, not a count of one."""
     _, on = both
     before = on.slots()["engine"]["draft_tokens_accepted"]
-    for _ in range(3):
+    for _ in range(6):
         answer(on, REQUESTS["copy"], False)
         after = on.slots()["engine"]
         if after["draft_tokens_accepted"] > before:

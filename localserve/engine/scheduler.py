@@ -25,11 +25,11 @@ every slot while nobody else waited gives their newest one back (preempted, firs
 queue, behind the waiting user) as soon as someone else arrives. So a newcomer waits at most
 one step for a slot whatever one colleague has running.
 
-The prompt cache (prompt_cache.py, split mode): a sequence a slot is about to lose (overwritten
-by an admission, or preempted) is saved first (StepPlan.saves); an admission whose longest
-cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
-Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left. Both are
-kept by bookkeepers the scheduler asks (reuse.py: PrefixBook, DraftBook).
+The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten by an
+admission, dropped for room, or preempted) is saved first (StepPlan.saves); an admission whose
+longest cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
+Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left. All are kept
+by bookkeepers the scheduler asks (reuse.py: PrefixBook, DraftBook; pool_keeper.py: PoolKeeper).
 """
 
 from __future__ import annotations

@@ -67,8 +67,10 @@ def test_a_grammar_cheap_at_its_start_and_costly_later_ends_with_its_own_reason(
     r = post(office, "/v1/completions", body)
     assert r.status_code == 400, r.text[:300]
     assert r.json()["error"]["code"] == "grammar_cost"
+    # bob's stream: alice's resend of a grammar the engine ended is refused before it is
+    # queued (hardening round 5)
     with httpx.stream("POST", office.url + "/v1/completions", json={**body, "stream": True},
-                      headers=auth(ALICE), timeout=300) as streamed:
+                      headers=auth(BOB), timeout=300) as streamed:
         lines = [line for line in streamed.iter_lines() if line.startswith("data: {")]
     assert json.loads(lines[-1][6:])["error"]["code"] == "grammar_cost"
     ok = post(office, "/v1/completions", {"prompt": "x", "max_tokens": 4})
