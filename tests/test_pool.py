@@ -45,6 +45,7 @@ def test_the_context_comes_from_the_model_and_props_and_the_log_say_so(defaults)
     assert "2048 guaranteed to each; one request may use up to 8192" in log
 
 
+@pytest.mark.timeout(1200)  # thousands of prompt tokens on 2 cores: work, not a clock
 def test_a_6000_token_prompt_is_answered_with_the_defaults(defaults):
     prompt = counting(1, 1220)  # about 6,150 tokens (5-6 a number: digits one by one)
     r = complete(defaults, prompt, max_tokens=8)
@@ -60,6 +61,7 @@ def test_a_prompt_past_the_models_context_names_that_bound(defaults):
     assert "8192" in message and "trained" in message and "slot" not in message
 
 
+@pytest.mark.timeout(1200)  # thousands of prompt tokens on 2 cores: work, not a clock
 def test_two_colleagues_with_3500_token_prompts_together_are_both_answered(defaults):
     prompts = [counting(1, 660), counting(5000, 560)]  # about 3,600 tokens each
     answers = [None, None]
@@ -85,6 +87,7 @@ def small_pool():
         yield srv
 
 
+@pytest.mark.timeout(1200)  # thousands of prompt tokens on 2 cores: work, not a clock
 def test_a_borrower_gives_cells_back_to_a_request_within_its_guarantee_and_resumes_from_ram(small_pool):
     borrower, newcomer = counting(1, 540), counting(7000, 290)  # ~2,900 and ~1,900 tokens
     alone = complete(small_pool, borrower, max_tokens=120).json()["choices"][0]["text"]
