@@ -29,13 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import httpx  # noqa: E402
 from conftest import key_file, running  # noqa: E402  (the tests' own start/stop helpers)
+from reliability.conftest import LATE_COSTLY  # noqa: E402  (round 4's grammar)
 
 from localserve.config import default_model_path  # noqa: E402
 
 KEYS = {name: f"{name}-bench-key-0001" for name in ("alice", "bob", "carol", "dave", "eve")}
 NEAR_BUDGET = 'root ::= "Sure" ( ' + " | ".join(f'[0-9]* "#{i:04d}"' for i in range(60)) + " )+"
-LATE_COSTLY = ('root ::= "Sure" body\nbody ::= ' + " | ".join(f"r{i}" for i in range(1500)) + "\n"
-               + "\n".join(f'r{i} ::= [0-9]* "#{i:04d}"' for i in range(1500)))
 
 
 def auth(name: str) -> dict:

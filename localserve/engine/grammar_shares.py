@@ -39,7 +39,8 @@ class GrammarShares:
     def __init__(self, share: float = GRAMMAR_SHARE):
         self.share = share
         self.debt: dict[str | None, float] = {}  # user -> grammar CPU seconds owed
-        self.charged: dict[str | None, float] = {}  # user -> grammar CPU seconds ever (/metrics)
+        self.charged: dict[str | None, float] = {}  # user -> grammar CPU seconds in all (what
+        # the key was charged: the tests read it; nothing serves it yet)
 
     def charge(self, plan: StepPlan, out: StepOutput) -> None:
         """Charge each user this step's grammar seconds; pay every debt back its allowance."""

@@ -75,13 +75,13 @@ class PoolKeeper:
         decode_rows = sum(1 for s in self.running if s.state is SlotState.DECODE)
         while self.pool.free < need + decode_rows:
             idle = self.pool.lru_idle_with_cache()
-            borrowers = [s for s in self.running if self.pool.borrowed(s)]
             if idle is not None:
                 self.drop(plan, idle)
-            elif borrowers:
-                self.preempt_slot(plan, max(borrowers, key=self.pool.borrowed), "guarantee", req)
-            else:
+                continue
+            borrower = max(self.running, key=self.pool.borrowed, default=None)
+            if borrower is None or not self.pool.borrowed(borrower):
                 return 0
+            self.preempt_slot(plan, borrower, "guarantee", req)
         return need
 
     def make_room_for_decode(self, plan: StepPlan) -> None:

@@ -122,7 +122,7 @@ class Scheduler:
 
     @property
     def running(self) -> list[Slot]:
-        return [s for s in self.pool.slots if s.busy]
+        return self.cells.running
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.held) or any(s.busy for s in self.pool.slots)

@@ -1,8 +1,28 @@
-"""One server for the reliability suite: small slots bound every generation, a small queue."""
+"""One server for the reliability suite: small slots bound every generation, a small queue;
+and what the hardening rounds share: an office's three keys, and the grammar that turns
+costly after its start (round 4's, scripts/bench_costs.py's too)."""
 
+import httpx
 import pytest
 
-from conftest import running
+from conftest import key_file, running
+
+ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
+LATE_COSTLY = ('root ::= "Sure" body\nbody ::= ' + " | ".join(f"r{i}" for i in range(1500)) + "\n"
+               + "\n".join(f'r{i} ::= [0-9]* "#{i:04d}"' for i in range(1500)))
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+def office_keys(folder):
+    """A key file of two colleagues and an admin."""
+    return key_file(folder, f"alice:{ALICE}:user", f"bob:{BOB}:user", f"root:{ROOT_KEY}:admin")
+
+
+def post(srv, path, body, key=ALICE):
+    return httpx.post(srv.url + path, json=body, headers=auth(key), timeout=300)
 
 
 @pytest.fixture(scope="module")

@@ -9,28 +9,19 @@ import random
 import httpx
 import pytest
 
-from conftest import key_file, running
-
-ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
-
-
-def auth(key):
-    return {"Authorization": f"Bearer {key}"}
+from conftest import running
+from reliability.conftest import ALICE, BOB, LATE_COSTLY, ROOT_KEY, auth, office_keys, post
 
 
 @pytest.fixture(scope="module")
 def office(tmp_path_factory):
     """A RAM tier that holds about one 230-token prompt's state (~5 MiB), a disk tier behind."""
     folder = tmp_path_factory.mktemp("round4")
-    keys = key_file(folder, f"alice:{ALICE}:user", f"bob:{BOB}:user", f"root:{ROOT_KEY}:admin")
+    keys = office_keys(folder)
     with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
                  "--state-dir", str(folder / "state"), "--cache-ram", "8", "--cache-disk", "200",
                  log_name="round4") as srv:
         yield srv
-
-
-def post(srv, path, body, key=ALICE):
-    return httpx.post(srv.url + path, json=body, headers=auth(key), timeout=300)
 
 
 def words(seed: int, n: int) -> str:
@@ -56,10 +47,6 @@ def test_a_prompt_read_back_from_disk_is_restored_while_the_same_step_saves(offi
     choice = again.json()["choices"][0]  # a cold answer's structure (restored KV may differ
     assert choice["message"]["content"] and choice["finish_reason"] in ("stop", "length")  # in bits)
     assert again.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
-
-
-LATE_COSTLY = ('root ::= "Sure" body\nbody ::= ' + " | ".join(f"r{i}" for i in range(1500)) + "\n"
-               + "\n".join(f'r{i} ::= [0-9]* "#{i:04d}"' for i in range(1500)))
 
 
 def test_a_grammar_cheap_at_its_start_and_costly_later_ends_with_its_own_reason(office):
