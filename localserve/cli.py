@@ -10,7 +10,7 @@ import re
 import sys
 
 from localserve import __version__, rpc_worker
-from localserve.config import Settings, SettingsError
+from localserve.common.config import Settings, SettingsError
 from localserve.options import add_settings_flags
 
 
@@ -63,9 +63,9 @@ def _top_parser(sub) -> None:
 
 
 def run_models(_: argparse.Namespace) -> int:
-    from localserve.config import MODELS_DIR, available_models
+    from localserve.common.config import MODELS_DIR, available_models
 
-    from localserve.pull import recommended_table
+    from localserve.models.pull import recommended_table
 
     models = available_models()
     for name, path in models:
@@ -80,8 +80,8 @@ def run_models(_: argparse.Namespace) -> int:
 def run_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from localserve.config import MODELS_DIR
-    from localserve.pull import PullError, pull
+    from localserve.common.config import MODELS_DIR
+    from localserve.models.pull import PullError, pull
 
     try:
         path = pull(args.name, Path(args.dir) if args.dir else MODELS_DIR, args.sha256)
@@ -154,7 +154,7 @@ def run_usage(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from localserve.ledger import audit_log, default_state_dir, usage
+    from localserve.office.ledger import audit_log, default_state_dir, usage
 
     folder = args.state_dir or os.environ.get("LOCALSERVE_STATE_DIR")
     path = (Path(folder) if folder else default_state_dir()) / "ledger.db"
@@ -205,12 +205,12 @@ def run_bench(args: argparse.Namespace) -> int:
     import json
     import os
 
-    from localserve import bench, bench_report
+    from localserve.bench import load as bench, report as bench_report
 
     args.url = args.url.rstrip("/").removesuffix("/v1")  # the bench adds /v1 itself
     levels = [int(x) for x in args.concurrency.split(",") if x.strip()]
     if args.workload != "mixed":
-        from localserve import office_bench
+        from localserve.bench import office as office_bench
 
         os.makedirs(args.out, exist_ok=True)
         out = office_bench.run(args.url, args.workload, levels, args.seed, args.api_key,
@@ -246,7 +246,7 @@ def run_bench(args: argparse.Namespace) -> int:
 def settings_from_args(args: argparse.Namespace) -> Settings:
     from localserve.settings_loader import load_settings
 
-    from localserve.model_specs import split_model_flags
+    from localserve.models.model_specs import split_model_flags
 
     given = {k: v for k, v in vars(args).items()
              if k not in ("command", "config", "log_level", "log_format")}

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
-from localserve.config import CHOICES, Settings
+from localserve.common.config import CHOICES, Settings
 
 FIELDS = {f.name: f for f in dataclasses.fields(Settings)}
 # Fields set another way: [quotas.*] and [models.*] tables of the TOML, --config itself.

@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 
-from localserve.net import is_loopback
+from localserve.common.net import is_loopback
 
 log = logging.getLogger("localserve.rpc")
 

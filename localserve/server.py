@@ -19,14 +19,14 @@ import uvicorn
 from localserve.api.app import create_app
 from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
-from localserve.net import is_loopback, lan_address
-from localserve.config import Settings, SettingsError, resolve_model
-from localserve.connections import connection_cap, guarded_protocol, raise_open_files_limit
-from localserve.private_state import private_dir
-from localserve.quotas import QuotaKeeper
+from localserve.common.net import is_loopback, lan_address
+from localserve.common.config import Settings, SettingsError
+from localserve.api.connections import connection_cap, guarded_protocol, raise_open_files_limit
+from localserve.common.private_state import private_dir
+from localserve.office.quotas import QuotaKeeper
 from localserve.settings_loader import from_toml
-from localserve.registry import ModelRegistry
-from localserve.office import Office
+from localserve.models.registry import ModelRegistry
+from localserve.office.office import Office
 
 log = logging.getLogger("localserve")
 
@@ -230,9 +230,9 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
         for problem in origin_warnings(settings.cors_origins):
             log.warning(problem)
         for entry in models.entries.values():
-            check_gguf(resolve_model(entry.host.settings.model))
+            check_gguf(entry.host.model_file)
         if settings.memory_check:
-            log.info(default_host.check_memory(str(resolve_model(default_host.settings.model))))
+            log.info(default_host.check_memory(str(default_host.model_file)))
         if models.several:
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))

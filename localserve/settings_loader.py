@@ -16,7 +16,7 @@ import os
 import tomllib
 from typing import Any, Mapping
 
-from localserve.config import Settings, SettingsError
+from localserve.common.config import Settings, SettingsError
 from localserve.options import flag_names
 
 ENV_PREFIX = "LOCALSERVE_"
@@ -102,13 +102,13 @@ def from_toml(path: str) -> dict:
     tables = data.get("quotas", section.pop("quotas", {}))
     section.pop("quotas", None)
     if tables:
-        from localserve.quotas import parse_quotas
+        from localserve.office.quotas import parse_quotas
 
         out["quotas"] = parse_quotas(tables, path)
     models = data.get("models", section.pop("models", {}))
     section.pop("models", None)
     if models:
-        from localserve.model_specs import parse_model_tables
+        from localserve.models.model_specs import parse_model_tables
 
         out["models"] = parse_model_tables(models, path)
     for key, value in section.items():

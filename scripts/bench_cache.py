@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from conftest import running  # noqa: E402
 
-from localserve import bench  # noqa: E402
+from localserve.bench import load as bench  # noqa: E402
 
 POLICY = ("You are the assistant of a small engineering office. Follow the office handbook: "
           "answer in plain English, cite the relevant section, never invent numbers, and say "

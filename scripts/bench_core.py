@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from conftest import RunningServer  # noqa: E402  (the tests' own start/stop helper)
 
-from localserve import bench  # noqa: E402
-from localserve.config import resolve_model  # noqa: E402
+from localserve.bench import load as bench  # noqa: E402
+from localserve.common.config import resolve_model  # noqa: E402
 
 
 def raw_ceiling(batch_sizes: list[int], threads: int, steps: int = 64) -> dict[int, float]:

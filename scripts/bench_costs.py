@@ -31,7 +31,7 @@ import httpx  # noqa: E402
 from conftest import key_file, running  # noqa: E402  (the tests' own start/stop helpers)
 from reliability.conftest import LATE_COSTLY  # noqa: E402  (round 4's grammar)
 
-from localserve.config import default_model_path  # noqa: E402
+from localserve.common.config import default_model_path  # noqa: E402
 
 KEYS = {name: f"{name}-bench-key-0001" for name in ("alice", "bob", "carol", "dave", "eve")}
 NEAR_BUDGET = 'root ::= "Sure" ( ' + " | ".join(f'[0-9]* "#{i:04d}"' for i in range(60)) + " )+"

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import httpx  # noqa: E402
 from conftest import RunningServer  # noqa: E402  (the tests' own start/stop helper)
 
-from localserve.config import resolve_model  # noqa: E402
+from localserve.common.config import resolve_model  # noqa: E402
 
 SCHEMA = {"type": "object", "required": ["people"], "properties": {"people": {
     "type": "array", "items": {"type": "object", "required": ["name", "age", "city"],

@@ -52,10 +52,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RunningServer  # noqa: E402
 
-from localserve import bench  # noqa: E402
-from localserve.office_bench import (agents_workload, copy_texts, copy_workload,  # noqa: E402
+from localserve.bench import load as bench  # noqa: E402
+from localserve.bench.office import (agents_workload, copy_texts, copy_workload,  # noqa: E402
                                      doc_workload)
-from localserve.config import resolve_model  # noqa: E402
+from localserve.common.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
 # words in, tokens out

@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from bench_core import raw_ceiling  # noqa: E402
 from conftest import RunningServer  # noqa: E402
 
-from localserve import bench  # noqa: E402
-from localserve.config import resolve_model  # noqa: E402
+from localserve.bench import load as bench  # noqa: E402
+from localserve.common.config import resolve_model  # noqa: E402
 
 WORKLOADS = {  # name: (prompt words, output tokens)
     "mixed": ((30, 400), (16, 128)),  # the serving-core issue's: prompt-heavy

@@ -128,3 +128,44 @@ def run_all(sched, runner, requests, steps=5000):
             if ev.finished:
                 finish[r.request_id] = ev.finish_reason
     return out, finish
+
+
+class ScriptedChoices:
+    """A request's n choices as api/ reads them (engine/streams.ChoiceStreams): the events a
+    pure scheduler emitted for them with a scripted runner, in the order it emitted them, and
+    the engine requests behind them (their counts and clocks)."""
+
+    def __init__(self, scripts: dict[str, list[int]], n_prompt: int = 3, max_tokens: int = 100,
+                 stop: tuple = ()):
+        sched, runner = make(n_slots=len(scripts)), ScriptedRunner(scripts)
+        self.requests = [req(rid, n_prompt, max_tokens, stop) for rid in scripts]
+        index = {r.request_id: i for i, r in enumerate(self.requests)}
+        for r in self.requests:
+            sched.add(r)
+        self.events = []
+        while sched.has_work():
+            for r, event in step(sched, runner, sched.schedule()):
+                self.events.append((index[r.request_id], event))
+        self.cancelled = False
+
+    @property
+    def n(self) -> int:
+        return len(self.requests)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        return self.requests[0].num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    async def _events(self):
+        for pair in self.events:
+            yield pair
+
+    def __aiter__(self):
+        return self._events()

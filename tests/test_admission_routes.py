@@ -3,10 +3,13 @@ passes the key check and the rate limit: the app's routes are enumerated, so a n
 added without them fails here. Only the monitoring routes (dashboards poll them), the page's
 static files and /health stand outside the rate limit."""
 
+import ast
+import inspect
+
 from localserve.api.admission import admit, limit_rate
 from localserve.api.app import create_app
 from localserve.api.auth import require_key
-from localserve.config import Settings
+from localserve.common.config import Settings
 
 OUTSIDE_THE_RATE = {"/health", "/slots", "/openapi.json", "/metrics", "/v1/usage", "/props",
                     "/", "/chat", "/web/{name}", "/favicon.ico"}
@@ -59,3 +62,52 @@ def test_every_route_that_runs_a_model_is_admitted_by_the_one_dependency():
             "/v1/responses/input_tokens", "/v1/chat/completions", "/infill",
             "/v1/embeddings", "/api/chat", "/api/generate", "/api/embed"} <= held
     assert not held & {"/v1/models", "/v1/responses/{response_id}"}
+
+
+# What leases a model, directly or through the serving core: a "no model" route's handler, or
+# any function of its own module it calls, must call none of these.
+MODEL_CALLS = {"lease", "start_chat", "submit", "embed_inputs"}
+
+
+def model_calls(module_source: str, function: str) -> set[str]:
+    """The MODEL_CALLS that `function` makes, itself or through the functions of its module
+    it calls by name (however deep)."""
+    tree = ast.parse(module_source)
+    defs = {node.name: node for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    found, seen, todo = set(), set(), [function]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in defs:
+            continue
+        seen.add(name)
+        for node in ast.walk(defs[name]):
+            if isinstance(node, ast.Call):
+                called = (node.func.attr if isinstance(node.func, ast.Attribute)
+                          else node.func.id if isinstance(node.func, ast.Name) else None)
+                if called in MODEL_CALLS:
+                    found.add(called)
+                elif called:
+                    todo.append(called)
+    return found
+
+
+def test_the_routes_that_run_no_model_never_lease_one():
+    """Read from what each handler calls, not from its router: /api/show starting to lease
+    a model (the deliberate break below) fails here."""
+    app = create_app(Settings(api_keys=("route-test-key",)))
+    handlers = {}
+    for route in app.router.routes:
+        inner = getattr(route, "original_router", None)
+        for r in (inner.routes if inner is not None else [route]):
+            if r.path in NO_MODEL and getattr(r, "endpoint", None) is not None:
+                handlers[r.path] = r.endpoint
+    assert {"/api/show", "/v1/models", "/api/tags"} <= set(handlers)
+    for path, endpoint in handlers.items():
+        source = inspect.getsource(inspect.getmodule(endpoint))
+        assert model_calls(source, endpoint.__name__) == set(), path
+    show = handlers["/api/show"]
+    source = inspect.getsource(inspect.getmodule(show))
+    leasing = f"\n\nasync def {show.__name__}(admitted):\n    return _load(admitted)\n\n" \
+              "def _load(admitted):\n    return admitted.lease(None)\n"  # the handler, broken
+    assert model_calls(source + leasing, show.__name__) == {"lease"}

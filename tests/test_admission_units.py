@@ -7,8 +7,8 @@ import pytest
 
 from localserve.api.auth import RefusalLog
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
-from localserve.turns import Turns
-from localserve.quotas import Quota, QuotaError, QuotaKeeper
+from localserve.models.turns import Turns
+from localserve.office.quotas import Quota, QuotaError, QuotaKeeper
 
 
 def test_max_concurrent_counts_reservations_until_released():
@@ -141,8 +141,8 @@ def test_refused_keys_write_one_short_row_a_minute_per_address():
 
 
 def test_a_key_reload_audits_additions_removals_rotations_and_role_changes(tmp_path):
-    from localserve.config import Settings
-    from localserve.office import Office
+    from localserve.common.config import Settings
+    from localserve.office.office import Office
 
     keys = tmp_path / "keys.txt"
     keys.write_text("alice:alice-key-000:user\nbob:bob-key-0000:user\ncarol:carol-key-00\n")
@@ -212,8 +212,8 @@ def test_a_grammar_sent_again_is_checked_once_and_the_memory_is_bounded():
     from localserve.api.structured import CheckedGrammars
 
     calls = []
-    runner = SimpleNamespace(grammar_error=lambda g: calls.append(g) or ("slow" if "b" in g else None))
-    host = SimpleNamespace(model_path="/m.gguf", runner=runner)
+    host = SimpleNamespace(model_path="/m.gguf",
+                           grammar_error=lambda g: calls.append(g) or ("slow" if "b" in g else None))
     checked = CheckedGrammars(kept=2)
     assert [checked.problem(host, 'root ::= "a"') for _ in range(3)] == [None] * 3
     assert checked.problem(host, 'root ::= "b"') == "invalid grammar: slow"
@@ -221,3 +221,35 @@ def test_a_grammar_sent_again_is_checked_once_and_the_memory_is_bounded():
     checked.problem(host, 'root ::= "c"')
     checked.problem(host, 'root ::= "a"')  # pushed out by two newer ones: checked again
     assert len(calls) == 4 and len(checked._found) == 2
+
+
+def test_admit_takes_the_quota_hold_that_the_route_then_carries():
+    """The one admission dependency takes the key's quota hold: with max_concurrent 1, a
+    second admission while the first is held is refused with 429 naming the limit. (A copy of
+    admit without hold_quota lets it through: the break this guards.)"""
+    from types import SimpleNamespace
+
+    from starlette.requests import Request
+
+    from localserve.api.admission import admit
+    from localserve.api.schemas import OpenAIError
+
+    state = SimpleNamespace(
+        keys=SimpleNamespace(identify=lambda request: ("alice", "user")),
+        office=SimpleNamespace(ledger=None, settings=SimpleNamespace(trusted_frontends=())),
+        rate_limiter=None, models=None,
+        quotas=QuotaKeeper({"alice": Quota(max_concurrent=1)}))
+    app = SimpleNamespace(state=state)
+
+    def request() -> Request:
+        return Request({"type": "http", "method": "POST", "path": "/v1/chat/completions",
+                        "headers": [], "query_string": b"", "app": app})
+
+    first = request()
+    admitted = asyncio.run(admit(first))
+    assert admitted.hold is not None and admitted.hold is first.state.quota_hold
+    with pytest.raises(OpenAIError) as refused:
+        asyncio.run(admit(request()))
+    assert refused.value.status == 429 and refused.value.param == "max_concurrent"
+    admitted.hold.release()
+    asyncio.run(admit(request())).hold.release()

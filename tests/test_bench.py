@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from conftest import running
-from localserve.bench import LevelSummary, make_workload
-from localserve.bench_report import find_knee
-from localserve.office_bench import document
+from localserve.bench.load import LevelSummary, make_workload
+from localserve.bench.report import find_knee
+from localserve.bench.office import document
 
 
 def level(c, tput, p95):
@@ -52,7 +52,7 @@ def test_doc_documents_differ_by_colleague_and_round():
 
 
 def test_agents_prompts_are_seeded_and_past_a_slots_share():
-    from localserve.office_bench import agent_prompt
+    from localserve.bench.office import agent_prompt
 
     assert agent_prompt(1) == agent_prompt(1) != agent_prompt(2)
     assert json.loads(agent_prompt(0).split("# Tools\n")[1])[0]["type"] == "function"

@@ -63,8 +63,8 @@ def test_n_probs_gives_completion_probabilities(srv):
 
 
 def test_bad_template_names_are_refused_at_start_up():
-    from localserve.chat_template import BUILTIN
-    from localserve.config import BUILTIN_TEMPLATES, Settings, SettingsError
+    from localserve.models.chat_template import BUILTIN
+    from localserve.common.config import BUILTIN_TEMPLATES, Settings, SettingsError
 
     assert set(BUILTIN) == set(BUILTIN_TEMPLATES)
     with pytest.raises(SettingsError, match="chatml, llama3, gemma"):

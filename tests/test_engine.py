@@ -6,10 +6,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from localserve.api.app import create_app
-from localserve.config import Settings
+from localserve.common.config import Settings
 from localserve.engine.detokenize import IncrementalDetokenizer
 from localserve.engine.request import Request, SamplingParams
-from localserve.model_host import ModelHost
+from localserve.models.model_host import ModelHost
 
 
 @pytest.fixture(scope="module")

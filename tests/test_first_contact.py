@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, RunningServer, running, wait_for
-from localserve.config import SettingsError
+from localserve.common.config import SettingsError
 from localserve.settings_loader import load_settings
 
 
@@ -76,7 +76,7 @@ def test_a_file_that_is_not_gguf_is_named(tmp_path):
 
 
 def test_a_truncated_gguf_is_named(tmp_path):
-    from localserve.config import default_model_path
+    from localserve.common.config import default_model_path
 
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(default_model_path().read_bytes()[:4096])
@@ -101,9 +101,9 @@ def test_slots_too_small_for_a_one_line_chat_are_warned_about(caplog):
     """llama.cpp itself gives each sequence at least 256 tokens, enough for this model's
     one-line chat; a model with a long built-in system prompt can still fall short, so the
     check runs on the real template against a pool of 48-token slots."""
-    from localserve.config import Settings
+    from localserve.common.config import Settings
     from localserve.engine.slots import SlotPool
-    from localserve.model_host import ModelHost
+    from localserve.models.model_host import ModelHost
 
     svc = ModelHost(Settings(ctx_size=512, parallel=1, threads=2))
     svc.load()

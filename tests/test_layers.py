@@ -1,6 +1,7 @@
-"""The layers stay layered: each layer imports only those below it (LAYERS: the engine, the
-office, the models, HTTP; the server and the CLI, which assemble everything, excepted), route
-modules never import each other, and no two modules import each other, however indirectly.
+"""The layers stay layered: every module sits in a layer's folder (LAYERS: ground, the engine,
+the office, the models, HTTP, the benchmarks, and the assembly at the root), each layer imports
+only the layers it may, only the app imports route modules, the writers never reach into the
+engine or the serving core, and no two modules import each other, however indirectly.
 Checked by reading every module's import statements (type-only ones too), with the syntax tree.
 Each guard is also run on a deliberate break, so that it is known to fail for what it names."""
 
@@ -8,7 +9,6 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "localserve"
-ASSEMBLERS = {"localserve.server", "localserve.cli"}  # build the app: they may import api/
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -67,35 +67,77 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-# (modules of a layer, by prefix) -> what they may never import, by prefix.
-ENGINE = ("localserve.engine",)
-OFFICE = ("localserve.office", "localserve.ledger", "localserve.quotas", "localserve.keys",
-          "localserve.conversations")
-MODELS = ("localserve.registry", "localserve.model_host", "localserve.model_specs")
-HTTP = ("localserve.api",)
-LAYERS = [(ENGINE, OFFICE + MODELS + HTTP), (OFFICE, MODELS + HTTP), (MODELS, HTTP)]
+# The layers, each a folder (or, for the assembly, the modules at the package's root), and
+# the layers each may import besides itself. Ground is at the bottom; the assembly (the server
+# and the CLI build everything) at the top; the benchmarks are clients of any server.
+LAYERS = {
+    "ground": (("localserve", "localserve.common"), ()),
+    "engine": (("localserve.engine",), ("ground",)),
+    "office": (("localserve.office",), ("ground", "engine")),
+    "models": (("localserve.models",), ("ground", "engine", "office")),
+    "http": (("localserve.api", "localserve.web"), ("ground", "engine", "office", "models")),
+    "bench": (("localserve.bench",), ("ground",)),
+    "assembly": (("localserve.__main__", "localserve.cli", "localserve.server",
+                  "localserve.settings_loader", "localserve.options", "localserve.rpc_worker"),
+                 ("ground", "engine", "office", "models", "http", "bench")),
+}
+ROUTES = "localserve.api.routes_"
+ROUTE_IMPORTER = "localserve.api.app"  # the one module that mounts the routers
+# The writers turn an answer's pieces into one API's shape: they read pieces (answer.py) and
+# schemas, never the engine, and never the serving core or the admission that feed them.
+WRITERS = ("localserve.api.replies", "localserve.api.message_reply",
+           "localserve.api.ollama_reply", "localserve.api.response_reply",
+           "localserve.api.native_reply")
+NOT_FOR_WRITERS = ("localserve.engine", "localserve.api.serving", "localserve.api.admission")
+
+
+def layer_of(module: str) -> str | None:
+    """The layer whose folder holds the module: the root package's own modules are matched by
+    name (the root package is a prefix of every name), folders by prefix."""
+    for layer, (homes, _) in LAYERS.items():
+        for home in homes:
+            if module == home or (home.count(".") and module.startswith(home + ".")):
+                return layer
+    return None
+
+
+def unplaced(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(name for name in graph if layer_of(name) is None)
 
 
 def layer_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
-    below_http = [(name, target) for name, targets in graph.items() for target in targets
-                  if target.startswith(HTTP) and not name.startswith(HTTP)
-                  and name not in ASSEMBLERS]
-    across = [(name, target) for sources, forbidden in LAYERS for name, targets in graph.items()
-              if name.startswith(sources) for target in targets if target.startswith(forbidden)]
-    routes = [(name, target) for name, targets in graph.items() for target in targets
-              if name.startswith("localserve.api.routes_") and target != name
-              and target.startswith("localserve.api.routes_")]
-    return sorted(set(below_http + across + routes))
+    breaks = set()
+    for name, targets in graph.items():
+        layer = layer_of(name)
+        for target in targets - {name}:
+            below = layer_of(target)
+            if layer and below and below != layer and below not in LAYERS[layer][1]:
+                breaks.add((name, target))
+            if target.startswith(ROUTES) and name != ROUTE_IMPORTER:
+                breaks.add((name, target))
+            if name.startswith(WRITERS) and target.startswith(NOT_FOR_WRITERS):
+                breaks.add((name, target))
+    return sorted(breaks)
 
 
-def test_each_layer_imports_only_the_layers_below_and_routes_never_each_other():
+def test_every_module_sits_in_a_layer_and_imports_only_the_layers_it_may():
     graph = import_graph()
-    assert "localserve.registry" in graph and "localserve.api.app" in graph
+    assert "localserve.models.registry" in graph and "localserve.api.app" in graph
+    assert unplaced(graph) == []
+    assert unplaced({**graph, "localserve.stray": set()}) == ["localserve.stray"]
     assert layer_breaks(graph) == []
-    for name, target in [("localserve.engine.scheduler", "localserve.office"),
-                         ("localserve.office", "localserve.registry"),
-                         ("localserve.model_host", "localserve.api.serving"),
-                         ("localserve.api.routes_native", "localserve.api.routes_openai")]:
+    for name, target in [("localserve.common.config", "localserve.office.keys"),
+                         ("localserve.common.net", "localserve.engine.request"),
+                         ("localserve.engine.scheduler", "localserve.office.office"),
+                         ("localserve.office.office", "localserve.models.registry"),
+                         ("localserve.models.model_host", "localserve.api.serving"),
+                         ("localserve.bench.load", "localserve.api.schemas"),
+                         ("localserve.api.routes_native", "localserve.api.routes_openai"),
+                         ("localserve.api.ollama_reply", "localserve.api.routes_ollama"),
+                         ("localserve.api.serving", "localserve.api.routes_openai"),
+                         ("localserve.api.message_reply", "localserve.engine.request"),
+                         ("localserve.api.replies", "localserve.api.serving"),
+                         ("localserve.api.response_reply", "localserve.api.admission")]:
         broken = {**graph, name: graph[name] | {target}}
         assert layer_breaks(broken) == [(name, target)], (name, target)
 

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from conftest import ROOT, RunningServer, key_file, running, wait_for
-from localserve.ledger import Ledger, usage
+from localserve.office.ledger import Ledger, usage
 
 ALICE, BOB, ROOT_KEY = "alice-key-000111", "bob-key-000222", "root-key-000333"
 
@@ -182,7 +182,7 @@ def test_a_broken_ledger_logs_once_and_fails_nothing(tmp_path, caplog):
         def __exit__(self, *exc):
             return False
 
-    with caplog.at_level(logging.WARNING, logger="localserve.ledger"):
+    with caplog.at_level(logging.WARNING, logger="localserve.office.ledger"):
         ledger._db, good = Broken(), ledger._db
         for _ in range(3):
             ledger.record(row)

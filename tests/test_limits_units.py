@@ -10,8 +10,8 @@ from datetime import datetime, timedelta
 import pytest
 
 from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
-from localserve.config import SettingsError
-from localserve.quotas import Quota, QuotaError, QuotaKeeper, parse_quotas
+from localserve.common.config import SettingsError
+from localserve.office.quotas import Quota, QuotaError, QuotaKeeper, parse_quotas
 
 
 def http(method="POST", headers=(), **extra):

@@ -9,7 +9,7 @@ import time
 import httpx
 
 from conftest import running, wait_for
-from localserve.config import resolve_model
+from localserve.common.config import resolve_model
 
 
 def two_models(tmp_path, timeout):

@@ -11,8 +11,8 @@ import psutil
 import pytest
 
 from conftest import RunningServer, running, wait_for
-from localserve.config import Settings, SettingsError, default_model_path
-from localserve.model_specs import model_specs, parse_size, split_model_flags
+from localserve.common.config import Settings, SettingsError, default_model_path
+from localserve.models.model_specs import model_specs, parse_size, split_model_flags
 
 PROMPT = {"prompt": "The quick brown fox", "max_tokens": 40, "temperature": 0, "ignore_eos": True}
 
@@ -189,8 +189,8 @@ def test_a_loading_model_shows_its_load_progress():
     from types import SimpleNamespace
 
     from localserve.engine.runner import model_file
-    from localserve.model_specs import ModelSpec
-    from localserve.registry import Entry, model_card
+    from localserve.models.model_specs import ModelSpec
+    from localserve.models.registry import Entry, model_card
 
     loading = SimpleNamespace(engine=None, unloaded=False, load_error=None, loop=None,
                               settings=Settings())

@@ -210,7 +210,7 @@ def test_dashboard_says_when_its_key_is_wrong(office):
 def test_conversation_stores_keep_per_owner_and_server_wide_byte_totals(tmp_path, monkeypatch):
     """A save checks its bounds against running totals (no sum under the lock), a delete and
     the count bound give bytes back, and everyone's total is bounded too."""
-    import localserve.conversations as conv
+    import localserve.office.conversations as conv
 
     store = conv.Conversations(tmp_path)
     body = {"messages": [{"role": "user", "content": "x" * 1000}]}
@@ -232,7 +232,7 @@ def test_conversation_ids_are_each_owners_own_so_a_save_reveals_nothing(tmp_path
     tell him the id is taken); rows saved before names existed are still found."""
     import sqlite3
 
-    import localserve.conversations as conv
+    import localserve.office.conversations as conv
 
     old = sqlite3.connect(tmp_path / "conversations.db")  # a store from before this change
     old.executescript(conv.SCHEMA)

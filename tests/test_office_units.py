@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from localserve.config import Settings
-from localserve.conversations import Conversations
+from localserve.common.config import Settings
+from localserve.office.conversations import Conversations
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, SamplingParams, TokenEvent
-from localserve.ledger import LedgerObserver, refusal_row, request_row
-from localserve.office import Office
+from localserve.office.ledger import LedgerObserver, refusal_row, request_row
+from localserve.office.office import Office
 
 from conftest import key_file
 
@@ -129,7 +129,7 @@ def test_statuses_of_rows(reason, status):
 
 def test_the_ledger_file_sums_rows_by_key_model_and_day_and_keeps_totals_across_a_restart(
         tmp_path):
-    from localserve.ledger import Ledger, audit_log, usage
+    from localserve.office.ledger import Ledger, audit_log, usage
 
     ledger = Ledger(tmp_path)
     ledger.record(request_row("alice", "/v1/chat/completions", "m1", 10, 4, 5, "stop", 0, 1))
@@ -165,8 +165,8 @@ def test_the_ledger_file_sums_rows_by_key_model_and_day_and_keeps_totals_across_
 
 def test_a_flush_writes_requests_or_audits_alone_and_keeps_the_audit_bounded(tmp_path,
                                                                              monkeypatch):
-    import localserve.ledger as ledger_module
-    from localserve.ledger import Ledger, audit_log, usage
+    import localserve.office.ledger as ledger_module
+    from localserve.office.ledger import Ledger, audit_log, usage
 
     monkeypatch.setattr(ledger_module, "MAX_AUDIT_ROWS", 2)
     ledger = Ledger(tmp_path)
@@ -184,7 +184,7 @@ def test_a_flush_writes_requests_or_audits_alone_and_keeps_the_audit_bounded(tmp
 def test_a_ledger_that_cannot_write_warns_once_until_it_can_again(tmp_path, caplog):
     import sqlite3
 
-    from localserve.ledger import Ledger
+    from localserve.office.ledger import Ledger
 
     ledger = Ledger(tmp_path)
     ledger._stop.set()
@@ -199,7 +199,7 @@ def test_a_ledger_that_cannot_write_warns_once_until_it_can_again(tmp_path, capl
             ledger.record(request_row("alice", "/x", "m", 1, 0, 1, "stop", 0, 1))
             ledger._flush()
 
-    with caplog.at_level("WARNING", logger="localserve.ledger"):
+    with caplog.at_level("WARNING", logger="localserve.office.ledger"):
         fail_twice()
         ledger._db = working
         ledger.audit("x", None)
@@ -213,7 +213,7 @@ def test_a_ledger_that_cannot_write_warns_once_until_it_can_again(tmp_path, capl
 
 
 def test_todays_totals_start_again_on_a_new_day(tmp_path):
-    from localserve.ledger import Ledger
+    from localserve.office.ledger import Ledger
 
     ledger = Ledger(tmp_path)
     ledger.record(request_row("alice", "/x", "m", 5, 0, 5, "stop", 0, 1))
@@ -252,8 +252,8 @@ def test_per_key_counters_are_kept_in_the_offices_own_registry(tmp_path):
 
 
 def test_two_colleagues_with_the_same_key_stop_start_up_naming_both(tmp_path):
-    from localserve.config import SettingsError
-    from localserve.keys import read_key_file
+    from localserve.common.config import SettingsError
+    from localserve.office.keys import read_key_file
 
     path = key_file(tmp_path, "alice:same-key-0001", "carol:other-key-01", "bob:same-key-0001")
     with pytest.raises(SettingsError, match="line 3: 'bob' has the same key as 'alice' on line 1"):

@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from localserve.cli import main
-from localserve.pull import PullError, pull, resolve
+from localserve.models.pull import PullError, pull, resolve
 
 BLOB = bytes(range(256)) * 4096  # 1 MiB
 NAME = "owner/Repo-GGUF/model-Q4_K_M.gguf"

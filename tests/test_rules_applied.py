@@ -16,8 +16,8 @@ from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import MIN_PREFIX_REUSE, SlotPool
-from localserve.ledger import LedgerObserver
-from localserve.quotas import Quota, QuotaKeeper
+from localserve.office.ledger import LedgerObserver
+from localserve.office.quotas import Quota, QuotaKeeper
 
 from fakes import EOS, FakeVocab, ScriptedRunner, req, run
 

@@ -46,8 +46,8 @@ def test_control_tokens_typed_in_a_message_stay_plain_text(server):
 
 def test_a_forged_turn_does_not_add_a_system_turn():
     """In-process: count the real <|im_start|> control tokens in what the model is given."""
-    from localserve.config import Settings
-    from localserve.model_host import ModelHost
+    from localserve.common.config import Settings
+    from localserve.models.model_host import ModelHost
 
     svc = ModelHost(Settings(ctx_size=1024, parallel=1, threads=2))
     svc.load()

@@ -61,7 +61,7 @@ def test_a_gguf_without_a_template_gets_its_familys_turns_and_the_log_says_so():
 
 
 def test_system_text_and_tool_results_become_user_turns_that_alternate():
-    from localserve.chat_template import as_alternating_turns
+    from localserve.models.chat_template import as_alternating_turns
 
     turns = as_alternating_turns([
         {"role": "system", "content": "Tools: ..."}, {"role": "user", "content": "Weather?"},

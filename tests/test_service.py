@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from conftest import ROOT, RunningServer, free_port, key_file, wait_for
-from localserve.config import resolve_model
+from localserve.common.config import resolve_model
 
 UNIT = ROOT / "examples" / "localserve.service"
 UNWRITABLE = "/proc/localserve-home"  # not even root can make folders there
@@ -70,7 +70,7 @@ def test_a_state_folder_that_cannot_be_made_is_named_before_loading(tmp_path):
 
 
 def test_state_directory_from_systemd_is_the_default(tmp_path, monkeypatch):
-    from localserve.ledger import default_state_dir
+    from localserve.office.ledger import default_state_dir
 
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/a:{tmp_path}/b")
     assert default_state_dir() == tmp_path / "a"
@@ -104,7 +104,7 @@ def test_the_readmes_office_toml_loads_as_shown(tmp_path):
     """The five-minute section's settings file is valid: every key known, quotas parsed."""
     import re
 
-    from localserve.config import default_model_path, resolve_model
+    from localserve.common.config import default_model_path, resolve_model
     from localserve.settings_loader import load_settings
 
     readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()

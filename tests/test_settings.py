@@ -2,7 +2,7 @@
 
 import pytest
 
-from localserve.config import Settings, SettingsError
+from localserve.common.config import Settings, SettingsError
 from localserve.server import exposure_warning
 from localserve.settings_loader import load_settings
 
@@ -66,7 +66,7 @@ def test_exposure_warning_only_off_loopback_without_keys():
 
 
 def test_models_lists_the_embedded_default_and_files_in_models_dir(tmp_path, monkeypatch):
-    import localserve.config as config
+    import localserve.common.config as config
 
     monkeypatch.setattr(config, "MODELS_DIR", tmp_path)
     (tmp_path / "mine.gguf").write_bytes(b"GGUF")
@@ -83,7 +83,7 @@ def test_every_setting_has_one_flag_whose_help_shows_its_default_and_choices():
     import dataclasses
 
     from localserve.cli import build_parser
-    from localserve.config import CHOICES
+    from localserve.common.config import CHOICES
     from localserve.options import NOT_FLAGS, OPTIONS
 
     fields = {f.name: f for f in dataclasses.fields(Settings)}

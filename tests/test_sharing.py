@@ -3,7 +3,7 @@ per identity, the per-user queue cap, the rate limiter, the safe chat template."
 
 import pytest
 
-from localserve.chat_template import ChatTemplate
+from localserve.models.chat_template import ChatTemplate
 from localserve.api.rate_limit import RateLimiter
 from localserve.engine.loop import EngineLoop, QueueFull, UserQueueFull
 from localserve.engine.request import Request, SamplingParams

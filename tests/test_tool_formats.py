@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from conftest import running
-from localserve.chat_template import ChatTemplate
+from localserve.models.chat_template import ChatTemplate
 from localserve.api.schemas import ChatCompletionRequest
 from localserve.api.tool_formats import ProseThenCalls, detect, parse, rename_rule, template_messages, template_tools
 

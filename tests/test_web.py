@@ -226,7 +226,7 @@ def test_answers_show_their_model_speed_and_copy_and_the_last_chat_reopens(web, 
 
 
 def test_two_models_get_a_picker_and_each_answer_names_its_model(browser):
-    from localserve.config import default_model_path
+    from localserve.common.config import default_model_path
 
     path = str(default_model_path())
     with running("-c", "1024", "-np", "2", "-t", "2", "--model", f"chat={path}",

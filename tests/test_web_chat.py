@@ -12,7 +12,7 @@ pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: scripts/s
 
 @pytest.fixture(scope="module")
 def two_models():
-    from localserve.config import default_model_path
+    from localserve.common.config import default_model_path
 
     path = str(default_model_path())
     with running("-c", "2048", "-np", "2", "-t", "2", "--model", f"chat={path}",

@@ -21,10 +21,10 @@ from fastapi import Request
 
 from localserve.api.auth import Caller, caller, require_key
 from localserve.api.schemas import OpenAIError, _Sampling
-from localserve.quotas import QuotaError, Reservation
-from localserve.ledger import Ledger
-from localserve.office import Office
-from localserve.registry import ModelRegistry
+from localserve.office.quotas import QuotaError, Reservation
+from localserve.office.ledger import Ledger
+from localserve.office.office import Office
+from localserve.models.registry import ModelRegistry
 
 
 @dataclass(frozen=True)

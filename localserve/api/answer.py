@@ -6,8 +6,9 @@ shape from them.
     Text(text, logprobs, token_ids)   answer text as it streams
     Thought(text)                     reasoning, from a leading <think> block (reasoning.py)
     ToolCalls(prose, calls)           once the answer is complete: prose still held, its calls
-    Finish(reason, last, reasoning)   the end: the reason as clients see it ("tool_calls" when
-                                      it called), the engine's billed counts in `last`
+    Finish(reason, stop, usage,       the end: the reason as clients see it ("tool_calls" when
+           timings, tokens)           it called), llama-server's stop type, the counts billed,
+                                      the request's timings and its answer's token ids
     Failed(error)                     no answer: 503 queue timeout, 500 engine error, 400 a
                                       grammar grown too costly, 499 the client left
 
@@ -17,11 +18,16 @@ the format's trigger and the calls are parsed once complete; otherwise a tools a
 constrained) is held and parsed once complete; a choice that ends without its final event (the
 client left, a cancel) is a 499. read() cancels the request when its reader leaves, and for a
 whole (non-streamed) answer also when the client hangs up.
+
+Writers (replies.py and the *_reply.py modules) read pieces only: everything they say about an
+answer is in them (llama.cpp's result_timings), so no writer goes back to the engine request.
+`Choices` is the handle on a request's n choices that a writer reads from and may cancel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import AsyncIterator, Union
@@ -33,8 +39,11 @@ from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.api.tool_formats import ProseThenCalls
 from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import TokenEvent
 from localserve.engine.streams import ChoiceStreams
+
+Choices = ChoiceStreams
 
 
 @dataclass(frozen=True)
@@ -56,10 +65,42 @@ class ToolCalls:
 
 
 @dataclass(frozen=True)
+class Usage:
+    """Tokens as the engine billed them (a prompt is billed once for n choices)."""
+
+    prompt: int
+    completion: int
+    cached: int  # of the prompt, found in cache
+    reasoning: int = 0  # of the completion, spent in a <think> block
+
+
+@dataclass(frozen=True)
+class Timings:
+    """Seconds: waiting for a slot, computing the prompt, generating the answer."""
+
+    queued: float
+    prompt: float
+    decode: float
+
+
+@dataclass(frozen=True)
 class Finish:
-    reason: str
-    last: TokenEvent  # prompt_tokens, completion_tokens, cached_tokens as billed
-    reasoning_tokens: int
+    reason: str  # as clients see it: stop, length, tool_calls
+    stop: str  # llama-server's stop_type: eos, word (a stop string), limit, none
+    usage: Usage
+    timings: Timings
+    tokens: tuple[int, ...]  # the answer's token ids
+
+
+def finish(reason: str, event: TokenEvent, request: EngineRequest, reasoning: int) -> Finish:
+    """The end piece, from the final event's billed counts and the engine request's clocks:
+    the one place a writer's figures come from."""
+    now = time.monotonic()
+    first = request.first_token_time or now
+    admitted = request.admitted_time or first
+    usage = Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, reasoning)
+    timings = Timings(admitted - request.arrival_time, first - admitted, now - first)
+    return Finish(reason, event.stop_type, usage, timings, tuple(request.output_tokens))
 
 
 @dataclass(frozen=True)
@@ -99,14 +140,15 @@ class ChoiceReader:
         self.held: list[str] = []  # a tools answer parsed once complete
         self.reasoning_tokens = 0
 
-    def read(self, event: TokenEvent) -> list[Piece]:
+    def read(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
+        """The pieces of one of `request`'s events."""
         if (failed := failure(event)) is not None:
             return [Failed(failed)]
         if event.finish_reason is FinishReason.ABORT:
             return [Failed(client_closed())]
         pieces = self._text(event)
         if event.finished:
-            pieces += self._end(event)
+            pieces += self._end(event, request)
         return pieces
 
     def _text(self, event: TokenEvent) -> list[Piece]:
@@ -121,14 +163,14 @@ class ChoiceReader:
             if event.finished:
                 rest = self.thinking.flush()
                 thought, text = thought + rest[0], text + rest[1]
-            if thought and not text:  # tokens spent reasoning: Finish.reasoning_tokens
+            if thought and not text:  # tokens spent reasoning: Finish.usage.reasoning
                 self.reasoning_tokens += len(event.token_ids)
             return ([Thought(thought)] if thought else []) + ([Text(text)] if text else [])
         if event.text or event.logprobs:
             return [Text(event.text, (event.logprobs,) if event.logprobs else (), event.token_ids)]
         return []
 
-    def _end(self, event: TokenEvent) -> list[Piece]:
+    def _end(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
         pieces: list[Piece] = []
         called = False
         if self.tools is not None:
@@ -137,7 +179,7 @@ class ChoiceReader:
             pieces.append(ToolCalls(prose, calls))
             called = bool(calls)
         reason = tool_finish(str(event.finish_reason), called)
-        return pieces + [Finish(reason, event, self.reasoning_tokens)]
+        return pieces + [finish(reason, event, request, self.reasoning_tokens)]
 
 
 async def read(stream: ChoiceStreams, readers: list[ChoiceReader],
@@ -150,7 +192,7 @@ async def read(stream: ChoiceStreams, readers: list[ChoiceReader],
     ended: set[int] = set()
     try:
         async for index, event in stream:
-            for piece in readers[index].read(event):
+            for piece in readers[index].read(event, stream.requests[index]):
                 if isinstance(piece, (Finish, Failed)):
                     ended.add(index)
                 yield index, piece
@@ -184,24 +226,34 @@ class WholeAnswer:
     logprobs: list  # the Text pieces' entries, in order
 
 
-async def whole_answer(stream: ChoiceStreams, reader: ChoiceReader,
-                       request: Request) -> WholeAnswer:
-    """One choice's whole answer; a failure (a client that left included) is raised."""
-    thoughts, texts, logprobs, tools = [], [], [], None
-    async with aclosing(read(stream, [reader], request)) as pieces:
-        async for _, piece in pieces:
+async def whole_answers(stream: ChoiceStreams, readers: list[ChoiceReader],
+                        request: Request) -> list[WholeAnswer]:
+    """Every choice's whole answer, by index; a failure (a client that left included) is
+    raised."""
+    n = len(readers)
+    thoughts, texts = [[] for _ in range(n)], [[] for _ in range(n)]
+    logprobs, tools, ends = [[] for _ in range(n)], [None] * n, [None] * n
+    async with aclosing(read(stream, readers, request)) as pieces:
+        async for i, piece in pieces:
             if isinstance(piece, Failed):
                 raise piece.error
             if isinstance(piece, Thought):
-                thoughts.append(piece.text)
+                thoughts[i].append(piece.text)
             elif isinstance(piece, Text):
-                texts.append(piece.text)
-                logprobs += piece.logprobs
+                texts[i].append(piece.text)
+                logprobs[i] += piece.logprobs
             elif isinstance(piece, ToolCalls):
-                tools = piece
+                tools[i] = piece
             elif isinstance(piece, Finish):
-                end = piece
-    return WholeAnswer("".join(thoughts), "".join(texts), tools, end, logprobs)
+                ends[i] = piece
+    return [WholeAnswer("".join(thoughts[i]), "".join(texts[i]), tools[i], ends[i], logprobs[i])
+            for i in range(n)]
+
+
+async def whole_answer(stream: ChoiceStreams, reader: ChoiceReader,
+                       request: Request) -> WholeAnswer:
+    """One choice's whole answer; a failure (a client that left included) is raised."""
+    return (await whole_answers(stream, [reader], request))[0]
 
 
 def joined_content(streamed: str, tools: ToolCalls | None) -> str | None:

@@ -19,18 +19,18 @@ from localserve.api.message_reply import anthropic_error
 from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard
-from localserve.ledger import refusal_row
-from localserve.net import is_loopback
+from localserve.office.ledger import refusal_row
+from localserve.common.net import is_loopback
 from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
-from localserve.quotas import QuotaKeeper
+from localserve.office.quotas import QuotaKeeper
 from localserve.api.schemas import OpenAIError
-from localserve.config import Settings
-from localserve.connections import install_loop_error_throttle
-from localserve.model_errors import (ModelError, ModelUnavailable, NotEnoughMemory,
+from localserve.common.config import Settings
+from localserve.api.connections import install_loop_error_throttle
+from localserve.common.model_errors import (ModelError, ModelUnavailable, NotEnoughMemory,
                                      UnknownModel, WrongKind)
-from localserve.registry import ModelRegistry
-from localserve.model_host import ModelHost
+from localserve.models.registry import ModelRegistry
+from localserve.models.model_host import ModelHost
 
 log = logging.getLogger("localserve.api")
 

@@ -29,10 +29,6 @@ class KeyChecker:
     def __init__(self, keys: dict[str, tuple[str, str]]):
         self._keys = [(k.encode("utf-8"), who) for k, who in keys.items()]
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self._keys)
-
     def identify(self, request: Request) -> tuple[str, str] | None:
         """(name, role), None when no keys are configured; 401 when a key is wrong or missing."""
         if not self._keys:

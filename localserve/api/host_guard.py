@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from urllib.parse import urlsplit
 
-from localserve.net import is_loopback
+from localserve.common.net import is_loopback
 
 def host_name(value: str) -> str:
     """'127.0.0.1:8080' -> '127.0.0.1', '[::1]:8080' -> '::1', 'Example.lan' -> 'example.lan'."""

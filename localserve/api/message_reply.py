@@ -57,7 +57,7 @@ class MessageReply:
         blocks += [tool_use(call) for call in calls]
         end = answer.end
         return self._message(blocks, STOP_REASONS.get(end.reason, "end_turn"),
-                             end.last.completion_tokens, end.last.cached_tokens)
+                             end.usage.completion, end.usage.cached)
 
     @staticmethod
     def _texts(piece) -> list[tuple[str, str]]:
@@ -109,7 +109,7 @@ class MessageReply:
                         yield self._event("content_block_stop", index=index)
                     yield self._event("message_delta", delta={
                         "stop_reason": STOP_REASONS.get(piece.reason, "end_turn"),
-                        "stop_sequence": None}, usage={"output_tokens": piece.last.completion_tokens})
+                        "stop_sequence": None}, usage={"output_tokens": piece.usage.completion})
                     yield self._event("message_stop")
 
     def _tool_events(self, index: int, block: dict):

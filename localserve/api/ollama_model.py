@@ -7,13 +7,13 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime, timezone
 
-from localserve.config import SettingsError, resolve_model
-from localserve.registry import Entry
+from localserve.common.config import SettingsError
+from localserve.models.registry import Entry
 
 
 def _file(entry: Entry):
     try:
-        path = resolve_model(entry.host.settings.model)
+        path = entry.host.model_file
         return path, path.stat()
     except (SettingsError, OSError):
         return None, None

@@ -58,18 +58,14 @@ class OllamaReply:
             return {**line, "message": message}
         return {**line, "response": text, **({"thinking": thinking} if thinking else {})}
 
-    def _final(self, end: Finish, engine_request, **whole) -> dict:
-        now = time.monotonic()
-        first = engine_request.first_token_time or now
-        admitted = engine_request.admitted_time or first
-        last = end.last
+    def _final(self, end: Finish, **whole) -> dict:
         return {**self._line(**whole), "done": True,
                 "done_reason": "length" if end.reason == "length" else "stop",
-                "total_duration": ns(now - self.started),
+                "total_duration": ns(time.monotonic() - self.started),
                 "load_duration": ns(self.loaded - self.started),
-                "prompt_eval_count": last.prompt_tokens,
-                "prompt_eval_duration": ns(first - admitted),
-                "eval_count": last.completion_tokens, "eval_duration": ns(now - first)}
+                "prompt_eval_count": end.usage.prompt,
+                "prompt_eval_duration": ns(end.timings.prompt),
+                "eval_count": end.usage.completion, "eval_duration": ns(end.timings.decode)}
 
     def _reader(self) -> ChoiceReader:
         return ChoiceReader(self.tools, self.reasoning)
@@ -77,8 +73,7 @@ class OllamaReply:
     async def collect(self, stream, request: Request) -> dict:
         answer = await whole_answer(stream, self._reader(), request)
         calls = answer.tools.calls if answer.tools else []
-        return self._final(answer.end, stream.requests[0],
-                           text=joined_content(answer.text, answer.tools) or "",
+        return self._final(answer.end, text=joined_content(answer.text, answer.tools) or "",
                            thinking=answer.thought if self.show_thinking else "", calls=calls)
 
     async def lines(self, stream):
@@ -100,6 +95,6 @@ class OllamaReply:
                         continue
                     line = self._line(text=piece.prose or "", calls=piece.calls)
                 else:
-                    yield json.dumps(self._final(piece, stream.requests[0])) + "\n"
+                    yield json.dumps(self._final(piece)) + "\n"
                     continue
                 yield json.dumps({**line, "done": False}) + "\n"

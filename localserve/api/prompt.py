@@ -14,36 +14,60 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from localserve.chat_template import ChatTemplateError, as_alternating_turns
+from localserve.models.chat_template import ChatTemplateError, as_alternating_turns
 from localserve.api.schemas import OpenAIError
-from localserve.model_host import ModelHost
+from localserve.models.model_host import ModelHost
 
 
-def _too_long(host: ModelHost, what: str, param: str) -> OpenAIError:
-    return OpenAIError(400, f"This request's {what}, but {host.context_bound()}. Shorten it.",
-                       code="context_length_exceeded", param=param)
+def too_long(host: ModelHost, what: str, param: str, more: str = "") -> OpenAIError:
+    """The one wording of a request that cannot fit: what it holds, what bounds one request
+    (host.context_bound), and anything `more` that helps to shorten it."""
+    return OpenAIError(400, f"This request's {what}, but {host.context_bound()}.{more} "
+                       f"Shorten it.", code="context_length_exceeded", param=param)
 
 
 def check_size(host: ModelHost, n_messages: int, n_bytes: int, param: str) -> None:
     """Refuse at once what no tokenization could fit into a slot."""
     n_ctx = host.n_ctx_per_slot
     if n_messages > n_ctx:
-        raise _too_long(host, f"{n_messages} messages need more than one token each", param)
-    if n_bytes > n_ctx * host.runner.max_piece_bytes:
-        raise _too_long(host, f"text is {n_bytes} bytes, more than "
-                        f"{n_ctx} tokens of at most {host.runner.max_piece_bytes} bytes can spell",
+        raise too_long(host, f"{n_messages} messages need more than one token each", param)
+    if n_bytes > n_ctx * host.max_piece_bytes:
+        raise too_long(host, f"text is {n_bytes} bytes, more than "
+                        f"{n_ctx} tokens of at most {host.max_piece_bytes} bytes can spell",
                         param)
 
 
 def check_token_ids(host: ModelHost, ids: list[int], param: str) -> list[int]:
     """Token ids a caller sent: each must exist in the vocabulary (llama.cpp aborts on one that
     does not)."""
-    n_vocab = host.runner.n_vocab
+    n_vocab = host.n_vocab
     bad = [t for t in ids if not 0 <= t < n_vocab]
     if bad:
         raise OpenAIError(400, f"{param}: token ids out of range 0..{n_vocab - 1}: {bad[:5]}",
                           param=param)
     return list(ids)
+
+
+async def text_or_ids(host: ModelHost, value: str | list[int], param: str) -> list[int]:
+    """A completion prompt as text (tokenized) or as token ids (checked)."""
+    if isinstance(value, str):
+        return await text_prompt(host, value)
+    return check_token_ids(host, value, param)
+
+
+async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str, param: str,
+                             middle: list[int] = ()) -> list[int]:
+    """The model's fill-in-the-middle prompt: prefix token, the text before, suffix token,
+    the text after, middle token (then what the middle starts with). Refused for a model
+    without those tokens, saying that `what` cannot work with it."""
+    fim = host.fim_tokens
+    if fim is None:
+        raise OpenAIError(400, f"the model '{host.model_id}' has no fill-in-the-middle tokens, "
+                          f"so {what} cannot work with it; use a code model that has them "
+                          f"(e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param=param)
+    prefix = await text_prompt(host, before) if before else []
+    suffix = await text_prompt(host, after) if after else []
+    return [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
 
 
 def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None,

@@ -25,24 +25,22 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
-from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
-                                   joined_content, read)
+from localserve.api.answer import (ChoiceReader, Choices, Failed, Finish, Text, Thought,
+                                   ToolCalls, joined_content, read, whole_answers)
 from localserve.api.schemas import _Sampling
 from localserve.api.structured import ToolPlan
-from localserve.engine.streams import ChoiceStreams
 
 
 def usage(ends: dict[int, Finish]) -> dict:
     """Every choice's end, by index, summed: what the engine billed each (it bills a prompt
     once for n > 1: scheduler.py, the one place that decides)."""
-    last = [end.last for end in ends.values()]
-    prompt = sum(e.prompt_tokens for e in last)
-    completion = sum(e.completion_tokens for e in last)
+    billed = [end.usage for end in ends.values()]
+    prompt = sum(u.prompt for u in billed)
+    completion = sum(u.completion for u in billed)
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(e.cached_tokens for e in last)},
-            "completion_tokens_details": {
-                "reasoning_tokens": sum(end.reasoning_tokens for end in ends.values())}}
+            "prompt_tokens_details": {"cached_tokens": sum(u.cached for u in billed)},
+            "completion_tokens_details": {"reasoning_tokens": sum(u.reasoning for u in billed)}}
 
 
 def ignored_header(names: list[str]) -> dict | None:
@@ -50,7 +48,7 @@ def ignored_header(names: list[str]) -> dict | None:
     return {"X-Ignored-Fields": header_list(names)} if names else None
 
 
-async def respond_with(collect, events, stream: ChoiceStreams, request: Request,
+async def respond_with(collect, events, stream: Choices, request: Request,
                        streaming: bool, headers: dict | None, ping: int = 10):
     """One JSON body (`await collect(stream, request)`) or the SSE of `events(stream)`."""
     if not streaming:
@@ -78,7 +76,7 @@ class Reply:
     def chat(self) -> bool:
         return self.kind == "chat.completion"
 
-    async def respond(self, stream: ChoiceStreams, request: Request):
+    async def respond(self, stream: Choices, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
         return await respond_with(self.collect, self.sse, stream, request, self.body.stream,
                                   ignored_header(self.body.ignored_fields), ping=15)
@@ -119,9 +117,9 @@ class Reply:
     def readers(self, n: int) -> list[ChoiceReader]:
         return [ChoiceReader(self.tools, self.reasoning) for _ in range(n)]
 
-    async def sse(self, stream: ChoiceStreams):
+    async def sse(self, stream: Choices):
         """Each choice's chunks carry its index; they interleave as the choices progress."""
-        n = len(stream.requests)
+        n = stream.n
         readers = self.readers(n)
         last: dict[int, Finish] = {}
         offsets = {i: len(self.prefix) for i in range(n)}  # text sent so far: text_offset
@@ -159,31 +157,13 @@ class Reply:
             yield self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})])
 
     # ---- one response ------------------------------------------------------------------
-    async def collect(self, stream: ChoiceStreams, request: Request) -> dict:
-        n = len(stream.requests)
-        parts = {i: [self.prefix] for i in range(n)}
-        found: dict[int, list] = {i: [] for i in range(n)}
-        thoughts: dict[int, list] = {i: [] for i in range(n)}
-        tools: dict[int, ToolCalls] = {}
-        last: dict[int, Finish] = {}
-        async with aclosing(read(stream, self.readers(n), request)) as pieces:
-            async for i, piece in pieces:
-                if isinstance(piece, Failed):
-                    raise piece.error
-                if isinstance(piece, Text):
-                    parts[i].append(piece.text)
-                    found[i] += piece.logprobs
-                elif isinstance(piece, Thought):
-                    thoughts[i].append(piece.text)
-                elif isinstance(piece, ToolCalls):
-                    tools[i] = piece
-                elif isinstance(piece, Finish):
-                    last[i] = piece
+    async def collect(self, stream: Choices, request: Request) -> dict:
+        answers = await whole_answers(stream, self.readers(stream.n), request)
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,
-                "choices": [self._choice(i, "".join(parts[i]), last[i], found[i],
-                                         "".join(thoughts[i]), tools.get(i)) for i in range(n)],
-                "usage": usage(last)}
+                "choices": [self._choice(i, self.prefix + a.text, a.end, a.logprobs, a.thought,
+                                         a.tools) for i, a in enumerate(answers)],
+                "usage": usage(dict(enumerate(a.end for a in answers)))}
 
     def _choice(self, index: int, text: str, end: Finish, found: list, thought: str,
                 tools: ToolCalls | None) -> dict:

@@ -15,7 +15,6 @@ from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, 
                                    joined_content, read, whole_answer)
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan
-from localserve.engine.finish import FinishReason
 
 
 class ResponseReply:
@@ -33,7 +32,6 @@ class ResponseReply:
         self.turns: list[dict] = []  # the conversation so far, stored with the answer
         self.keep = None  # async (response, messages) -> None when the response is stored
         self.sequence = 0
-        self.reasoning_tokens = 0  # tokens of the answer spent inside its <think> block
 
     def _reader(self) -> ChoiceReader:
         return ChoiceReader(self.tools, self.reasoning)
@@ -62,10 +60,10 @@ class ResponseReply:
     def _part(text: str) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
-    def _response(self, status: str, output: list, last=None) -> dict:
+    def _response(self, status: str, output: list, end: Finish | None = None) -> dict:
         body = self.body
-        cut = last is not None and last.finish_reason is FinishReason.LENGTH
-        used = last.completion_tokens if last is not None else 0
+        cut = end is not None and end.stop == "limit"
+        used = end.usage.completion if end is not None else 0
         return {"id": self.id, "object": "response", "created_at": self.created,
                 "status": "incomplete" if cut and status == "completed" else status,
                 "model": self.model, "output": output, "error": None,
@@ -78,16 +76,15 @@ class ResponseReply:
                 "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
                 "reasoning": {"effort": None, "summary": None}, "metadata": body.metadata or {},
                 "user": body.user,
-                "usage": None if last is None else {
+                "usage": None if end is None else {
                     "input_tokens": self.input_tokens,
-                    "input_tokens_details": {"cached_tokens": last.cached_tokens},
+                    "input_tokens_details": {"cached_tokens": end.usage.cached},
                     "output_tokens": used,
-                    "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+                    "output_tokens_details": {"reasoning_tokens": end.usage.reasoning},
                     "total_tokens": self.input_tokens + used}}
 
     async def _finish(self, items: list[dict], end: Finish) -> dict:
-        self.reasoning_tokens = end.reasoning_tokens
-        response = self._response("completed", items, end.last)
+        response = self._response("completed", items, end)
         if self.keep is not None:
             await self.keep(response, self.turns + [self._as_turn(response["output"])])
         return response

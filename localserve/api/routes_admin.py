@@ -16,9 +16,9 @@ from localserve import __version__
 from localserve.api.auth import caller, is_admin
 from localserve.api.serving import server_defaults
 from localserve.api.schemas import OpenAIError
-from localserve.ledger import GROUPS
-from localserve.ledger import usage as ledger_usage
-from localserve.registry import Entry, ModelState
+from localserve.office.ledger import GROUPS
+from localserve.office.ledger import usage as ledger_usage
+from localserve.models.registry import Entry, ModelState
 
 open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
 router = APIRouter()  # needs a key when keys are set
@@ -30,7 +30,7 @@ async def health(request: Request):
         return JSONResponse({"status": "draining"}, status_code=503)
     default = next(iter(request.app.state.models.entries.values()))
     state = default.state  # registry.ModelState: the one vocabulary of a model's lifecycle
-    if state in (ModelState.LOADED, ModelState.UNLOADED, ModelState.CLOSING):
+    if state.takes_requests:
         return {"status": "ok"}
     body = {"status": "loading"} if state is ModelState.LOADING else {
         "status": "error", "error": default.problem}
@@ -64,7 +64,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     host = entry.host
     if host.engine is None:
         return not_loaded(request, entry)
-    pool = host.loop.scheduler.pool
+    pool = host.pool_view()
     snap = host.engine.snapshot.to_json()
     if not is_admin(request):
         hide_others(snap, caller(request).key)
@@ -73,9 +73,9 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
                  "next_token": {"has_next_token": row["is_processing"],
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
-    return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": len(pool.slots),
+    return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": pool.n_slots,
             "n_ctx_per_slot": pool.n_ctx_per_slot, "n_ctx_guaranteed": pool.guarantee,
-            "split": pool.describe(), **snap,
+            "split": pool.split, **snap,
             "models": request.app.state.models.cards()}
 
 
@@ -151,22 +151,22 @@ async def props(request: Request, model: str | None = None):
     if host.engine is None:
         return not_loaded(request, entry)
     s = host.settings
-    pool = host.loop.scheduler.pool
+    pool = host.pool_view()
     model_path = str(host.model_path) if host.model_path else None  # users see its name only
     return {
         **host.facts,
-        "ctx_size": pool.ctx_size, "n_slots": len(pool.slots), "n_ctx_per_slot": pool.n_ctx_per_slot,
-        "kv_unified": True, "split": pool.describe(), "n_ctx_guaranteed": pool.guarantee,
+        "ctx_size": pool.ctx_size, "n_slots": pool.n_slots, "n_ctx_per_slot": pool.n_ctx_per_slot,
+        "kv_unified": True, "split": pool.split, "n_ctx_guaranteed": pool.guarantee,
         "context": host.context.as_json() if host.context else None,
-        "total_slots": len(pool.slots),  # llama-server's name for n_slots
+        "total_slots": pool.n_slots,  # llama-server's name for n_slots
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
         "chat_template": host.template.source if host.template else None,
         "model_path": model_path if is_admin(request) else Path(model_path).name if model_path else None,
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
             "speculative": s.spec != "off"}},
-        "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": host.loop.scheduler.budget,
-                      "max_num_seqs": host.loop.scheduler.max_num_seqs, "max_queue": s.max_queue,
+        "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": pool.max_num_batched_tokens,
+                      "max_num_seqs": pool.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},
         "version": __version__,
     }

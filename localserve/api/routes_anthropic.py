@@ -163,7 +163,7 @@ async def messages(body: MessagesRequest, request: Request,
                    admitted: Admitted = Depends(admit)):
     chat = as_chat(body)
     host, stream, plan = await start_chat(admitted, chat, "/v1/messages")
-    message = MessageReply(host.model_id, stream.requests[0].num_prompt_tokens, plan,
+    message = MessageReply(host.model_id, stream.n_prompt_tokens, plan,
                            reasons(host))
     headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
     return await respond_with(message.collect, message.events, stream, request, body.stream, headers)

@@ -5,23 +5,19 @@ middle tokens. Same engine, keys, shares and limits as the OpenAI routes."""
 
 from __future__ import annotations
 
-import json
-import time
-from contextlib import aclosing
 from typing import ClassVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
-from sse_starlette.sse import EventSourceResponse
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured, tool_formats
 from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
-from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read, whole_answer
+from localserve.api.native_reply import NativeReply
+from localserve.api.replies import respond_with
 from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, _Sampling
-from localserve.engine.finish import FinishReason
 
 router = APIRouter()
 
@@ -66,12 +62,6 @@ class TemplateBody(PromptEnding):
     model: str | None = None
 
 
-async def _prompt_tokens(host, body: NativeCompletion) -> list[int]:
-    if isinstance(body.prompt, list):
-        return prompt.check_token_ids(host, body.prompt, "prompt")
-    return await prompt.text_prompt(host, body.prompt)
-
-
 async def _run(request: Request, admitted: Admitted, host, body: NativeCompletion,
                tokens: list[int]):
     if body.n != 1:
@@ -79,67 +69,8 @@ async def _run(request: Request, admitted: Admitted, host, body: NativeCompletio
                           "choices use /v1/completions", param="n")
     grammar = await run_in_threadpool(structured.request_grammar, host, body)
     stream = submit(admitted, host, tokens, body, grammar, request.url.path)
-    started = time.monotonic()
-    if body.stream:
-        return EventSourceResponse(_sse(host, body, stream, started), sep="\n")
-    answer = await whole_answer(stream, ChoiceReader(), request)
-    final = _final(host, body, answer.text, answer.end, stream.requests[0], started)
-    return {**final, **_probabilities(host, answer.logprobs, body)}
-
-
-async def _sse(host, body, stream, started):
-    async with aclosing(read(stream, [ChoiceReader()])) as pieces:
-        async for _, piece in pieces:
-            if isinstance(piece, Failed):
-                yield {"data": json.dumps({"error": {"message": piece.error.message,
-                                                     "code": piece.error.status}})}
-                return
-            if isinstance(piece, Text):
-                chunk = {"content": piece.text, "stop": False, "id_slot": -1,
-                         **_probabilities(host, list(piece.logprobs), body)}
-                if body.return_tokens:
-                    chunk["tokens"] = list(piece.token_ids)
-                yield {"data": json.dumps(chunk)}
-            elif isinstance(piece, Finish):
-                yield {"data": json.dumps(_final(host, body, "", piece, stream.requests[0],
-                                                 started))}
-
-
-def _probabilities(host, found: list, body: NativeCompletion) -> dict:
-    """llama-server's completion_probabilities for n_probs: each token with its top N."""
-    if not body.n_probs:
-        return {}
-
-    def entry(token: int, logprob: float) -> dict:
-        raw = host.runner.piece(token)
-        return {"id": token, "token": raw.decode("utf-8", "replace"), "bytes": list(raw),
-                "logprob": logprob}
-    return {"completion_probabilities": [
-        {**entry(token, logprob), "top_logprobs": [entry(t, lp) for t, lp in top]}
-        for token, logprob, top in found]}
-
-
-def _final(host, body, text, end: Finish, engine_request, started) -> dict:
-    now = time.monotonic()
-    first = engine_request.first_token_time or now
-    last, tokens_out = end.last, engine_request.output_tokens
-    predicted = last.completion_tokens
-    if last.finish_reason is FinishReason.LENGTH:
-        stop_type = "limit"
-    elif tokens_out and host.runner.is_eog(tokens_out[-1]):
-        stop_type = "eos"
-    else:
-        stop_type = "word"
-    decode_s = max(now - first, 1e-9)
-    return {"content": text, "tokens": tokens_out if body.return_tokens else [],
-            "id_slot": -1, "stop": True, "model": host.model_id,
-            "tokens_predicted": predicted, "tokens_evaluated": last.prompt_tokens,
-            "tokens_cached": last.cached_tokens, "truncated": False, "stop_type": stop_type,
-            "stopping_word": "", "prompt": body.prompt if isinstance(body.prompt, str) else "",
-            "timings": {"prompt_n": last.prompt_tokens - last.cached_tokens,
-                        "prompt_ms": (first - started) * 1000, "predicted_n": predicted,
-                        "predicted_ms": decode_s * 1000,
-                        "predicted_per_second": predicted / decode_s if predicted else 0.0}}
+    reply = NativeReply(host.model_id, body, host.piece)
+    return await respond_with(reply.collect, reply.events, stream, request, body.stream, None)
 
 
 @router.post("/completion")
@@ -147,22 +78,17 @@ def _final(host, body, text, end: Finish, engine_request, started) -> dict:
 async def completion(body: NativeCompletion, request: Request,
                      admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:
-        return await _run(request, admitted, host, body, await _prompt_tokens(host, body))
+        tokens = await prompt.text_or_ids(host, body.prompt, "prompt")
+        return await _run(request, admitted, host, body, tokens)
 
 
 @router.post("/infill")
 async def infill(body: Infill, request: Request,
                  admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:
-        fim = host.runner.fim_tokens
-        if fim is None:
-            raise OpenAIError(400, f"the model '{host.model_id}' has no fill-in-the-middle "
-                              f"tokens, so /infill cannot work with it; use a code model that has "
-                              f"them (e.g. a Qwen2.5-Coder or CodeLlama GGUF)", param="model")
-        prefix = await prompt.text_prompt(host, body.input_prefix) if body.input_prefix else []
-        suffix = await prompt.text_prompt(host, body.input_suffix) if body.input_suffix else []
-        middle = await _prompt_tokens(host, body) if body.prompt else []
-        tokens = [fim[0], *prefix, fim[1], *suffix, fim[2], *middle]
+        middle = await prompt.text_or_ids(host, body.prompt, "prompt") if body.prompt else []
+        tokens = await prompt.fill_in_the_middle(host, body.input_prefix, body.input_suffix,
+                                                 "/infill", "model", middle)
         return await _run(request, admitted, host, body, tokens)
 
 
@@ -178,18 +104,16 @@ async def tokenize(body: TokenizeBody, request: Request,
                           param="content") from None
     async with admitted.lease(body.model) as host:
         prompt.check_size(host, 1, n_bytes, "content")
-        runner = host.runner
-
         def answer() -> JSONResponse:
-            ids = runner.tokenize(body.content, body.add_special, body.parse_special)
-            pieces = [_piece(runner, t) for t in ids] if body.with_pieces else ids
+            ids = host.tokenize(body.content, body.add_special, body.parse_special)
+            pieces = [_piece(host, t) for t in ids] if body.with_pieces else ids
             return JSONResponse({"tokens": pieces})
 
         return await run_in_threadpool(answer)
 
 
-def _piece(runner, token: int) -> dict:
-    raw = runner.piece(token) or runner.token_text(token).encode()
+def _piece(host, token: int) -> dict:
+    raw = host.piece(token) or host.token_text(token).encode()
     try:
         return {"id": token, "piece": raw.decode("utf-8")}
     except UnicodeDecodeError:

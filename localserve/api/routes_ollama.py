@@ -259,14 +259,7 @@ async def raw_tokens(host, body: GenerateBody) -> list[int]:
     """The prompt as is (raw), or wrapped in the model's fill-in-the-middle tokens (suffix)."""
     if body.suffix is None:
         return await prompt.text_prompt(host, body.prompt)
-    fim = host.runner.fim_tokens
-    if fim is None:
-        raise OpenAIError(400, f"'{host.model_id}' has no fill-in-the-middle tokens, so "
-                          f"'suffix' cannot work with it; use a code model that has them",
-                          param="suffix")
-    before = await prompt.text_prompt(host, body.prompt) if body.prompt else []
-    after = await prompt.text_prompt(host, body.suffix) if body.suffix else []
-    return [fim[0], *before, fim[1], *after, fim[2]]
+    return await prompt.fill_in_the_middle(host, body.prompt, body.suffix, "'suffix'", "suffix")
 
 
 async def grammar_of(host, completion: CompletionRequest) -> str | None:

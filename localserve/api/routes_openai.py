@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted, admit
 from localserve.api.replies import Reply, fingerprint
-from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
+from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
 from localserve.api.serving import reasons, start_chat, submit
 
 router = APIRouter(prefix="/v1")
@@ -39,8 +39,7 @@ async def get_model(model: str, request: Request):
     if len(cards) == 1 and host.model_path and model == host.model_path.name:
         return next(iter(cards.values()))  # the file name, as llama-server accepts
     if model not in cards:
-        raise OpenAIError(404, f"The model '{model}' does not exist; this server serves "
-                          f"{', '.join(cards)}", code="model_not_found", param="model")
+        raise request.app.state.models.unknown(model)
     return cards[model]
 
 
@@ -52,7 +51,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     # gpt-3.5-turbo, and llama-server does the same); responses report the served model's id.
     host, stream, plan = await start_chat(admitted, body, "/v1/chat/completions")
     reply = Reply("chat.completion", host.model_id, body, fingerprint(host), plan,
-                  piece=host.runner.piece, reasoning=reasons(host))
+                  piece=host.piece, reasoning=reasons(host))
     return await reply.respond(stream, request)
 
 
@@ -61,13 +60,10 @@ async def completions(body: CompletionRequest, request: Request,
                       admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:  # `model`: see chat_completions
         grammar = await run_in_threadpool(structured.request_grammar, host, body)
-        if isinstance(body.prompt, str):
-            tokens = await prompt.text_prompt(host, body.prompt)
-        else:
-            tokens = prompt.check_token_ids(host, body.prompt, "prompt")
+        tokens = await prompt.text_or_ids(host, body.prompt, "prompt")
         stream = submit(admitted, host, tokens, body, grammar, "/v1/completions")
     reply = Reply("text_completion", host.model_id, body, fingerprint(host),
-                  piece=host.runner.piece)
+                  piece=host.piece)
     if body.echo:
         reply.prefix = body.prompt if isinstance(body.prompt, str) else host.detokenize(tokens)
     return await reply.respond(stream, request)

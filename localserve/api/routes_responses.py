@@ -29,7 +29,7 @@ from localserve.api.serving import chat_tokens, reasons, start_chat
 from localserve.api.auth import caller
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
-from localserve.conversations import MAX_CONVERSATION_BYTES, TooLarge
+from localserve.office.conversations import MAX_CONVERSATION_BYTES, TooLarge
 
 router = APIRouter(prefix="/v1")
 stored_router = APIRouter()  # stored answers: read and deleted, no model runs
@@ -180,9 +180,14 @@ def _earlier(request: Request, body: ResponsesRequest) -> list[dict]:
         return []
     found = _store(request).get(_owner(request), body.previous_response_id)
     if found is None:
-        raise OpenAIError(404, f"No response with id '{body.previous_response_id}' is stored "
-                          f"for this key", code="response_not_found", param="previous_response_id")
+        raise _not_stored(body.previous_response_id, "previous_response_id")
     return found["messages"]
+
+
+def _not_stored(response_id: str, param: str | None = None) -> OpenAIError:
+    """Another key's response is answered the same as none: its id tells nothing."""
+    return OpenAIError(404, f"No response with id '{response_id}' is stored for this key",
+                       code="response_not_found", param=param)
 
 
 @router.post("/responses")
@@ -193,7 +198,7 @@ async def create_response(body: ResponsesRequest, request: Request,
     if body.store:
         _fits_the_store(request, body, earlier)
     host, stream, plan = await start_chat(admitted, chat, "/v1/responses")
-    reply = ResponseReply(host.model_id, body, stream.requests[0].num_prompt_tokens, plan,
+    reply = ResponseReply(host.model_id, body, stream.n_prompt_tokens, plan,
                           reasons(host))
     reply.turns = earlier + input_messages(body.input)
     reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
@@ -236,16 +241,14 @@ async def _save(request: Request, response: dict, messages: list[dict]) -> None:
 async def get_response(response_id: str, request: Request):
     found = await run_in_threadpool(_store(request).get, _owner(request), response_id)
     if found is None:
-        raise OpenAIError(404, f"No response with id '{response_id}' is stored for this key",
-                          code="response_not_found")
+        raise _not_stored(response_id)
     return found["response"]
 
 
 @stored_router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request):
     if not await run_in_threadpool(_store(request).delete, _owner(request), response_id):
-        raise OpenAIError(404, f"No response with id '{response_id}' is stored for this key",
-                          code="response_not_found")
+        raise _not_stored(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
 

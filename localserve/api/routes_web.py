@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError
-from localserve.conversations import TooLarge
+from localserve.office.conversations import TooLarge
 
 page_router = APIRouter()  # the page and its assets: open
 api_router = APIRouter(prefix="/web/api")  # conversations: behind the key

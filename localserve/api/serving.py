@@ -16,12 +16,12 @@ from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
 from localserve.api.reasoning import uses_reasoning
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
-from localserve.config import Settings
+from localserve.common.config import Settings
 from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.engine.streams import ChoiceStreams
-from localserve.model_host import ModelHost
+from localserve.models.model_host import ModelHost
 
 
 # Request fields that fall back to the server's defaults (--temp, --top-k, --top-p, --seed).
@@ -63,7 +63,7 @@ def tools_share(host: ModelHost, body: _Sampling) -> str:
     if not tools:
         return ""
     schemas = json.dumps([tool.model_dump(exclude_none=True) for tool in tools])
-    n = len(host.runner.tokenize(schemas, add_special=False, parse_special=False))
+    n = len(host.tokenize(schemas, add_special=False, parse_special=False))
     return (f" The {len(tools)} tools' definitions alone take about {n} tokens: send fewer "
             f"tools (in Open WebUI, turn off the tools it attaches to this model's chats).")
 
@@ -92,10 +92,8 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampli
                           f"a context of {n_ctx} (num_ctx), and the answer needs room too.",
                           code="context_length_exceeded", param="num_ctx")
     if len(tokens) >= n_ctx:
-        raise OpenAIError(400, f"This request's prompt is {len(tokens)} tokens, but "
-                          f"{host.context_bound()}, and the answer needs room too."
-                          f"{tools_share(host, body)} Shorten the prompt.",
-                          code="context_length_exceeded", param="messages")
+        raise prompt.too_long(host, f"prompt is {len(tokens)} tokens and its answer needs room "
+                              f"too", "messages", tools_share(host, body))
     n_slots = host.settings.parallel
     if body.n > n_slots:
         raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "

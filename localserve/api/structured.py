@@ -29,7 +29,7 @@ from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schema_patterns import PatternError, plain_patterns
 from localserve.api.tool_formats import NativeFormat
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
-from localserve.model_host import ModelHost
+from localserve.models.model_host import ModelHost
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
 MAX_SCHEMA_DEPTH = 32  # nested objects/arrays in a schema; llama-server crashes on deep ones
@@ -83,7 +83,7 @@ def schema_grammar(host: ModelHost, schema, param: str) -> str:
     except PatternError as exc:
         raise OpenAIError(400, f"{param}: {exc}", param=param) from None
     try:
-        return host.runner.json_schema_grammar(text)
+        return host.json_schema_grammar(text)
     except Exception as exc:  # the converter asserts on schemas it does not understand
         raise OpenAIError(400, f"unsupported or invalid JSON schema in {param}: {exc}",
                           param=param) from None
@@ -120,7 +120,7 @@ class CheckedGrammars:
                 return self._found[key]
         try:
             check_gbnf(gbnf)
-            found = host.runner.grammar_error(gbnf)
+            found = host.grammar_error(gbnf)
             found = f"invalid grammar: {found}" if found else None
         except BoundError as exc:
             found = str(exc)

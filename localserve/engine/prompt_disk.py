@@ -19,7 +19,7 @@ import uuid
 import zlib
 from pathlib import Path
 
-from localserve.private_state import private_dir
+from localserve.common.private_state import private_dir
 
 log = logging.getLogger("localserve.cache")
 FORMAT = "localserve-prompt-cache/1"

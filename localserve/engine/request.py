@@ -76,6 +76,7 @@ class TokenEvent:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    stop_type: str = "none"  # a completed end's cause, llama-server's words: eos, word, limit
     # With SamplingParams.logprobs: (token, its log-probability, ((token, logprob), ...) top N)
     logprobs: tuple[int, float, tuple[tuple[int, float], ...]] | None = None
 

@@ -336,22 +336,23 @@ class Scheduler:
             req.first_token_time = time.monotonic()
             self._release_siblings(req)
         if self.vocab.is_eog(token) and not req.params.ignore_eos:
-            return self._end(slot, FinishReason.STOP, token=token)
+            return self._end(slot, FinishReason.STOP, token=token, stop_type="eos")
         text = req.detokenizer.feed(self.vocab.piece(token))
         if req.detokenizer.stopped:
-            return self._end(slot, FinishReason.STOP, text, token)
+            return self._end(slot, FinishReason.STOP, text, token, stop_type="word")
         if req.num_output_tokens >= req.params.max_tokens or slot.n_cached >= slot.n_ctx:
-            return self._end(slot, FinishReason.LENGTH, text, token)
+            return self._end(slot, FinishReason.LENGTH, text, token, stop_type="limit")
         return TokenEvent(text, (token,))
 
     def _end(self, slot: Slot, reason: FinishReason, text: str = "", token: int | None = None,
-             error: str | None = None) -> TokenEvent:
+             error: str | None = None, stop_type: str = "none") -> TokenEvent:
         req = slot.request
         if reason.completed and req.detokenizer is not None:
             text += req.detokenizer.flush()
         slot.release()
         event = self._close(req, reason, error)
         event.text, event.token_ids = text, (() if token is None else (token,))
+        event.stop_type = stop_type
         return event
 
     def _close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:

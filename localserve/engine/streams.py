@@ -77,6 +77,16 @@ class ChoiceStreams:
     def finished(self) -> bool:
         return not self._open
 
+    @property
+    def n(self) -> int:
+        """How many choices."""
+        return len(self.requests)
+
+    @property
+    def n_prompt_tokens(self) -> int:
+        """The prompt's tokens (before any answer: Messages' message_start reports them)."""
+        return self.requests[0].num_prompt_tokens
+
     def __aiter__(self) -> "ChoiceStreams":
         return self
 

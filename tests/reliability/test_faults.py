@@ -7,10 +7,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from localserve.api.app import create_app
-from localserve.config import Settings
+from localserve.common.config import Settings
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.errors import DecodeError
-from localserve.model_host import ModelHost
+from localserve.models.model_host import ModelHost
 
 
 def fresh_service(**kw) -> ModelHost:

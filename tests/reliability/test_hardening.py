@@ -158,7 +158,7 @@ def test_conversations_are_bounded_in_bytes(office):
 
 
 def test_conversations_deleted_give_their_space_back(tmp_path, monkeypatch):
-    from localserve import conversations as conv
+    from localserve.office import conversations as conv
 
     monkeypatch.setattr(conv, "MAX_OWNER_BYTES", 300_000)
     store = conv.Conversations(tmp_path)

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from conftest import ledger_rows, running, wait_for
-from localserve.config import default_model_path
-from localserve.registry import ModelRegistry
+from localserve.common.config import default_model_path
+from localserve.models.registry import ModelRegistry
 from reliability.conftest import ALICE, BOB, LATE_COSTLY, ROOT_KEY, auth, office_keys, post
 
 
@@ -81,7 +81,7 @@ def test_a_colleagues_load_call_never_switches_models_and_an_admins_does(office)
     r = post(office, "/api/generate", {"model": "b"}, key=ROOT_KEY)
     assert r.status_code == 200 and r.json()["done_reason"] == "load"
     assert states(office) == {"a": "unloaded", "b": "loaded"}
-    from localserve.ledger import audit_log  # the switch is on the record of who caused it
+    from localserve.office.ledger import audit_log  # the switch is on the record of who caused it
 
     wait_for(lambda: [row for row in audit_log(Path(office.state_dir) / "ledger.db")
                       if row["event"] == "model_switch" and row["key"] == "root"

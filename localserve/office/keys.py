@@ -9,7 +9,7 @@ import stat
 import time
 from pathlib import Path
 
-from localserve.config import Settings, SettingsError
+from localserve.common.config import Settings, SettingsError
 
 log = logging.getLogger("localserve")
 

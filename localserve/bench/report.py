@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from localserve.bench import LevelSummary
+from localserve.bench.load import LevelSummary
 
 # Throughput must grow by at least this much from one level to the next to be worth it...
 MIN_GAIN = 0.10

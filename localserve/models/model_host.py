@@ -1,5 +1,5 @@
 """ModelHost: assembles one model's runner, slots, scheduler and engine loop from Settings,
-and owns their life.
+and owns their life. What api/ may call of it is its face (host_face.py).
 
 The model loads on a background thread so that /health can answer 503 "loading" meanwhile.
 """
@@ -14,10 +14,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from localserve.chat_template import ChatTemplate, PromptPart, fallback_for, override_source
-from localserve.config import Settings, resolve_model
+from localserve.models.chat_template import ChatTemplate, fallback_for, override_source
+from localserve.models.host_face import HostFace
+from localserve.common.config import Settings, resolve_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.turns import Turns
+from localserve.models.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.plan import SlotSave
@@ -27,16 +28,16 @@ from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
 from localserve.engine.slots import SlotPool
-from localserve.ledger import state_dir
-from localserve.metrics import build_registry
+from localserve.office.ledger import state_dir
+from localserve.common.metrics import build_registry
 import psutil
-from localserve.resources import ContextChoice, check_memory, choose_context
+from localserve.models.resources import ContextChoice, check_memory, choose_context
 
 log = logging.getLogger("localserve")
 MIB = 1024 ** 2
 
 
-class ModelHost:
+class ModelHost(HostFace):
     """One model's engine: runner, slots, scheduler, engine loop, template and tokenization.
     With several models (registry.py) each has its own host. What the office shares (keys,
     ledger, per-key counters) reaches it only as the observers and the share rule the registry
@@ -98,6 +99,12 @@ class ModelHost:
             self._embeddings_running -= 1
 
     @property
+    def model_file(self) -> Path:
+        """The GGUF file the settings name (the embedded model's when none): SettingsError
+        when it is missing."""
+        return resolve_model(self.settings.model)
+
+    @property
     def model_id(self) -> str:
         if self.settings.model_alias:
             return self.settings.model_alias
@@ -106,30 +113,6 @@ class ModelHost:
     @property
     def ready(self) -> bool:
         return self.engine is not None and self.engine.healthy
-
-    @property
-    def n_ctx_per_slot(self) -> int:
-        """The most one request may use: the model's trained context, at most the pool."""
-        return self.loop.scheduler.pool.n_ctx_per_slot
-
-    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
-        """Why this key's grammar is refused at once (the engine lately ended it as too
-        costly), else None."""
-        return self.loop.scheduler.costly_grammars.refusal(user, grammar)
-
-    @property
-    def n_ctx_embedding(self) -> int:
-        """The most one embedding input may hold: one slot's share of the pool."""
-        return self.runner.n_ctx_embedding
-
-    def context_bound(self) -> str:
-        """What bounds one request, in the words a refusal uses (never a slot's share: a
-        request borrows past it)."""
-        pool, trained = self.loop.scheduler.pool, self.runner.n_ctx_train
-        if trained and pool.n_ctx_per_slot >= trained:
-            return f"this model's context is {pool.n_ctx_per_slot} tokens (what it was trained on)"
-        return (f"one request may use the whole cache pool, {pool.n_ctx_per_slot} tokens "
-                f"(raise -c for more; the model was trained on {trained})")
 
     def start_loading(self) -> threading.Thread:
         thread = threading.Thread(target=self.load, name="localserve-load", daemon=True)
@@ -140,7 +123,7 @@ class ModelHost:
         s = self.settings
         self.unloaded, self.load_error = False, None
         try:
-            self.model_path = resolve_model(s.model)
+            self.model_path = self.model_file
             log.info("loading %s", self.model_path)
             if s.rpc_servers:  # devices must exist before the model loads
                 add_servers(list(s.rpc_servers))
@@ -277,26 +260,6 @@ class ModelHost:
                         "this model's template takes %d tokens with a %d-token answer: raise -c to "
                         "at least %d for --parallel %d, or lower --parallel", pool.guarantee, need,
                         answer_room, need * s.parallel, s.parallel)
-
-    def tokenize_prompt(self, text: str) -> list[int]:
-        """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the
-        text already starts with it."""
-        bos = self.runner.bos_text
-        add_special = not (bos and text.startswith(bos))
-        return self.runner.tokenize(text, add_special=add_special, parse_special=True)
-
-    def tokenize_parts(self, parts: list[PromptPart]) -> list[int]:
-        """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
-        text as plain text. BOS is added unless the template wrote it."""
-        bos = self.runner.bos_text
-        tokens: list[int] = []
-        for i, part in enumerate(parts):
-            add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
-            tokens += self.runner.tokenize(part.text, add_special=add_bos, parse_special=part.trusted)
-        return tokens
-
-    def detokenize(self, tokens: list[int]) -> str:
-        return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def stop_engine(self) -> None:
         """Stop the engine loop (a drain, shutdown); anything unfinished gets an error event."""

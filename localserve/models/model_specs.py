@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from localserve.config import Settings, SettingsError, resolve_model
+from localserve.common.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
 TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "kind", "pin", "chat_template",

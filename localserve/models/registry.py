@@ -24,14 +24,14 @@ from datetime import datetime, timezone
 
 import psutil
 
-from localserve.config import Settings, SettingsError, resolve_model
+from localserve.common.config import Settings, SettingsError
 from localserve.engine.runner import load_progress, memory_needs
-from localserve.metrics import labelled_registry
-from localserve.model_errors import ModelUnavailable, NotEnoughMemory, UnknownModel, WrongKind
-from localserve.model_specs import ModelSpec, model_specs, parse_size
-from localserve.resources import GIB, OVERHEAD_BYTES
-from localserve.model_host import ModelHost
-from localserve.office import Office
+from localserve.common.metrics import labelled_registry
+from localserve.common.model_errors import ModelUnavailable, NotEnoughMemory, UnknownModel, WrongKind
+from localserve.models.model_specs import ModelSpec, model_specs, parse_size
+from localserve.models.resources import GIB, OVERHEAD_BYTES
+from localserve.models.model_host import ModelHost
+from localserve.office.office import Office
 
 log = logging.getLogger("localserve.models")
 
@@ -58,6 +58,11 @@ class ModelState(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    @property
+    def takes_requests(self) -> bool:
+        """Loaded, or loadable on the next request (unloaded, or closing for a switch)."""
+        return self in (ModelState.LOADED, ModelState.UNLOADED, ModelState.CLOSING)
 
 
 @dataclass(eq=False)
@@ -145,7 +150,7 @@ class ModelRegistry:
     @classmethod
     def single(cls, host: ModelHost) -> "ModelRegistry":
         """A registry of one ready-made ModelHost (tests, and embedders of the app)."""
-        name = host.settings.model_alias or resolve_model(host.settings.model).stem
+        name = host.settings.model_alias or host.model_file.stem
         return cls(Office(host.settings), host, [ModelSpec(name, host.settings.model)])
 
     @property
@@ -160,8 +165,12 @@ class ModelRegistry:
             return next(iter(self.entries.values()))
         if name in self.entries:
             return self.entries[name]
-        raise UnknownModel(f"The model '{name}' does not exist; this server serves "
-                           f"{', '.join(self.entries)}", code="model_not_found")
+        raise self.unknown(name)
+
+    def unknown(self, name: str) -> UnknownModel:
+        """The 404 for a name nobody serves, listing what exists."""
+        return UnknownModel(f"The model '{name}' does not exist; this server serves "
+                            f"{', '.join(self.entries)}", code="model_not_found")
 
     @asynccontextmanager
     async def lease(self, name: str | None, kind: str = "chat", may_switch: bool = True,
@@ -277,7 +286,7 @@ class ModelRegistry:
 
     async def _need(self, entry: Entry) -> int:
         if entry.need_bytes is None:
-            s, path = entry.host.settings, str(resolve_model(entry.host.settings.model))
+            s, path = entry.host.settings, str(entry.host.model_file)
             context = await asyncio.to_thread(entry.host.context_choice, path)
             needs = await asyncio.to_thread(memory_needs, path, context.ctx_size,
                                             s.cache_type_k, s.cache_type_v)
@@ -398,7 +407,7 @@ class ModelRegistry:
 def model_card(entry: Entry) -> dict:
     """OpenAI's model object, with llama-server's router `status` ({"value": "loaded"})."""
     try:
-        created = int(resolve_model(entry.host.settings.model).stat().st_mtime)
+        created = int(entry.host.model_file.stat().st_mtime)
     except (SettingsError, OSError):
         created = 0
     status = {"value": str(entry.state)}
@@ -412,7 +421,7 @@ def ready(entry: Entry) -> ModelHost:
     """The model's host if it can take requests now (its ModelState: loaded, or unloaded and
     loadable again), else the 503 that says why."""
     state = entry.state
-    if state in (ModelState.LOADED, ModelState.UNLOADED, ModelState.CLOSING):
+    if state.takes_requests:
         return entry.host
     if state is ModelState.LOADING:
         raise ModelUnavailable("the model is still loading; retry shortly", param=None,

@@ -19,7 +19,7 @@ import time
 import uuid
 from pathlib import Path
 
-from localserve.private_state import private_dir, private_file
+from localserve.common.private_state import private_dir, private_file
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (

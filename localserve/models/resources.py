@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from localserve.config import Settings, SettingsError
+from localserve.common.config import Settings, SettingsError
 
 GIB = 1024 ** 3
 # llama.cpp's compute buffers, the Python process and the HTTP side: a fixed allowance.

@@ -16,11 +16,11 @@ from typing import Callable
 
 from prometheus_client import CollectorRegistry
 
-from localserve.config import Settings
-from localserve.conversations import Conversations
-from localserve.keys import load_keys
-from localserve.ledger import Ledger, LedgerObserver, state_dir
-from localserve.metrics import KeyUsageMetrics
+from localserve.common.config import Settings
+from localserve.office.conversations import Conversations
+from localserve.office.keys import load_keys
+from localserve.office.ledger import Ledger, LedgerObserver, state_dir
+from localserve.common.metrics import KeyUsageMetrics
 
 log = logging.getLogger("localserve")
 

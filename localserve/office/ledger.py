@@ -19,9 +19,9 @@ from collections import defaultdict
 from pathlib import Path
 
 from localserve.engine.finish import FinishReason
-from localserve.private_state import private_dir, private_file
+from localserve.common.private_state import private_dir, private_file
 
-log = logging.getLogger("localserve.ledger")
+log = logging.getLogger("localserve.office.ledger")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS requests (

@@ -22,7 +22,7 @@ from collections import Counter
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
-from localserve.config import SettingsError
+from localserve.common.config import SettingsError
 
 
 @dataclass(frozen=True)

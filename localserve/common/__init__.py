@@ -1,0 +1,1 @@
+"""Ground: what every layer may use (settings, errors, the network, private files, metrics)."""

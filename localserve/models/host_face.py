@@ -1,0 +1,112 @@
+"""The face of a model host that the HTTP side uses (as Ollama's `LlamaServer` interface is
+for its runner): tokens and text, the model's special tokens, grammar checks, and a read-only
+view of the cache pool and the scheduler's limits. Nothing in api/ reaches the runner or the
+engine loop past it, so a change of engine shows here and nowhere else."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from localserve.models.chat_template import PromptPart
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """The pool and the scheduler's limits, as /props and /slots show them."""
+
+    ctx_size: int
+    n_slots: int
+    n_ctx_per_slot: int  # the most one request may use
+    guarantee: int  # what each slot holds for sure; more is borrowed
+    split: str  # the -c split, in words
+    max_num_batched_tokens: int
+    max_num_seqs: int
+
+
+class HostFace:
+    """Mixed into ModelHost, which sets `runner` and `loop` when the model loads."""
+
+    # ---- tokens and text ------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.runner.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the
+        text already starts with it."""
+        bos = self.runner.bos_text
+        add_special = not (bos and text.startswith(bos))
+        return self.runner.tokenize(text, add_special=add_special, parse_special=True)
+
+    def tokenize_parts(self, parts: list[PromptPart]) -> list[int]:
+        """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
+        text as plain text. BOS is added unless the template wrote it."""
+        bos = self.runner.bos_text
+        tokens: list[int] = []
+        for i, part in enumerate(parts):
+            add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
+            tokens += self.runner.tokenize(part.text, add_special=add_bos, parse_special=part.trusted)
+        return tokens
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def piece(self, token: int) -> bytes:
+        """A token's bytes as the answer spells them (control tokens: none)."""
+        return self.runner.piece(token)
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the vocabulary writes it (control tokens too)."""
+        return self.runner.token_text(token)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.runner.n_vocab
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """The longest token's bytes: what bounds the text n tokens can spell."""
+        return self.runner.max_piece_bytes
+
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """Fill-in-the-middle's prefix, suffix and middle tokens (None: the model has none)."""
+        return self.runner.fim_tokens
+
+    # ---- grammars ---------------------------------------------------------------------------
+    def json_schema_grammar(self, schema_json: str) -> str:
+        return self.runner.json_schema_grammar(schema_json)
+
+    def grammar_error(self, gbnf: str) -> str | None:
+        """llama.cpp's complaint about a grammar, or None when it parses."""
+        return self.runner.grammar_error(gbnf)
+
+    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
+        """Why this key's grammar is refused at once (the engine lately ended it as too
+        costly), else None."""
+        return self.loop.scheduler.costly_grammars.refusal(user, grammar)
+
+    # ---- the pool -----------------------------------------------------------------------------
+    def pool_view(self) -> PoolView:
+        scheduler = self.loop.scheduler
+        pool = scheduler.pool
+        return PoolView(pool.ctx_size, len(pool.slots), pool.n_ctx_per_slot, pool.guarantee,
+                        pool.describe(), scheduler.budget, scheduler.max_num_seqs)
+
+    @property
+    def n_ctx_per_slot(self) -> int:
+        """The most one request may use: the model's trained context, at most the pool."""
+        return self.loop.scheduler.pool.n_ctx_per_slot
+
+    @property
+    def n_ctx_embedding(self) -> int:
+        """The most one embedding input may hold: one slot's share of the pool."""
+        return self.runner.n_ctx_embedding
+
+    def context_bound(self) -> str:
+        """What bounds one request, in the words a refusal uses (never a slot's share: a
+        request borrows past it)."""
+        pool, trained = self.loop.scheduler.pool, self.runner.n_ctx_train
+        if trained and pool.n_ctx_per_slot >= trained:
+            return f"this model's context is {pool.n_ctx_per_slot} tokens (what it was trained on)"
+        return (f"one request may use the whole cache pool, {pool.n_ctx_per_slot} tokens "
+                f"(raise -c for more; the model was trained on {trained})")

@@ -1,0 +1,167 @@
+"""The writers, pure (no model): each API shape written from the pieces of events a pure
+scheduler emitted (fakes.ScriptedChoices). Their counts, stop types and texts come from the
+pieces alone (answer.py), so these pin what every client reads at the end of an answer."""
+
+import asyncio
+import json
+
+from fakes import ScriptedChoices
+
+from localserve.api.answer import Timings, Usage, whole_answers, ChoiceReader
+from localserve.api.message_reply import MessageReply
+from localserve.api.native_reply import NativeReply
+from localserve.api.ollama_reply import OllamaReply
+from localserve.api.replies import Reply, usage
+from localserve.api.response_reply import ResponseReply
+from localserve.api.routes_native import NativeCompletion
+from localserve.api.routes_responses import ResponsesRequest
+from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
+
+HELLO = [7, 4, 11, 11, 14, 0]  # "hello", then end-of-generation (fakes.FakeVocab)
+HEY = [7, 4, 24, 0]  # "hey"
+
+
+def whole(reply_collect, choices):
+    return asyncio.run(reply_collect(choices, None))
+
+
+def events(generator) -> list:
+    async def drain():
+        return [item async for item in generator]
+    return asyncio.run(drain())
+
+
+def chat(**extra) -> ChatCompletionRequest:
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], **extra)
+
+
+def test_the_end_piece_carries_counts_stop_type_timings_and_tokens():
+    for scripts, max_tokens, stop, text, kind in [
+            (HELLO, 100, (), "hello", "eos"), (HELLO, 3, (), "hel", "limit"),
+            (HELLO, 100, ("ll",), "he", "word")]:
+        choices = ScriptedChoices({"a": scripts}, n_prompt=4, max_tokens=max_tokens, stop=stop)
+        [answer] = asyncio.run(whole_answers(choices, [ChoiceReader()], None))
+        end = answer.end
+        assert (answer.text, end.stop) == (text, kind)
+        assert end.reason == ("length" if kind == "limit" else "stop")
+        n_out = {"eos": 6, "limit": 3, "word": 4}[kind]
+        assert end.usage == Usage(4, n_out, 0, 0) and end.tokens == tuple(HELLO[:n_out])
+        assert isinstance(end.timings, Timings) and min(end.timings.__dict__.values()) >= 0
+        assert choices.cancelled  # the reader leaves: whatever still runs is cancelled
+
+
+def test_chat_completion_whole_n_choices_and_their_summed_usage():
+    choices = ScriptedChoices({"a": HELLO, "b": HEY}, n_prompt=5)
+    body = whole(Reply("chat.completion", "m", chat(n=2), "fp").collect, choices)
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] \
+        == [(0, "hello", "stop"), (1, "hey", "stop")]
+    assert body["object"] == "chat.completion" and body["model"] == "m"
+    assert body["system_fingerprint"] == "fp" and body["id"].startswith("chatcmpl-")
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["usage"] == {"prompt_tokens": 10, "completion_tokens": 10, "total_tokens": 20,
+                             "prompt_tokens_details": {"cached_tokens": 0},
+                             "completion_tokens_details": {"reasoning_tokens": 0}}
+
+
+def test_text_completion_whole_with_its_echoed_prefix():
+    reply = Reply("text_completion", "m", CompletionRequest(model="m", prompt="x"), "fp")
+    reply.prefix = "x"
+    body = whole(reply.collect, ScriptedChoices({"a": HELLO}, max_tokens=2))
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": "xhe", "logprobs": None,
+                                "finish_reason": "length"}]
+
+
+def test_chat_stream_role_first_text_then_the_finish_alone_then_usage_and_done():
+    reply = Reply("chat.completion", "m", chat(stream=True, stream_options={"include_usage": True}),
+                  "fp")
+    sent = events(reply.sse(ScriptedChoices({"a": HEY})))
+    assert sent[-1] == {"data": "[DONE]"}
+    chunks = [json.loads(e["data"]) for e in sent[:-1]]
+    deltas = [(c["choices"][0]["delta"], c["choices"][0]["finish_reason"])
+              for c in chunks if c["choices"]]
+    assert deltas[0] == ({"role": "assistant", "content": ""}, None)
+    assert "".join(d.get("content", "") for d, _ in deltas) == "hey"
+    assert deltas[-1] == ({}, "stop")
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 4
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+
+
+def test_usage_sums_each_choices_billed_counts():
+    from localserve.api.answer import Finish
+    ends = {0: Finish("stop", "eos", Usage(7, 2, 3, 1), Timings(0, 0, 0), ()),
+            1: Finish("length", "limit", Usage(0, 5, 0, 0), Timings(0, 0, 0), ())}
+    assert usage(ends) == {"prompt_tokens": 7, "completion_tokens": 7, "total_tokens": 14,
+                           "prompt_tokens_details": {"cached_tokens": 3},
+                           "completion_tokens_details": {"reasoning_tokens": 1}}
+
+
+def native(**fields) -> NativeReply:
+    return NativeReply("m", NativeCompletion(prompt="p", **fields), lambda t: b"x")
+
+
+def test_native_final_object_says_stop_type_counts_and_tokens():
+    for max_tokens, stop, kind, n_out in [(100, (), "eos", 6), (2, (), "limit", 2),
+                                          (100, ("ll",), "word", 4)]:
+        body = whole(native(return_tokens=True).collect,
+                     ScriptedChoices({"a": HELLO}, n_prompt=4, max_tokens=max_tokens, stop=stop))
+        assert (body["stop_type"], body["tokens_predicted"], body["tokens_evaluated"]) == \
+            (kind, n_out, 4)
+        assert body["tokens"] == HELLO[:n_out] and body["stop"] is True
+        assert body["tokens_cached"] == 0 and body["model"] == "m" and body["prompt"] == "p"
+        timings = body["timings"]
+        assert (timings["prompt_n"], timings["predicted_n"]) == (4, n_out)
+        assert timings["prompt_ms"] >= 0 and timings["predicted_ms"] > 0
+    assert whole(native().collect, ScriptedChoices({"a": HEY}))["tokens"] == []
+
+
+def test_native_stream_sends_text_chunks_then_the_final_object():
+    sent = [json.loads(e["data"]) for e in events(native().events(ScriptedChoices({"a": HEY})))]
+    assert "".join(c["content"] for c in sent[:-1]) == "hey"
+    assert all(c["stop"] is False and c["id_slot"] == -1 for c in sent[:-1])
+    assert sent[-1]["stop"] is True and sent[-1]["stop_type"] == "eos"
+    assert sent[-1]["content"] == ""
+
+
+def test_ollama_final_line_counts_and_done_reason():
+    for max_tokens, reason, n_out in [(100, "stop", 4), (2, "length", 2)]:
+        reply = OllamaReply("m", chat=True, started=0.0, loaded=0.0)
+        body = whole(reply.collect, ScriptedChoices({"a": HEY}, n_prompt=5, max_tokens=max_tokens))
+        assert body["done"] is True and body["done_reason"] == reason
+        assert (body["prompt_eval_count"], body["eval_count"]) == (5, n_out)
+        assert body["message"] == {"role": "assistant", "content": "hey"[:n_out]}
+        assert all(body[k] >= 0 for k in ("total_duration", "load_duration",
+                                          "prompt_eval_duration", "eval_duration"))
+    lines = [json.loads(line) for line in events(
+        OllamaReply("m", chat=False).lines(ScriptedChoices({"a": HEY})))]
+    assert "".join(line["response"] for line in lines[:-1]) == "hey"
+    assert lines[-1]["done"] is True and lines[-1]["eval_count"] == 4
+
+
+def test_messages_whole_and_streamed_say_the_stop_reason_and_output_tokens():
+    for max_tokens, reason, n_out in [(100, "end_turn", 4), (2, "max_tokens", 2)]:
+        reply = MessageReply("m", 5, None)
+        body = whole(reply.collect, ScriptedChoices({"a": HEY}, n_prompt=5, max_tokens=max_tokens))
+        assert body["stop_reason"] == reason and body["content"] == [
+            {"type": "text", "text": "hey"[:n_out]}]
+        assert body["usage"] == {"input_tokens": 5, "output_tokens": n_out,
+                                 "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
+    sent = events(MessageReply("m", 5, None).events(ScriptedChoices({"a": HEY}, max_tokens=2)))
+    delta = [json.loads(e["data"]) for e in sent if e["event"] == "message_delta"]
+    assert delta == [{"type": "message_delta", "delta": {"stop_reason": "max_tokens",
+                                                         "stop_sequence": None},
+                      "usage": {"output_tokens": 2}}]
+
+
+def test_a_response_cut_by_its_limit_is_incomplete_with_its_usage():
+    for max_tokens, status, n_out in [(100, "completed", 4), (2, "incomplete", 2)]:
+        body = ResponsesRequest(model="m", input="hi")
+        reply = ResponseReply("m", body, 5, None)
+        response = whole(reply.collect, ScriptedChoices({"a": HEY}, max_tokens=max_tokens))
+        assert response["status"] == status
+        assert response["incomplete_details"] == (
+            {"reason": "max_output_tokens"} if status == "incomplete" else None)
+        assert response["usage"] == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
+                                     "output_tokens": n_out,
+                                     "output_tokens_details": {"reasoning_tokens": 0},
+                                     "total_tokens": 5 + n_out}
