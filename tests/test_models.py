@@ -5,6 +5,7 @@ never fit; and the settings that declare them."""
 import json
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import psutil
@@ -193,7 +194,7 @@ def test_a_loading_model_shows_its_load_progress():
     from localserve.models.registry import Entry, model_card
 
     loading = SimpleNamespace(engine=None, unloaded=False, load_error=None, loop=None,
-                              settings=Settings())
+                              settings=Settings(), model_file=Path("/nowhere/big.gguf"))
     model_file._PROGRESS["last"] = 42
     card = model_card(Entry(ModelSpec("big", None), loading))
     assert card["status"] == {"value": "loading", "progress": 0.42}
