@@ -43,7 +43,7 @@ def test_every_model_route_checks_the_key_and_the_rate():
 
 # Routes that run no model: the catalog, stored answers, the page's conversations, monitoring.
 NO_MODEL = {"/v1/models", "/models", "/v1/models/{model:path}", "/models/{model:path}", "/web/api/whoami",
-            "/v1/responses/{response_id}", "/web/api/conversations", "/web/api/conversations/export",
+            "/v1/responses/{response_id}", "/responses/{response_id}", "/web/api/conversations", "/web/api/conversations/export",
             "/web/api/conversations/{conversation_id}", "/api/version", "/api/tags", "/api/ps",
             "/api/show", "/api/pull", "/api/push", "/api/create", "/api/copy", "/api/delete",
             "/api/blobs/{digest}"} | OUTSIDE_THE_RATE

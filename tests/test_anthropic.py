@@ -86,11 +86,22 @@ def test_errors_come_in_anthropics_shape(srv, client):
     assert bad.value.body["error"]["type"] == "invalid_request_error"
     assert "image" in bad.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError):
-        client.messages.create(**ask(thinking={"type": "enabled", "budget_tokens": 1024}))
+        client.messages.create(**ask(thinking={"type": "sometimes"}))
     wrong = anthropic.Anthropic(base_url=srv.url, api_key="wrong-key-000000", max_retries=0)
     with pytest.raises(anthropic.AuthenticationError) as refused:
         wrong.messages.create(**ask())
     assert refused.value.body["error"]["type"] == "authentication_error"
+
+
+def test_thinking_on_a_model_that_does_not_reason_is_answered_and_named_as_ignored(client):
+    """Agents turn thinking on by default (llama-server ignores it; Ollama accepts it so that
+    they connect): answered, with `thinking` in X-Ignored-Fields."""
+    raw = client.messages.with_raw_response.create(
+        **ask(thinking={"type": "enabled", "budget_tokens": 1024}))
+    assert raw.headers["x-ignored-fields"] == "thinking"
+    assert raw.parse().stop_reason in ("end_turn", "max_tokens")
+    plain = client.messages.with_raw_response.create(**ask(thinking={"type": "disabled"}))
+    assert "x-ignored-fields" not in plain.headers
 
 
 def test_the_ledger_counts_messages_requests(srv, client):

@@ -35,7 +35,11 @@ def test_base64_token_ids_and_refusals(server):
                                                      "parse_special": False}).json()["tokens"]
     by_ids = httpx.post(url, json={"input": ids}).json()["data"][0]["embedding"]
     assert max(abs(a - b) for a, b in zip(by_ids, as_float)) < 1e-5
-    for body, fragment in (({"input": "x", "dimensions": 8}, "dimensions"),
+    short = httpx.post(url, json={"input": "hello", "dimensions": 8}).json()["data"][0]["embedding"]
+    assert len(short) == 8 and abs(sum(x * x for x in short) - 1) < 1e-4
+    assert max(abs(a * short[0] / as_float[0] - b) for a, b in zip(as_float[:8], short)) < 1e-4
+    for body, fragment in (({"input": "x", "dimensions": 0}, "dimensions"),
+                           ({"input": "x", "dimensions": 100_000}, "dimensions"),
                            ({"input": "word " * 3000}, "input[0]"),
                            ({"input": ["a"] * 300}, "1 to 256"),
                            ({"input": []}, "1 to 256")):

@@ -120,7 +120,8 @@ def test_slots_too_small_for_a_one_line_chat_are_warned_about(caplog):
 def test_request_mistakes_get_plain_sentences(server):
     url = server.url + "/v1/chat/completions"
     body = b'{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}'
-    for plain in ("text/plain", "application/x-www-form-urlencoded", None):  # curl -d sends form
+    for plain in ("text/plain", "application/x-www-form-urlencoded", None,  # curl -d sends form
+                  "application/octet-stream"):  # LiteLLM's async transport
         headers = {"content-type": plain} if plain else {}
         assert httpx.post(url, content=body, headers=headers, timeout=60).status_code == 200, plain
     not_json = httpx.post(url, content=b"messages=hi", headers={"content-type": "text/plain"})

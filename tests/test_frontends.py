@@ -18,6 +18,7 @@ def srv(tmp_path_factory):
     keys = key_file(folder, f"webui:{WEBUI}:user", f"alice:{ALICE}:user")
     with running("-c", "2048", "-np", "2", "-t", "2", "--api-key-file", str(keys),
                  "--trust-user-header", "webui", "--rate-limit", "2", "--rate-burst", "12",
+                 "--task-max-tokens", "6", "-n", "9",
                  "--state-dir", str(folder / "state"), log_name="frontends") as server:
         server.state = folder / "state"
         yield server
@@ -109,3 +110,24 @@ def test_a_burst_of_embeddings_waits_its_turn_where_chats_get_429(srv):
         "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}, 24))
     assert 429 in chats
 
+
+
+TITLE_TASK = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summarizing the chat "
+              "history.\n### Output:\nJSON format: { \"title\": \"your concise title here\" }\n"
+              "### Chat History:\n<chat_history>\nUSER: Say hi.\nASSISTANT: Hi!\n</chat_history>")
+
+
+def test_open_webuis_background_tasks_and_chats_without_max_tokens_get_the_servers_caps(srv):
+    """Open WebUI sends its title, tags and follow-up tasks, and its chats, with no max_tokens:
+    a task gets --task-max-tokens, a chat the server's -n, both shown in /props."""
+    body = {"max_tokens": None, "ignore_eos": True}
+    title = chat(srv, messages=[{"role": "user", "content": TITLE_TASK}], **body).json()
+    assert title["usage"]["completion_tokens"] == 6 and title["choices"][0]["finish_reason"] == "length"
+    plain = chat(srv, **body).json()
+    assert plain["usage"]["completion_tokens"] == 9
+    asked = chat(srv, messages=[{"role": "user", "content": TITLE_TASK}], max_tokens=3,
+                 ignore_eos=True).json()
+    assert asked["usage"]["completion_tokens"] == 3  # a task's own max_tokens is kept
+    props = httpx.get(srv.url + "/props", headers={"Authorization": f"Bearer {ALICE}"}).json()
+    params = props["default_generation_settings"]["params"]
+    assert (params["task_max_tokens"], params["n_predict"]) == (6, 9)

@@ -62,8 +62,9 @@ class EchoApp:
 # ---- JsonBodyByDefault ---------------------------------------------------------------
 
 @pytest.mark.parametrize("given", [None, b"", b"text/plain", b"Text/Plain; charset=utf-8",
-                                   b"application/x-www-form-urlencoded"])
-def test_a_post_without_a_json_type_is_read_as_json(given):
+                                   b"application/x-www-form-urlencoded", b"multipart/form-data",
+                                   b"application/octet-stream", b"application/json"])
+def test_a_post_is_read_as_json_whatever_its_type(given):
     app = EchoApp()
     headers = [(b"x-other", b"1")] + ([(b"content-type", given)] if given is not None else [])
     drive(JsonBodyByDefault(app), http(headers=headers))
@@ -71,7 +72,6 @@ def test_a_post_without_a_json_type_is_read_as_json(given):
 
 
 @pytest.mark.parametrize("scope", [
-    http(headers=[(b"content-type", b"multipart/form-data")]),
     http(method="GET", headers=[(b"content-type", b"text/plain")]),
     {"type": "websocket", "method": "POST", "headers": [(b"content-type", b"text/plain")]}])
 def test_other_types_methods_and_protocols_pass_unchanged(scope):

@@ -40,6 +40,7 @@ def test_the_catalog_lists_shows_and_reports_loaded_models(srv):
     name = listed[0].model
     loaded = c.ps().models
     assert [m.model for m in loaded] == [name] and loaded[0].context_length == 2048  # the pool
+    assert loaded[0].expires_at.year > 2300  # one model is never unloaded: Ollama's "forever"
     shown = c.show(name)
     assert "completion" in shown.capabilities and shown.details.quantization_level == "Q4_1"
     assert "im_start" in shown.template  # the model's own chat template
@@ -181,3 +182,41 @@ def test_streamed_lines_are_ndjson_with_one_final_object(srv):
     assert [line["done"] for line in lines].count(True) == 1 and lines[-1]["done"]
     assert all(isinstance(line["response"], str) for line in lines)
     assert lines[-1]["eval_count"] == 3 and isinstance(lines[-1]["total_duration"], int)
+
+
+def test_embed_truncates_by_default_and_cuts_dimensions_as_ollama_does(srv):
+    """docs/api.md: `truncate` (default true) cuts each input to the context; `dimensions`
+    keeps the first N values, normalised again."""
+    c = client(srv)
+    long = c.embed(model="any", input="word " * 3000)
+    assert len(long.embeddings) == 1 and long.prompt_eval_count < 3000
+    with pytest.raises(ollama.ResponseError) as refused:
+        c.embed(model="any", input="word " * 3000, truncate=False)
+    assert refused.value.status_code == 400
+    short = c.embed(model="any", input="hello", dimensions=8).embeddings[0]
+    assert len(short) == 8 and abs(sum(x * x for x in short) - 1) < 1e-4
+
+
+def test_every_documented_option_is_taken_and_a_load_call_says_what_keep_alive_did(srv):
+    """docs/api.md's "every option" request sends repeat_last_n (llama.cpp's penalty_last_n).
+    A keep_alive 0 load call on a server of one model (which never unloads it) is answered
+    "load", with keep_alive in X-Ignored-Fields."""
+    c = client(srv)
+    answer = c.generate(model="any", prompt="Why is the sky blue?", options={
+        "num_predict": 4, "temperature": 0.8, "repeat_last_n": 33, "repeat_penalty": 1.2,
+        "top_k": 20, "top_p": 0.9, "min_p": 0.0, "typical_p": 0.7, "seed": 42, "stop": ["\n\n"],
+        "presence_penalty": 1.5, "frequency_penalty": 1.0, "num_ctx": 1024})
+    assert answer.done
+    r = httpx.post(srv.url + "/api/generate", json={"model": "any", "keep_alive": 0}, timeout=60,
+                   headers={"Authorization": f"Bearer {ALICE}"})
+    assert r.json()["done_reason"] == "load" and r.headers["x-ignored-fields"] == "keep_alive"
+
+
+def test_a_body_is_json_whatever_its_content_type_says(srv):
+    """LiteLLM's async transport labels its JSON application/octet-stream; Ollama reads it."""
+    body = json.dumps({"model": "any", "stream": False, "options": {"num_predict": 2},
+                       "messages": [{"role": "user", "content": "Hi"}]})
+    for kind in ("application/octet-stream", "text/plain", "multipart/form-data"):
+        r = httpx.post(srv.url + "/api/chat", content=body, timeout=60, headers={
+            "Authorization": f"Bearer {ALICE}", "Content-Type": kind})
+        assert r.status_code == 200 and r.json()["done"], (kind, r.text)

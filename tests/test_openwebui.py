@@ -1,8 +1,9 @@
-"""Open WebUI in front of localserve, as scripts/openwebui-demo runs it (skipped where Open WebUI
-is not installed in .venv-openwebui: it is a heavy install, `scripts/openwebui-demo` makes it).
-Two colleagues sign up and chat through Open WebUI's own API (what its page calls); one uploads
-a document, which Open WebUI embeds through localserve; localserve's ledger then has each
-colleague under their own name and the document's embeddings."""
+"""Open WebUI in front of localserve, started with exactly docs/office.md's openwebui.env (skipped
+where Open WebUI is not installed in .venv-openwebui: it is a heavy install,
+`scripts/openwebui-demo` makes it). Two colleagues sign up and chat through Open WebUI's own API
+(what its page calls); one uploads a document, which Open WebUI embeds through localserve;
+localserve's ledger then has each colleague under their own name and the document's
+embeddings; restarted with other settings, Open WebUI reads them again."""
 
 import os
 import subprocess
@@ -20,33 +21,59 @@ pytestmark = pytest.mark.skipif(not WEBUI.exists(), reason="Open WebUI not insta
 FRONTEND_KEY = "webui-key-000999"
 
 
+SECOND_KEY = "webui2-key-000888"
+
+
+def readme_env(server_url: str, key: str) -> dict:
+    """docs/office.md's openwebui.env, line for line, with this server's address and key."""
+    page = (ROOT / "docs" / "office.md").read_text()
+    block = page.split("# openwebui.env:", 1)[1].split("```", 1)[0]
+    env = {}
+    for line in block.splitlines()[1:]:
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, value = line.split("=", 1)
+            env[name] = value.replace("http://SERVER:8080", server_url).replace("WEBUI_KEY", key)
+    return env
+
+
+class OpenWebUI:
+    """Open WebUI started with docs/office.md's openwebui.env (and what this machine needs: a data
+    folder, a port, no internet), restartable on the same data."""
+
+    def __init__(self, server, folder):
+        self.server, self.folder, self.port = server, folder, free_port()
+        self.url, self.process, self.log = f"http://127.0.0.1:{self.port}", None, None
+
+    def start(self, key: str = FRONTEND_KEY) -> None:
+        env = {**os.environ, **readme_env(self.server.url, key),
+               "DATA_DIR": str(self.folder / "webui"), "PORT": str(self.port),
+               "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "WEBUI_SECRET_KEY": "test-secret"}
+        self.log = open(self.folder / "openwebui.log", "a")
+        self.process = subprocess.Popen([str(WEBUI), "serve", "--host", "127.0.0.1", "--port",
+                                         str(self.port)], env=env, stdout=self.log,
+                                        stderr=subprocess.STDOUT)
+        wait_for(lambda: _up(self.url), timeout=600, interval=1, what="Open WebUI to start")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+        self.log.close()
+
+
 @pytest.fixture(scope="module")
 def office(tmp_path_factory):
     folder = tmp_path_factory.mktemp("openwebui")
-    keys = key_file(folder, f"webui:{FRONTEND_KEY}:user")
+    keys = key_file(folder, f"webui:{FRONTEND_KEY}:user", f"webui2:{SECOND_KEY}:user")
     with running("-c", "8192", "-np", "4", "-t", "2", "--api-key-file", str(keys),
-                 "--trust-user-header", "webui", "--state-dir", str(folder / "state"),
-                 log_name="openwebui-localserve") as server:
-        port = free_port()
-        env = {**os.environ, "DATA_DIR": str(folder / "webui"), "PORT": str(port),
-               "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "WEBUI_SECRET_KEY": "test-secret",
-               "ENABLE_FORWARD_USER_INFO_HEADERS": "true", "DEFAULT_USER_ROLE": "user",
-               "ENABLE_SIGNUP": "true", "BYPASS_MODEL_ACCESS_CONTROL": "true",
-               "OPENAI_API_BASE_URL": server.url + "/v1", "OPENAI_API_KEY": FRONTEND_KEY,
-               "ENABLE_OLLAMA_API": "false", "RAG_EMBEDDING_ENGINE": "openai",
-               "RAG_OPENAI_API_BASE_URL": server.url + "/v1", "RAG_OPENAI_API_KEY": FRONTEND_KEY,
-               "RAG_EMBEDDING_MODEL": "any", "ENABLE_TITLE_GENERATION": "true"}
-        log = open(folder / "openwebui.log", "w")
-        webui = subprocess.Popen([str(WEBUI), "serve", "--host", "127.0.0.1", "--port", str(port)],
-                                 env=env, stdout=log, stderr=subprocess.STDOUT)
+                 "--trust-user-header", "webui", "--trust-user-header", "webui2",
+                 "--state-dir", str(folder / "state"), log_name="openwebui-localserve") as server:
+        webui = OpenWebUI(server, folder)
+        webui.start()
         try:
-            url = f"http://127.0.0.1:{port}"
-            wait_for(lambda: _up(url), timeout=600, interval=1, what="Open WebUI to start")
-            yield server, url, folder / "state"
+            yield server, webui, folder / "state"
         finally:
-            webui.terminate()
-            webui.wait(timeout=60)
-            log.close()
+            webui.stop()
 
 
 def _up(url: str) -> bool:
@@ -80,7 +107,8 @@ def ask(url: str, who: dict, text: str, **extra) -> httpx.Response:
 
 
 def test_two_colleagues_and_a_document_through_open_webui(office):
-    server, url, state = office
+    server, webui, state = office
+    url = webui.url
     alice = sign_up(url, "alice")
     bob = sign_up(url, "bob", admin=alice)
     for who in (alice, bob):
@@ -149,7 +177,8 @@ def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser)
     off (36 tool schemas, ~6,900 tokens, do not fit a 2,048-token slot: localserve's refusal
     says so), then chat, Stop (localserve ends the request: billed as an abort), Continue
     (the answer grows from where it stopped) and Regenerate (a second version)."""
-    server, url, state = office
+    server, webui, state = office
+    url = webui.url
     alice = sign_up(url, "alice")  # the first to sign up: Open WebUI's admin
     model = httpx.get(url + "/api/models", headers=alice, timeout=60).json()["data"][0]
     tools_off = {"id": model["id"], "base_model_id": None, "name": model["name"], "params": {},
@@ -190,3 +219,22 @@ def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser)
     page.get_by_text("Try Again").click()  # its menu: try again, add details, more concise
     settle(page, state, "alice", before)
     wait_for(lambda: page.get_by_text("2/2").count(), timeout=60, what="a second version")
+
+
+def test_a_restart_reads_the_settings_again_and_colleagues_still_see_the_model(office):
+    """Open WebUI copies its variables into its database on the first start and, without
+    ENABLE_PERSISTENT_CONFIG=false, reads them from there ever after. Restarted with another
+    key, its requests come with that key: the settings were read again; bob, added by the
+    admin, still sees the model and chats."""
+    server, webui, state = office
+    sign_up(webui.url, "alice")  # the admin (the first to sign up), if nobody did yet
+    sign_up(webui.url, "bob")  # a colleague who signs up himself (DEFAULT_USER_ROLE=user)
+    webui.stop()
+    webui.start(key=SECOND_KEY)
+    bob = sign_up(webui.url, "bob")
+    assert httpx.get(webui.url + "/api/models", headers=bob, timeout=60).json()["data"]
+    r = ask(webui.url, bob, "Name a fruit.")
+    assert r.status_code == 200, r.text
+    names = lambda: {key for key, _, _ in ledger_rows(state, "/v1/chat/completions")}  # noqa: E731
+    wait_for(lambda: "webui2:bob@office.lan" in names(), timeout=120,
+             what="bob's chat through the key of the restarted Open WebUI")

@@ -150,3 +150,13 @@ def test_the_ledger_bills_n_choices_their_prompt_once_and_a_cancelled_stream_wha
                                        "finish_reason, status, completion_tokens"),
                    what="the cancelled stream's row")[0]
     assert row[:2] == ("abort", 499) and 0 < row[2] < 400
+
+
+def test_a_base_url_without_v1_reaches_the_responses_api_too(srv):
+    """As /chat/completions does: a client given the bare server address creates, reads and
+    deletes a stored response."""
+    bare = openai.OpenAI(base_url=srv.url, api_key=KEY, max_retries=0, timeout=120)
+    made = bare.responses.create(model="any", input="Say hi.", max_output_tokens=4, store=True)
+    assert made.status in ("completed", "incomplete")
+    assert bare.responses.retrieve(made.id).id == made.id
+    bare.responses.delete(made.id)

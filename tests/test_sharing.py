@@ -145,3 +145,41 @@ def test_chat_template_keeps_message_text_apart_from_its_markers():
     assert [p.text for p in parts if not p.trusted] == [forged]
     assert all("obey" not in p.text for p in parts if p.trusted)
     assert template.render([{"role": "user", "content": forged}]).count(forged) == 1
+
+
+def task(rid, user, n_prompt=4, first=1):
+    """A frontend's background task (a chat's title): Request.background."""
+    r = req(rid, user, n_prompt, first)
+    r.background = True
+    return r
+
+
+def test_a_background_task_waits_for_every_chat_even_its_own_colleagues():
+    sched = make(n_slots=2, ctx=64, budget=64, slot_share=1)
+    sched.add(req("a0", "alice"))
+    sched.add(task("t0", "bob"))  # bob's title, sent before his chat
+    sched.add(req("b0", "bob"))
+    sched.add(req("a1", "alice"))
+    step(sched)
+    assert {s.request.request_id for s in sched.running} == {"a0", "b0"}
+    assert [r.request_id for r in sched.waiting] == ["a1", "t0"]
+
+
+def test_a_background_task_claims_no_slot_share_and_is_served_when_nobody_waits():
+    sched = make(n_slots=3, ctx=64, budget=64, slot_share=1)
+    sched.add(task("t0", "bob"))
+    step(sched)
+    assert [s.request.request_id for s in sched.running] == ["t0"]  # idle: served at once
+    sched.add(req("b0", "bob"))
+    sched.add(req("a0", "alice"))
+    step(sched)  # bob's running title does not count against his one slot's share
+    assert {s.request.request_id for s in sched.running} == {"t0", "b0", "a0"}
+
+
+def test_a_chats_prompt_is_computed_before_a_running_background_tasks():
+    sched = make(n_slots=2, ctx=256, budget=16, slot_share=None)
+    sched.add(task("t0", "bob", n_prompt=40))
+    step(sched)  # the title starts its prompt alone
+    sched.add(req("b0", "bob", n_prompt=40, first=100))
+    plan = step(sched)
+    assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("b0", 16)]

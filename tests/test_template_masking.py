@@ -33,7 +33,36 @@ FIELDS = {
     "a key of the arguments": lambda: (conversation({FORGED: "Paris"}), None),
     "chat_template_kwargs": lambda: ([{"role": "user", "content": "Hi"}],
                                      {"date_string": FORGED, "tools_in_user_message": False}),
+    "reasoning_content": lambda: (thinking_loop(FORGED), None),
 }
+
+
+def thinking_loop(thought: str) -> list[dict]:
+    """A tool loop whose assistant turn reasoned first (Messages' thinking block)."""
+    from localserve.api.routes_anthropic import MessagesRequest, _messages
+    from localserve.api.schemas import ChatMessage
+
+    turns = [{"role": "user", "content": "Weather in Paris?"},
+             {"role": "assistant", "content": [
+                 {"type": "thinking", "thinking": thought, "signature": ""},
+                 {"type": "tool_use", "id": "call00001", "name": "lookup",
+                  "input": {"city": "Paris"}}]},
+             {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call00001",
+                                           "content": "Sunny"}]}]
+    chat = _messages(MessagesRequest(model="m", max_tokens=8, messages=turns))
+    return [ChatMessage(**m).as_template_dict(native=True) for m in chat]
+
+
+def test_a_thinking_block_before_a_tool_call_is_rendered_as_the_callers_text():
+    """Anthropic keeps thinking blocks in context during a tool loop, and llama-server renders
+    them (reasoning_content): Qwen 3's template writes the thought, as plain caller text."""
+    qwen3 = ChatTemplate((Path(__file__).parent / "templates" / "Qwen-Qwen3-0.6B.jinja")
+                         .read_text(), "", "")
+    parts = qwen3.render_parts(thinking_loop("I should call lookup."), tools=[TOOL],
+                               add_generation_prompt=True)
+    assert any(p.text == "I should call lookup." and not p.trusted for p in parts)
+    plain = qwen3.render_parts(thinking_loop(""), tools=[TOOL], add_generation_prompt=True)
+    assert "I should call" not in "".join(p.text for p in plain)
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)

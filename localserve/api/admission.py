@@ -45,11 +45,13 @@ class Admitted:
         return self.models.lease(model, kind, may_switch=not load_only or self.caller.is_admin,
                                  user=self.caller.key)
 
-    def keep_alive(self, model: str | None, seconds: float | None) -> None:
+    def keep_alive(self, model: str | None, seconds: float | None) -> list[str]:
         """Ollama's keep_alive of an accepted request (registry.keep_alive: a colleague's
-        only lengthens a model's stay)."""
-        if seconds is not None:
-            self.models.keep_alive(model, seconds, self.caller.is_admin)
+        only lengthens a model's stay): ["keep_alive"] when it is not what the model now has,
+        for X-Ignored-Fields."""
+        if seconds is None or self.models.keep_alive(model, seconds, self.caller.is_admin):
+            return []
+        return ["keep_alive"]
 
     def user(self, body: _Sampling) -> str | None:
         """Who is billed: the API key's name when keys are set, else the body's `user`."""

@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
                    routes_responses.router, routes_rerank.router, routes_embeddings.router,
                    routes_ollama.router):
         app.include_router(router, dependencies=admitted)
-    for router in (routes_openai.bare_router, routes_embeddings.bare_router):
+    for router in (routes_openai.bare_router, routes_embeddings.bare_router,
+                   routes_responses.bare_router):
         app.include_router(router, dependencies=admitted, include_in_schema=False)
     app.include_router(routes_openai.catalog_router, dependencies=guarded)
     app.include_router(routes_responses.stored_router, dependencies=guarded)
@@ -157,11 +158,6 @@ def _install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, exc: RequestValidationError):
-        content_type = request.headers.get("content-type", "")
-        if request.method == "POST" and "json" not in content_type:
-            return _error(OpenAIError(400, f"The body must be JSON sent with 'content-type: "
-                                      f"application/json' (this request said "
-                                      f"'{content_type or 'nothing'}')."), request)
         problems, param = [], None
         for err in exc.errors():
             if err.get("type") == "json_invalid":  # loc holds a byte offset, not a field

@@ -27,8 +27,19 @@ class EmbeddingRequest(BaseModel):
     input: str | list[str] | list[int] | list[list[int]]
     model: str | None = None
     encoding_format: str = Field("float", pattern="^(float|base64)$")
-    dimensions: int | None = None
+    dimensions: int | None = None  # the first N of each vector, normalised again
     user: str | None = None
+    _truncate: bool = False  # Ollama's truncate: a long input is cut to fit, not refused
+
+
+def shortened(vector: list[float], dimensions: int | None) -> list[float]:
+    """The first `dimensions` values, scaled back to unit length (OpenAI's and Ollama's
+    `dimensions`: what they do for models trained to be cut, and Ollama for any)."""
+    if dimensions is None:
+        return vector
+    cut = vector[:dimensions]
+    norm = sum(x * x for x in cut) ** 0.5
+    return [x / norm for x in cut] if norm > 0 else cut
 
 
 def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
@@ -37,14 +48,20 @@ def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
         raw = [raw]
     if not raw or len(raw) > MAX_INPUTS:
         raise OpenAIError(400, f"send 1 to {MAX_INPUTS} inputs", param="input")
-    out = []
+    out, most = [], host.n_ctx_embedding
     for i, item in enumerate(raw):
         if isinstance(item, str):
-            check_size(host, 1, len(item.encode()), f"input[{i}]")
-            tokens = host.runner.tokenize(item, add_special=True, parse_special=False)
+            text = item.encode()
+            if body._truncate:  # no more than `most` tokens could spell, then `most` tokens
+                text = text[:(most + 1) * host.max_piece_bytes]
+            check_size(host, 1, len(text), f"input[{i}]")
+            tokens = host.tokenize(text.decode("utf-8", "ignore"), add_special=True,
+                                   parse_special=False)
         else:
             tokens = check_token_ids(host, item, f"input[{i}]")
-        if not 0 < len(tokens) <= host.n_ctx_embedding:
+        if body._truncate:
+            tokens = tokens[:most]
+        if not 0 < len(tokens) <= most:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
                               f"{host.n_ctx_embedding}", code="context_length_exceeded",
                               param="input")
@@ -73,14 +90,16 @@ async def _embed_one(request: Request, host, embedder, tokens: list[int],
 async def embed(request: Request, admitted: Admitted, host, body: EmbeddingRequest,
                 endpoint: str) -> tuple[list[list[float]], int]:
     """(a vector per input, the tokens embedded), billed to the caller like any answer."""
-    if body.dimensions is not None:
-        raise OpenAIError(400, "'dimensions' is not supported: this model's vectors have "
-                          f"{host.runner.n_embd} dimensions", param="dimensions")
+    if body.dimensions is not None and not 0 < body.dimensions <= host.runner.n_embd:
+        raise OpenAIError(400, f"dimensions: 1 to {host.runner.n_embd} (this model's vectors "
+                          f"have {host.runner.n_embd}), not {body.dimensions}",
+                          param="dimensions")
     arrived = time.monotonic()
     inputs = await run_in_threadpool(_inputs, host, body)
     embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
     user = admitted.user(body)
-    vectors = [await _embed_one(request, host, embedder, tokens, user) for tokens in inputs]
+    vectors = [shortened(await _embed_one(request, host, embedder, tokens, user), body.dimensions)
+               for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
                            endpoint=endpoint)

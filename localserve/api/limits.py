@@ -1,4 +1,4 @@
-"""ASGI middleware around every request: read a body sent without a JSON content type as JSON,
+"""ASGI middleware around every request: read every POST body as JSON whatever its content type,
 refuse bodies over a size limit with 413 without reading them into memory, and give back a
 request's quota hold when its response ends."""
 
@@ -7,15 +7,13 @@ from __future__ import annotations
 import json
 
 
-# What `curl -d` and hand-written clients send for a JSON body (llama-server reads them as JSON).
-# A browser page elsewhere can send these without a preflight: the loopback guard
-# (host_guard.py) and the key check stand in front, as for any other request.
-LENIENT_TYPES = (b"", b"text/plain", b"application/x-www-form-urlencoded")
-
-
 class JsonBodyByDefault:
-    """ASGI middleware: a POST body without a JSON content type is read as JSON (a body that
-    is not JSON still gets the 400 that says so)."""
+    """ASGI middleware: every POST body is read as JSON, whatever its content type says, as
+    Ollama (gin's ShouldBindJSON) and llama-server do: `curl -d` sends a form type, LiteLLM's
+    async transport application/octet-stream. Every route takes JSON; a body that is not
+    JSON still gets the 400 that says so. A browser page elsewhere can send such bodies without
+    a preflight: the loopback guard (host_guard.py) and the key check stand in front, as for
+    any other request."""
 
     def __init__(self, app):
         self.app = app
@@ -23,9 +21,7 @@ class JsonBodyByDefault:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST":
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-            given = dict(scope["headers"]).get(b"content-type", b"")
-            if given.split(b";")[0].strip().lower() in LENIENT_TYPES:
-                scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
+            scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
         return await self.app(scope, receive, send)
 
 

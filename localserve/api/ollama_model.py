@@ -32,7 +32,7 @@ def model_details(entry: Entry) -> dict:
     facts = (entry.host.facts or {}).get("model", {}) if entry.loaded else {}
     family = (facts.get("description") or "").split(" ")[0]
     return {"parent_model": "", "format": "gguf", "family": family,
-            "families": [family] if family else None,
+            "families": [family] if family else [],
             "parameter_size": _size_label(facts.get("n_params")),
             "quantization_level": facts.get("quantization", "")}
 

@@ -164,6 +164,7 @@ async def props(request: Request, model: str | None = None):
         "model_path": model_path if is_admin(request) else Path(model_path).name if model_path else None,
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
+            "task_max_tokens": s.task_max_tokens,
             "speculative": s.spec != "off"}},
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": pool.max_num_batched_tokens,
                       "max_num_seqs": pool.max_num_seqs, "max_queue": s.max_queue,

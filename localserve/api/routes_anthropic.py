@@ -80,7 +80,7 @@ def _messages(body: MessagesRequest) -> list[dict]:
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
         if not isinstance(blocks, list):
             raise OpenAIError(400, f"{where}: a string or a list of blocks", param=where)
-        text, calls = [], []
+        text, calls, thoughts = [], [], []
         for block in blocks:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "tool_result" and role == "user":
@@ -89,14 +89,18 @@ def _messages(body: MessagesRequest) -> list[dict]:
             elif kind == "tool_use" and role == "assistant":
                 calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
                     "name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
-            elif kind in ("thinking", "redacted_thinking") and role == "assistant":
-                continue  # earlier reasoning is not sent back to the model
+            elif kind == "thinking" and role == "assistant":  # kept in a tool loop, as
+                thoughts.append(str(block.get("thinking", "")))  # Anthropic and llama-server do
+            elif kind == "redacted_thinking" and role == "assistant":
+                continue  # encrypted by another server: nothing a model here could read
             else:
                 text.append(_text([block], where))
         if text or calls or role == "assistant":
             message = {"role": role, "content": "".join(text)}
             if calls:
                 message["tool_calls"] = calls
+            if thoughts:
+                message["reasoning_content"] = "".join(thoughts)
             out.append(message)
     return out
 
@@ -127,14 +131,31 @@ def _output_format(config: dict | None) -> dict:
         "name": "output", "schema": fmt.get("schema") or {}}}}
 
 
+THINKING_TYPES = ("enabled", "adaptive", "disabled")
+
+
+def thinking_ignored(body: MessagesRequest, reasoning: bool) -> list[str]:
+    """What of `thinking` this server does not do, for X-Ignored-Fields. Accepted, as
+    llama-server and Ollama accept it, so that agents that turn thinking on by default can
+    connect: on a model that does not reason, an enabled thinking; on one that does, its
+    budget (it thinks as long as it does) and a "disabled" (it thinks anyway)."""
+    thinking = body.thinking or {}
+    enabled = thinking.get("type") in ("enabled", "adaptive")
+    if not reasoning:
+        return ["thinking"] if enabled else []
+    if not enabled:
+        return ["thinking"] if thinking else []
+    return ["thinking.budget_tokens"] if "budget_tokens" in thinking else []
+
+
 def as_chat(body: MessagesRequest) -> ChatCompletionRequest:
     """The chat completion request this Messages request means (validated as one)."""
     for name in REFUSED:
         if name in (body.model_extra or {}):
             raise OpenAIError(400, f"'{name}' is not supported by this server", param=name)
-    if body.thinking and body.thinking.get("type") != "disabled":
-        raise OpenAIError(400, "'thinking' is not supported by this server's model; send the "
-                          "request without it", param="thinking")
+    if body.thinking and body.thinking.get("type") not in THINKING_TYPES:
+        raise OpenAIError(400, f"thinking.type: one of {', '.join(THINKING_TYPES)}",
+                          param="thinking")
     messages = _messages(body)
     last = messages[-1] if messages else {}
     chat = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
@@ -165,7 +186,8 @@ async def messages(body: MessagesRequest, request: Request,
     host, stream, plan = await start_chat(admitted, chat, "/v1/messages")
     message = MessageReply(host.model_id, stream.n_prompt_tokens, plan,
                            reasons(host))
-    headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS)))
+    headers = ignored_header(sorted(set(body.model_extra or {}) - set(EXTENSIONS))
+                             + thinking_ignored(body, reasons(host)))
     return await respond_with(message.collect, message.events, stream, request, body.stream, headers)
 
 

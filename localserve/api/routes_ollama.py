@@ -40,12 +40,12 @@ catalog_router = APIRouter(prefix="/api")  # what is served, and model managemen
 OLLAMA_VERSION = "0.12.0"  # the Ollama API whose shapes this follows (localserve's own: /props)
 
 SAMPLING = {"temperature", "top_k", "top_p", "min_p", "typical_p", "mirostat", "mirostat_tau",
-            "mirostat_eta", "seed", "stop", "repeat_penalty", "presence_penalty",
-            "frequency_penalty"}
+            "mirostat_eta", "seed", "stop", "repeat_penalty", "repeat_last_n",
+            "presence_penalty", "frequency_penalty"}
 # Options that leave the answer as it is at these values (anything else is refused). The
 # others (load-time ones: num_gpu, num_thread, use_mmap, ...) are the server's to set:
 # listed back in X-Ignored-Fields.
-HARMLESS = {"tfs_z": (1, 1.0), "repeat_last_n": (64,)}
+HARMLESS = {"tfs_z": (1, 1.0)}
 
 
 class OllamaBody(BaseModel):
@@ -182,6 +182,16 @@ def as_chat(body: OllamaBody, messages: list[dict], fields: dict, num_ctx: int |
     return chat
 
 
+def loaded_or_unloaded(admitted: Admitted, body: OllamaBody, host, keep_alive: float | None,
+                       shape: dict) -> JSONResponse:
+    """Ollama's answer to a load call (no prompt): "unload" when keep_alive 0 was taken (the
+    model goes once idle), else "load"; a keep_alive not taken is named in X-Ignored-Fields."""
+    ignored = admitted.keep_alive(body.model, keep_alive)
+    reason = "unload" if keep_alive == 0 and not ignored else "load"
+    return JSONResponse({"model": host.model_id, "created_at": now_iso(), **shape, "done": True,
+                         "done_reason": reason}, headers=ignored_header(ignored))
+
+
 async def respond(reply: OllamaReply, stream, request: Request, streaming: bool, ignored):
     headers = ignored_header(ignored)
     if not streaming:
@@ -202,13 +212,12 @@ async def chat(body: ChatBody, request: Request,
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
         if not body.messages:  # Ollama's way to load a model: an empty chat
-            admitted.keep_alive(body.model, keep_alive)
-            return {"model": host.model_id, "created_at": now_iso(), "message": {
-                "role": "assistant", "content": ""}, "done": True, "done_reason": "load"}
+            return loaded_or_unloaded(admitted, body, host, keep_alive, {"message": {
+                "role": "assistant", "content": ""}})
         chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
         tokens, grammar, plan = await chat_tokens(host, chat_request)
         stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
-    admitted.keep_alive(body.model, keep_alive)
+    ignored += admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
 
@@ -233,9 +242,7 @@ async def generate(body: GenerateBody, request: Request,
         loaded = time.monotonic()
         show_thinking = thinking(body, host)
         if loading:
-            admitted.keep_alive(body.model, keep_alive)
-            return {"model": host.model_id, "created_at": now_iso(), "response": "",
-                    "done": True, "done_reason": "load"}
+            return loaded_or_unloaded(admitted, body, host, keep_alive, {"response": ""})
         if body.raw or body.suffix is not None:
             plan = None  # Ollama's default num_predict is no limit: max_tokens None, not 16
             completion = CompletionRequest(prompt=body.prompt or " ",
@@ -249,7 +256,7 @@ async def generate(body: GenerateBody, request: Request,
             chat_request = as_chat(body, messages, fields, num_ctx, host)
             tokens, grammar, plan = await chat_tokens(host, chat_request)
             stream = submit(admitted, host, tokens, chat_request, grammar, "/api/generate")
-    admitted.keep_alive(body.model, keep_alive)
+    ignored += admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, False, plan, reasons(host) and not body.raw,
                         show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
@@ -284,8 +291,9 @@ async def embed_route(body: EmbedBody, request: Request,
     keep_alive = keep_alive_seconds(body.keep_alive)
     async with admitted.lease(body.model, kind="embedding") as host:
         loaded = time.monotonic()
-        vectors, n_tokens = await embed(request, admitted, host, EmbeddingRequest(
-            input=body.input, model=body.model, dimensions=body.dimensions), "/api/embed")
+        asked = EmbeddingRequest(input=body.input, model=body.model, dimensions=body.dimensions)
+        asked._truncate = body.truncate
+        vectors, n_tokens = await embed(request, admitted, host, asked, "/api/embed")
     admitted.keep_alive(body.model, keep_alive)
     return {"model": host.model_id, "embeddings": vectors,
             "total_duration": int((time.monotonic() - started) * 1e9),
@@ -327,7 +335,8 @@ async def tags(request: Request):
 
 @catalog_router.get("/ps")
 async def ps(request: Request):
-    """The loaded models, with when they will be unloaded if idle (none: pinned or never)."""
+    """The loaded models, with when they will be unloaded if idle (pinned or never: Ollama's
+    far future)."""
     registry = request.app.state.models
     return {"models": [{**tags_entry(entry), "expires_at": registry.expires_at(entry),
                         "size_vram": 0, "context_length": entry.host.n_ctx_per_slot}

@@ -32,6 +32,7 @@ from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIErr
 from localserve.office.conversations import MAX_CONVERSATION_BYTES, TooLarge
 
 router = APIRouter(prefix="/v1")
+bare_router = APIRouter()  # without /v1, as OpenAI-style clients given a bare base URL send it
 stored_router = APIRouter()  # stored answers: read and deleted, no model runs
 # Fields that would change the answer and this server cannot honour: refused by name.
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
@@ -191,6 +192,7 @@ def _not_stored(response_id: str, param: str | None = None) -> OpenAIError:
 
 
 @router.post("/responses")
+@bare_router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request,
                           admitted: Admitted = Depends(admit)):
     earlier = await run_in_threadpool(_earlier, request, body)
@@ -238,6 +240,7 @@ async def _save(request: Request, response: dict, messages: list[dict]) -> None:
 
 
 @stored_router.get("/v1/responses/{response_id}")
+@stored_router.get("/responses/{response_id}", include_in_schema=False)
 async def get_response(response_id: str, request: Request):
     found = await run_in_threadpool(_store(request).get, _owner(request), response_id)
     if found is None:
@@ -246,6 +249,7 @@ async def get_response(response_id: str, request: Request):
 
 
 @stored_router.delete("/v1/responses/{response_id}")
+@stored_router.delete("/responses/{response_id}", include_in_schema=False)
 async def delete_response(response_id: str, request: Request):
     if not await run_in_threadpool(_store(request).delete, _owner(request), response_id):
         raise _not_stored(response_id)

@@ -60,8 +60,8 @@ UNSUPPORTED = {
 # llama-server's sampling extensions, which the Messages and Responses adapters pass on to the
 # chat request they become (as llama-server does) instead of ignoring them.
 EXTENSIONS = ("grammar", "json_schema", "seed", "min_p", "typical_p", "mirostat", "mirostat_tau",
-              "mirostat_eta", "repeat_penalty", "presence_penalty", "frequency_penalty",
-              "logit_bias", "ignore_eos")
+              "mirostat_eta", "repeat_penalty", "repeat_last_n", "presence_penalty",
+              "frequency_penalty", "logit_bias", "ignore_eos")
 
 
 def extensions(extra: dict | None) -> dict:
@@ -156,6 +156,8 @@ class _Sampling(BaseModel):
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     repeat_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    # llama-server's and Ollama's: how many last tokens the penalties look at (-1: the context)
+    repeat_last_n: int = Field(64, ge=-1, le=1_000_000)
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -218,6 +220,9 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = Field(None, pattern=CALL_ID)  # a tool's result answers this call
+    # an assistant's earlier reasoning (llama-server's field; Messages' thinking blocks): the
+    # templates that keep reasoning in a tool loop (Qwen 3, Command R7B) render it
+    reasoning_content: str | None = None
 
     @field_validator("content", mode="before")
     @classmethod
@@ -232,10 +237,14 @@ class ChatMessage(BaseModel):
                                      f"or as {{'type': 'text', 'text': ...}} parts")
         return value
 
-    @field_validator("content")
+    @field_validator("content", "reasoning_content")
     @classmethod
-    def _utf8(cls, value):
-        return _valid_text(value, "content") if isinstance(value, str) else value
+    def _utf8(cls, value, info):
+        return _valid_text(value, info.field_name) if isinstance(value, str) else value
+
+    def _with_reasoning(self, out: dict) -> dict:
+        return {**out, "reasoning_content": self.reasoning_content} if self.reasoning_content \
+            else out
 
     def as_template_dict(self, native: bool = False) -> dict:
         """The message as the chat template reads it. Tool calls: written into the text in
@@ -253,12 +262,12 @@ class ChatMessage(BaseModel):
                     for c in self.tool_calls]
             if self.tool_call_id:
                 out["tool_call_id"] = self.tool_call_id
-            return out
+            return self._with_reasoning(out)
         if self.tool_calls:  # the generic tool format (structured.py): the calls as JSON
             calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
                      for c in self.tool_calls]
             content = (content or "") + json.dumps({"tool_calls": calls})
-        return {"role": role, "content": content or ""}
+        return self._with_reasoning({"role": role, "content": content or ""})
 
 
 def _json_or_text(arguments: str):

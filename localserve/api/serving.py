@@ -34,18 +34,40 @@ def server_defaults(server: Settings) -> dict:
             else _Sampling.model_fields[field].default for field, flag in SERVER_DEFAULTS.items()}
 
 
+# Open WebUI's background tasks (a chat's title, its tags, follow-ups, search queries): each
+# default prompt is one user message that opens with this and quotes the chat.
+TASK_OPENING, TASK_QUOTE = "### Task:", "<chat_history>"
+
+
+def background_task(body: _Sampling) -> bool:
+    """A frontend's background task, told by its prompt's shape (what Open WebUI forwards says
+    nothing else of it). A client that dresses a request so only gets it served after every
+    chat, with a small default answer: nothing to gain."""
+    messages = getattr(body, "messages", None)
+    if not messages or messages[-1].role != "user":
+        return False
+    content = messages[-1].content
+    text = content if isinstance(content, str) else "".join(p.text for p in content or [])
+    return text.lstrip().startswith(TASK_OPENING) and TASK_QUOTE in text
+
+
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
-                    server: Settings | None = None) -> SamplingParams:
-    """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's."""
+                    server: Settings | None = None, background: bool = False) -> SamplingParams:
+    """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's.
+    An answer the body does not bound gets the server's -n, or --task-max-tokens when it is
+    a frontend's background task, else the room left in its context."""
     room = n_ctx - n_prompt
     fallback = server_defaults(server) if server is not None else {}
     chosen = {field: getattr(body, field) if field in body.model_fields_set or not fallback
               else fallback[field] for field in SERVER_DEFAULTS}
-    limit = body.token_limit or (server.n_predict if server is not None else None) or room
+    default = None if server is None else server.task_max_tokens if background \
+        else server.n_predict
+    limit = body.token_limit or default or room
     return SamplingParams(grammar=grammar, logprobs=body.logprob_n, max_tokens=min(limit, room),
         min_p=body.min_p, typical_p=body.typical_p, mirostat=body.mirostat,
         mirostat_tau=body.mirostat_tau, mirostat_eta=body.mirostat_eta,
         repeat_penalty=body.repeat_penalty,
+        penalty_last_n=n_ctx if body.repeat_last_n < 0 else min(body.repeat_last_n, n_ctx),
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
         logit_bias=logit_bias(body), **chosen)
@@ -98,7 +120,8 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampli
     if body.n > n_slots:
         raise OpenAIError(400, f"n={body.n} choices need {body.n} slots at once; this server has "
                           f"{n_slots} (--parallel)", param="n")
-    params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings)
+    background = background_task(body)
+    params = sampling_params(body, len(tokens), n_ctx, grammar, host.settings, background)
     prompt.check_token_ids(host, [t for t, _ in params.logit_bias], "logit_bias")
     admitted.reserve_tokens(len(tokens) + params.max_tokens * body.n)
     choices: list[EngineRequest] = []
@@ -106,6 +129,7 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampli
         seeded = params if params.seed is None else replace(params, seed=params.seed + i)
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
                                      cache_scope=admitted.office.cache_scope(user),
+                                     background=background,
                                      prefix_of=choices[0] if choices else None))
     try:
         return host.engine.submit_choices(choices)

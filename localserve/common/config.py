@@ -75,6 +75,7 @@ class Settings:
     top_p: float | None = None
     seed: int | None = None
     n_predict: int | None = None  # default max_tokens; None: until the slot is full
+    task_max_tokens: int = 128  # a frontend's background task (a title, tags) without max_tokens
     reasoning_format: str = "auto"  # <think> blocks to reasoning_content: auto, deepseek (always), none
     # The default model's chat template instead of its GGUF's: a built-in name
     # (chat_template.BUILTIN), a Jinja template, or a file.
@@ -190,6 +191,8 @@ class Settings:
              "must be more than 0 and at most 1"),
             (self.n_predict is None or self.n_predict >= 1, "-n/--n-predict", self.n_predict,
              "must be at least 1 (leave it out for no limit)"),
+            (self.task_max_tokens >= 1, "--task-max-tokens", self.task_max_tokens,
+             "must be at least 1"),
             (self.chat_template is None or self.chat_template_file is None, "--chat-template",
              self.chat_template, "give it or --chat-template-file, not both"),
             (self.chat_template is None or self.chat_template in BUILTIN_TEMPLATES

@@ -95,6 +95,7 @@ class Request:
     cache_scope: str | None = None  # whose cached prefixes this request may reuse (None: anyone's)
     arrival_time: float = field(default_factory=time.monotonic)
     endpoint: str = ""  # the API route it came through, for the ledger
+    background: bool = False  # a frontend's background task (a title, tags): waits for chats
 
     status: RequestStatus = RequestStatus.WAITING
     output_tokens: list[int] = field(default_factory=list)

@@ -146,6 +146,9 @@ class Scheduler:
            up to `prefill_budget` when none does (nothing to stall: prefill at full speed).
         8. The one exception to 1: a user over their share of grammar time (grammar_shares.py)
            has their constrained requests sit out steps that serve someone else.
+        9. A frontend's background task (Request.background) is admitted only when no other
+           request waits, its prompt chunks come after every other request's (admissions
+           included), and it claims no slot share.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -156,11 +159,12 @@ class Scheduler:
         decoding = any(s.state is SlotState.DECODE for s in running)
         budget = self.budget if decoding else self.prefill_budget
         waits = self._grammar_waits(running)
-        for state, kept_back in ((SlotState.DECODE, 0), (SlotState.PREFILL, reserved)):
-            for slot in running:
-                room = self.cells.room(plan) - kept_back
-                if slot.state is state and budget > 0 and room > 0 and slot not in waits:
-                    budget -= self._add_chunk(plan, slot, min(budget, room))
+        tasks = [s for s in running if s.request.background]
+        chats = [s for s in running if not s.request.background]
+        budget = self._chunks(plan, [s for s in running if s not in waits], SlotState.DECODE,
+                              budget, 0)
+        budget = self._chunks(plan, [s for s in chats if s not in waits], SlotState.PREFILL,
+                              budget, reserved)
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
             admitted = self._admit_next(plan, budget)
@@ -168,8 +172,19 @@ class Scheduler:
                 break
             n_running += 1
             budget -= admitted
+        budget = self._chunks(plan, [s for s in tasks if s not in waits], SlotState.PREFILL,
+                              budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
+
+    def _chunks(self, plan: StepPlan, slots: list[Slot], state: SlotState, budget: int,
+                kept_back: int) -> int:
+        """A chunk for each of `slots` in `state` while budget and room last; the budget left."""
+        for slot in slots:
+            room = self.cells.room(plan) - kept_back
+            if slot.state is state and budget > 0 and room > 0:
+                budget -= self._add_chunk(plan, slot, min(budget, room))
+        return budget
 
     admits_midway = True  # continuous batching: join the running batch at any step
 
@@ -220,7 +235,8 @@ class Scheduler:
         guarantees' worth of the pool weighs three slots in the shares."""
         held: Counter = Counter()
         for slot in self.running:
-            held[slot.request.user] += max(1, -(-slot.n_cached // self.pool.guarantee))
+            if not slot.request.background:  # a frontend's task claims no share
+                held[slot.request.user] += max(1, -(-slot.n_cached // self.pool.guarantee))
         return held
 
     def _next_admissible(self) -> Request | None:

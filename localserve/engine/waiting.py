@@ -4,6 +4,8 @@ Requests carry an identity (`user`: an API key's name or the request's `user` fi
 one shared "anonymous" identity). The queue serves users round-robin, so one user's batch of
 fifty requests does not starve a colleague's single question. Preempted requests go to a
 priority lane served before everyone: they were admitted once and hold a client mid-answer.
+A frontend's background tasks (Request.background: a chat's title, its tags) go to a lane
+served after everyone: no colleague's chat waits behind one, their own included.
 """
 
 from __future__ import annotations
@@ -18,15 +20,20 @@ class FairQueue:
     def __init__(self):
         self._resumed: deque[Request] = deque()  # preempted, served first, oldest first
         self._by_user: OrderedDict[str | None, deque[Request]] = OrderedDict()  # rotation order
+        self._background: deque[Request] = deque()  # served last, oldest first
 
     def __len__(self) -> int:
-        return len(self._resumed) + sum(len(q) for q in self._by_user.values())
+        return (len(self._resumed) + sum(len(q) for q in self._by_user.values())
+                + len(self._background))
 
     def __bool__(self) -> bool:
-        return bool(self._resumed) or bool(self._by_user)
+        return bool(self._resumed) or bool(self._by_user) or bool(self._background)
 
     def append(self, request: Request) -> None:
-        self._by_user.setdefault(request.user, deque()).append(request)
+        if request.background:
+            self._background.append(request)
+        else:
+            self._by_user.setdefault(request.user, deque()).append(request)
 
     def push_front(self, request: Request) -> None:
         """A preempted request: back at the head, before every other waiting one."""
@@ -40,7 +47,9 @@ class FairQueue:
     def peek(self) -> Request:
         if self._resumed:
             return self._resumed[0]
-        return next(iter(self._by_user.values()))[0]
+        if self._by_user:
+            return next(iter(self._by_user.values()))[0]
+        return self._background[0]
 
     def pop(self) -> Request:
         """The head; its user then goes to the back of the rotation."""
@@ -52,7 +61,7 @@ class FairQueue:
             return self._resumed.popleft()
         if not self.remove(request):
             raise KeyError(request.request_id)
-        queue = self._by_user.pop(request.user, None)
+        queue = None if request.background else self._by_user.pop(request.user, None)
         if queue:
             self._by_user[request.user] = queue
         return request
@@ -60,7 +69,11 @@ class FairQueue:
     def requeue(self, request: Request, behind: Request | None = None) -> None:
         """Preempted to make room for another request (`behind`): first of its own user's
         requests but after `behind` when that is one of them, and that user behind everyone
-        else in the rotation (so the request it made room for goes first)."""
+        else in the rotation (so the request it made room for goes first). A background task
+        goes back to the head of its lane."""
+        if request.background:
+            self._background.appendleft(request)
+            return
         queue = self._by_user.pop(request.user, deque())
         if behind is not None and behind in queue:
             queue.insert(queue.index(behind) + 1, request)
@@ -69,13 +82,14 @@ class FairQueue:
         self._by_user[request.user] = queue
 
     def users(self) -> set[str | None]:
-        """Identities with a request waiting."""
+        """Identities with a request waiting (a background task claims no share)."""
         return {r.user for r in self._resumed} | set(self._by_user)
 
     def remove(self, request: Request) -> bool:
-        if request in self._resumed:
-            self._resumed.remove(request)
-            return True
+        for lane in (self._resumed, self._background):
+            if request in lane:
+                lane.remove(request)
+                return True
         queue = self._by_user.get(request.user)
         if queue is None or request not in queue:
             return False
@@ -92,6 +106,7 @@ class FairQueue:
             for queue in queues:
                 if depth < len(queue):
                     yield queue[depth]
+        yield from self._background
 
     def oldest_arrival(self) -> float | None:
         return min((r.arrival_time for r in self._all()), default=None)
@@ -100,3 +115,4 @@ class FairQueue:
         yield from self._resumed
         for queue in self._by_user.values():
             yield from queue
+        yield from self._background

@@ -92,7 +92,7 @@ def _raise(message: str):
 class CallerText:
     """Every string a caller sent that a template may write raw, swapped for a marker before
     rendering and put back after as plain text (never parsed for special tokens): message
-    content, tool calls' arguments (a string, or every key and string of an object: templates
+    content and reasoning_content, tool calls' arguments (a string, or every key and string of an object: templates
     write them raw, with `tojson`, or key by key), and chat_template_kwargs' string values (Llama
     3.x writes date_string raw). A forged "<|im_end|>" in any of them stays text."""
 
@@ -119,6 +119,8 @@ class CallerText:
 
     def message(self, message: dict) -> dict:
         masked = {**message, "content": self.text(message.get("content") or "")}
+        if message.get("reasoning_content"):
+            masked["reasoning_content"] = self.text(message["reasoning_content"])
         if message.get("tool_calls"):
             masked["tool_calls"] = [self._call(call) for call in message["tool_calls"]]
         return masked

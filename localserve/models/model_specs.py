@@ -10,8 +10,8 @@ from pathlib import Path
 from localserve.common.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
-TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "kind", "pin", "chat_template",
-              "chat_template_file"}
+TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
+              "chat_template", "chat_template_file"}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
@@ -25,6 +25,7 @@ class ModelSpec:
     ctx_size: int | None = None
     parallel: int | None = None
     n_gpu_layers: int | None = None
+    n_predict: int | None = None  # its answers' default max_tokens (the server's -n when None)
     kind: str = "chat"  # "embedding": /v1/embeddings only, chat and completions refused
     pin: bool = False  # never unloaded, by idle time or to make room
     chat_template: str | None = None  # instead of the GGUF's (a built-in name or Jinja)
@@ -34,7 +35,7 @@ class ModelSpec:
         """The server's settings with this model's file and its own overrides."""
         changes = {"model": self.path, "model_alias": self.name,  # each model its own template
                    "chat_template": self.chat_template, "chat_template_file": self.chat_template_file}
-        for name in ("ctx_size", "parallel", "n_gpu_layers"):
+        for name in ("ctx_size", "parallel", "n_gpu_layers", "n_predict"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
         return replace(server, **changes).validate()
@@ -53,7 +54,7 @@ def parse_model_tables(tables: dict, source: str) -> dict[str, dict]:
         if table.get("kind", "chat") not in KINDS:
             raise SettingsError(f"{source}: [models.{name}] kind = {table['kind']!r}: expected "
                                 f"\"chat\" or \"embedding\"")
-        for key in ("ctx_size", "parallel", "n_gpu_layers"):
+        for key in ("ctx_size", "parallel", "n_gpu_layers", "n_predict"):
             value = table.get(key)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise SettingsError(f"{source}: [models.{name}] {key} = {value!r}: expected a whole number")

@@ -38,6 +38,7 @@ log = logging.getLogger("localserve.models")
 # The longest a colleague's keep_alive keeps a model loaded once idle (their "-1", never,
 # included): a model no one uses must still make room for another one eventually.
 USER_KEEP_ALIVE_MAX_S = 3600.0
+NEVER_EXPIRES = "2318-08-20T00:00:00+00:00"  # when Ollama says a kept-forever model expires
 
 
 class ModelState(str, enum.Enum):
@@ -163,8 +164,9 @@ class ModelRegistry:
         named one, the default when none is named, else 404 listing what exists."""
         if not self.several or name is None:
             return next(iter(self.entries.values()))
-        if name in self.entries:
-            return self.entries[name]
+        for known in (name, name.removesuffix(":latest")):  # Ollama: the tag defaults to latest
+            if known in self.entries:
+                return self.entries[known]
         raise self.unknown(name)
 
     def unknown(self, name: str) -> UnknownModel:
@@ -319,23 +321,25 @@ class ModelRegistry:
                 + (f" beside the pinned {', '.join(pinned)}" if pinned else "") + ".")
 
     # ---- unloading idle models ---------------------------------------------------------
-    def keep_alive(self, name: str | None, seconds: float, admin: bool) -> None:
+    def keep_alive(self, name: str | None, seconds: float, admin: bool) -> bool:
         """Ollama's keep_alive: how long this model stays loaded once idle (0: unload after
         the request; negative: never). An admin's is taken as sent. A colleague's may only
         lengthen the stay, up to USER_KEEP_ALIVE_MAX_S ("never" included): a 0 from one key
         would otherwise unload the model others are using, and lose their cached prompts.
-        With one model it stays: nothing could replace it."""
+        With one model it stays: nothing could replace it. True when the model's stay is now
+        the one asked for (the caller names keep_alive as ignored otherwise)."""
         if not self.several:
-            return
+            return False
         entry = self.entry(name)
         if admin:
             entry.keep_alive = seconds
-            return
+            return True
         now = self.idle_limit(entry)
         if now is None:  # never unloaded while idle: nothing a colleague could lengthen
-            return
+            return seconds < 0
         asked = USER_KEEP_ALIVE_MAX_S if seconds < 0 else min(seconds, USER_KEEP_ALIVE_MAX_S)
         entry.keep_alive = max(now, asked)
+        return entry.keep_alive == seconds
 
     def idle_limit(self, entry: Entry) -> float | None:
         """Seconds idle before `entry` is unloaded; None: never."""
@@ -345,11 +349,11 @@ class ModelRegistry:
             self.idle_unload if self.idle_unload > 0 else None)
         return None if limit is None or limit < 0 else limit
 
-    def expires_at(self, entry: Entry) -> str | None:
+    def expires_at(self, entry: Entry) -> str:
         """When an idle `entry` will be unloaded (Ollama's /api/ps), as an ISO time."""
         limit = self.idle_limit(entry)
-        if limit is None:
-            return None
+        if limit is None:  # never: Ollama's far future for keep_alive -1 (its longest duration)
+            return NEVER_EXPIRES
         left = max(0.0, entry.last_busy + limit - time.monotonic())
         return datetime.fromtimestamp(time.time() + left, timezone.utc).isoformat()
 

@@ -155,3 +155,18 @@ def test_a_stored_response_that_could_not_fit_its_answer_is_refused_before_it_ru
     rows = ledger_rows(Path(office.state_dir), "/v1/responses",
                        "key, finish_reason, completion_tokens")
     assert all(row[1] == "refused" and row[2] == 0 for row in rows)  # nothing generated, billed
+
+
+def test_ollamas_load_call_with_keep_alive_0_unloads_for_an_admin_and_says_so(office):
+    """Ollama: an empty prompt with keep_alive 0 unloads the model and answers "unload". A
+    colleague's is not taken (it would unload the model others use): "load", with keep_alive
+    named in X-Ignored-Fields. The tag defaults to latest: "a:latest" is "a"."""
+    r = post(office, "/api/generate", {"model": "a:latest", "keep_alive": 0}, key=BOB)
+    assert r.status_code == 200 and r.json()["done_reason"] == "load", r.text
+    assert r.headers["x-ignored-fields"] == "keep_alive"
+    r = post(office, "/api/generate", {"model": "a:latest", "keep_alive": 0}, key=ROOT_KEY)
+    assert r.status_code == 200 and r.json()["done_reason"] == "unload", r.text
+    assert "x-ignored-fields" not in r.headers
+    wait_for(lambda: states(office)["a"] == "unloaded", timeout=60, what="the admin's unload")
+    tags = httpx.get(office.url + "/api/tags", headers=auth(ROOT_KEY), timeout=10).json()
+    assert all(isinstance(m["details"]["families"], list) for m in tags["models"])
