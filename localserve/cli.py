@@ -105,7 +105,8 @@ class Parser(argparse.ArgumentParser):
             close = difflib.get_close_matches(flag.split("=")[0], known, n=1, cutoff=0.6)
             if close:
                 message += f" (did you mean {close[0]}?)"
-        super().error(message)
+        # one line that says what is wrong and where the flags are, not 40 lines of usage
+        self.exit(2, f"{self.prog}: error: {message}\n(every flag: {self.prog} --help)\n")
 
     def _all_actions(self):
         yield from self._actions

@@ -130,23 +130,12 @@ def run_all(sched, runner, requests, steps=5000):
     return out, finish
 
 
-class ScriptedChoices:
-    """A request's n choices as api/ reads them (engine/streams.ChoiceStreams): the events a
-    pure scheduler emitted for them with a scripted runner, in the order it emitted them, and
-    the engine requests behind them (their counts and clocks)."""
+class EventChoices:
+    """A request's n choices as api/ reads them (engine/streams.ChoiceStreams): given events,
+    as (choice index, TokenEvent), and the engine requests behind them (counts and clocks)."""
 
-    def __init__(self, scripts: dict[str, list[int]], n_prompt: int = 3, max_tokens: int = 100,
-                 stop: tuple = ()):
-        sched, runner = make(n_slots=len(scripts)), ScriptedRunner(scripts)
-        self.requests = [req(rid, n_prompt, max_tokens, stop) for rid in scripts]
-        index = {r.request_id: i for i, r in enumerate(self.requests)}
-        for r in self.requests:
-            sched.add(r)
-        self.events = []
-        while sched.has_work():
-            for r, event in step(sched, runner, sched.schedule()):
-                self.events.append((index[r.request_id], event))
-        self.cancelled = False
+    def __init__(self, requests: list[Request], events: list):
+        self.requests, self.events, self.cancelled = requests, list(events), False
 
     @property
     def n(self) -> int:
@@ -169,3 +158,21 @@ class ScriptedChoices:
 
     def __aiter__(self):
         return self._events()
+
+
+class ScriptedChoices(EventChoices):
+    """The events a pure scheduler emitted for scripted answers (a scripted runner), in the
+    order it emitted them."""
+
+    def __init__(self, scripts: dict[str, list[int]], n_prompt: int = 3, max_tokens: int = 100,
+                 stop: tuple = ()):
+        sched, runner = make(n_slots=len(scripts)), ScriptedRunner(scripts)
+        requests = [req(rid, n_prompt, max_tokens, stop) for rid in scripts]
+        index = {r.request_id: i for i, r in enumerate(requests)}
+        for r in requests:
+            sched.add(r)
+        events = []
+        while sched.has_work():
+            for r, event in step(sched, runner, sched.schedule()):
+                events.append((index[r.request_id], event))
+        super().__init__(requests, events)

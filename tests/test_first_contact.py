@@ -92,9 +92,12 @@ def test_a_port_in_use_is_one_line_before_listening():
     assert "listening on" not in run.stderr
 
 
-def test_a_flag_typo_suggests_the_flag():
+def test_a_flag_typo_suggests_the_flag_in_two_lines_not_the_whole_usage():
     run = up("--ctx-sise", "4096")
     assert run.returncode == 2 and "did you mean --ctx-size?" in run.stderr
+    wrong = up("--parallel", "zero")
+    assert wrong.returncode == 2 and "--parallel: invalid int value: 'zero'" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 2 and "--help" in wrong.stderr
 
 
 def test_slots_too_small_for_a_one_line_chat_are_warned_about(caplog):

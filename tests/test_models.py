@@ -132,7 +132,7 @@ def test_model_settings_from_flags_and_tables(tmp_path):
                                  models_dir=str(tmp_path)))
     assert [s.name for s in specs] == [default_model_path().stem, "small", "extra"]
     assert specs[1].settings(Settings()).parallel == 1
-    with pytest.raises(SettingsError, match="no such file"):
+    with pytest.raises(SettingsError, match=r"^\[models.gone\] path = /nowhere.gguf: no such file"):
         model_specs(Settings(models={"gone": {"path": "/nowhere.gguf"}}))
 
 

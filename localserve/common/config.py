@@ -237,13 +237,13 @@ def available_models() -> list[tuple[str, Path]]:
     return found
 
 
-def resolve_model(model: str | None) -> Path:
+def resolve_model(model: str | None, named: str = "-m/--model") -> Path:
     """-m PATH as given, or a bare file name inside models/; None (or "default") means the
-    embedded default model."""
+    embedded default model. `named`: where the path was given, for the refusal."""
     if model is None or model == "default":
         return default_model_path()
     path = Path(os.path.expanduser(model))
     for candidate in (path, MODELS_DIR / model):
         if candidate.is_file():
             return candidate.resolve()
-    raise SettingsError(f"-m/--model {model}: no such file (looked as given and in {MODELS_DIR})")
+    raise SettingsError(f"{named} {model}: no such file (looked as given and in {MODELS_DIR})")

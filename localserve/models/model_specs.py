@@ -105,7 +105,7 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
                                chat_template=settings.chat_template,
                                chat_template_file=settings.chat_template_file))
     for name, table in named.items():
-        resolve_model(table["path"])  # refuse a missing file at start-up, naming it
+        resolve_model(table["path"], f"[models.{name}] path =")  # refused at start, named
         specs.append(ModelSpec(name, **table))
     names = [s.name for s in specs]
     duplicate = next((n for n in names if names.count(n) > 1), None)
