@@ -183,3 +183,15 @@ def test_a_chats_prompt_is_computed_before_a_running_background_tasks():
     sched.add(req("b0", "bob", n_prompt=40, first=100))
     plan = step(sched)
     assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("b0", 16)]
+
+
+def test_a_running_background_task_sits_out_the_steps_of_a_chats_prompt():
+    sched = make(n_slots=2, ctx=256, budget=16, slot_share=None, prefill_budget=64)
+    sched.add(task("t0", "bob", n_prompt=4))
+    step(sched)
+    step(sched)  # the title decodes
+    sched.add(req("b0", "bob", n_prompt=40, first=100))
+    plan = step(sched)  # nothing decodes that anyone watches: the chat's prompt at full speed
+    assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("b0", 40)]
+    plan = step(sched)  # the chat streams; the title goes on beside it
+    assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]

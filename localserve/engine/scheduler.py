@@ -144,8 +144,9 @@ class Scheduler:
            user waits (tests/test_sharing.py).
         7. A step carries at most `budget` tokens while any stream decodes (smoothness), and
            up to `prefill_budget` when none does (nothing to stall: prefill at full speed).
-        8. The one exception to 1: a user over their share of grammar time (grammar_shares.py)
-           has their constrained requests sit out steps that serve someone else.
+        8. The exceptions to 1: a user over their share of grammar time (grammar_shares.py)
+           has their constrained requests sit out steps that serve someone else, and a
+           background task (9) sits out the steps in which a chat waits or computes its prompt.
         9. A frontend's background task (Request.background) is admitted only when no other
            request waits, its prompt chunks come after every other request's (admissions
            included), and it claims no slot share.
@@ -156,9 +157,10 @@ class Scheduler:
         reserved = self.cells.reclaim_guarantee(plan, self._next_admissible() if self.waiting else None)
         self._admit_batch(plan)
         running = self.running
-        decoding = any(s.state is SlotState.DECODE for s in running)
+        resting = self._background_waits(running)  # nobody watches them: full-speed prefill
+        decoding = any(s.state is SlotState.DECODE and s not in resting for s in running)
         budget = self.budget if decoding else self.prefill_budget
-        waits = self._grammar_waits(running)
+        waits = self._grammar_waits(running) + resting
         tasks = [s for s in running if s.request.background]
         chats = [s for s in running if not s.request.background]
         budget = self._chunks(plan, [s for s in running if s not in waits], SlotState.DECODE,
@@ -176,6 +178,13 @@ class Scheduler:
                               budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
+
+    def _background_waits(self, running: list[Slot]) -> list[Slot]:
+        """Background tasks sit out the steps in which a chat waits or computes its prompt, so
+        that its first token comes as soon as if they were not there (invariant 9)."""
+        chat_starting = self.waiting.has_foreground() or any(
+            s.state is SlotState.PREFILL and not s.request.background for s in running)
+        return [s for s in running if s.request.background] if chat_starting else []
 
     def _chunks(self, plan: StepPlan, slots: list[Slot], state: SlotState, budget: int,
                 kept_back: int) -> int:

@@ -81,6 +81,10 @@ class FairQueue:
             queue.appendleft(request)
         self._by_user[request.user] = queue
 
+    def has_foreground(self) -> bool:
+        """Anything waiting that is not a background task."""
+        return bool(self._resumed) or bool(self._by_user)
+
     def users(self) -> set[str | None]:
         """Identities with a request waiting (a background task claims no share)."""
         return {r.user for r in self._resumed} | set(self._by_user)
