@@ -195,3 +195,12 @@ def test_a_running_background_task_sits_out_the_steps_of_a_chats_prompt():
     assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("b0", 40)]
     plan = step(sched)  # the chat streams; the title goes on beside it
     assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
+
+
+def test_a_background_tasks_prompt_is_computed_in_small_steps():
+    from localserve.engine.scheduler import BACKGROUND_PREFILL_TOKENS as SMALL
+
+    sched = make(n_slots=2, ctx=512, budget=256, slot_share=None, prefill_budget=512)
+    sched.add(task("t0", "bob", n_prompt=3 * SMALL))
+    plan = step(sched)
+    assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("t0", SMALL)]

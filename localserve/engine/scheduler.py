@@ -51,6 +51,9 @@ from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
+# A step's prompt tokens of background tasks, at most: a chat that arrives during one waits
+# for a step this small, not for a whole title prompt (background tasks never hurry).
+BACKGROUND_PREFILL_TOKENS = 64
 
 
 class Scheduler:
@@ -174,8 +177,9 @@ class Scheduler:
                 break
             n_running += 1
             budget -= admitted
-        budget = self._chunks(plan, [s for s in tasks if s not in waits], SlotState.PREFILL,
-                              budget, reserved)
+        for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)
+        budget -= for_tasks - self._chunks(plan, [s for s in tasks if s not in waits],
+                                           SlotState.PREFILL, for_tasks, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
@@ -230,6 +234,8 @@ class Scheduler:
         if not self.cells.room_to_admit(plan, where.slot, keep_in_pool, need):
             return 0
         self._assign(plan, self.waiting.take(req), where)
+        if req.background:
+            budget = min(budget, BACKGROUND_PREFILL_TOKENS)
         return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
 
     def _release_siblings(self, first: Request) -> None:
