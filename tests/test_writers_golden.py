@@ -54,6 +54,8 @@ SCENARIOS = {
                                                    error="the engine stopped")],
     "timeout": [TokenEvent("", finish_reason=FinishReason.TIMEOUT, error="waited too long")],
     "left": [TokenEvent("Hel", (1,))],
+    "costly": [TokenEvent("", finish_reason=FinishReason.GRAMMAR_COST, error="grammar too costly")],
+    "aborted": [TokenEvent("Hel", (1,)), TokenEvent("", finish_reason=FinishReason.ABORT)],
 }
 
 
@@ -92,7 +94,7 @@ def run(coroutine):
     try:
         return asyncio.run(coroutine)
     except OpenAIError as exc:
-        return {"raised": exc.status, "message": exc.message, "code": exc.code}
+        return {"raised": exc.status, "body": exc.body(), "headers": exc.headers}
 
 
 async def drain(generator):
@@ -120,8 +122,7 @@ def writers(scenario: str):
         "ollama_chat": lambda: OllamaReply("m", True, tools, thinks, True, 0.0, 0.0),
         "ollama_generate": lambda: OllamaReply("m", False, tools, thinks, False, 0.0, 0.0),
         "messages": lambda: MessageReply("m", 5, tools, thinks),
-        "responses": lambda: ResponseReply("m", ResponsesRequest(model="m", input="hi"), 5,
-                                           tools, thinks),
+        "responses": lambda: _stored_reply(tools, thinks),
     }
     for name, writer in make.items():
         stream = {"chat": "sse", "text": "sse", "ollama_chat": "lines",
@@ -129,6 +130,19 @@ def writers(scenario: str):
         k = n if name in ("chat", "text") else 1  # the others write one choice
         yield (name, masked(run(writer().collect(choices(scenario, k), None))),
                run(drain(getattr(writer(), stream)(choices(scenario, k)))))
+
+
+KEPT: list = []  # what a stored response keeps (previous_response_id's turns)
+
+
+def _stored_reply(tools, thinks) -> ResponseReply:
+    reply = ResponseReply("m", ResponsesRequest(model="m", input="hi"), 5, tools, thinks)
+    reply.turns = [{"role": "user", "content": "hi"}]
+
+    async def keep(response, messages):
+        KEPT.append(messages)
+    reply.keep = keep
+    return reply
 
 
 def _text_reply(logprobs):
@@ -140,8 +154,11 @@ def _text_reply(logprobs):
 
 
 def outputs() -> dict:
-    return {f"{scenario}/{name}": {"whole": whole, "streamed": streamed}
-            for scenario in SCENARIOS for name, whole, streamed in writers(scenario)}
+    KEPT.clear()  # a run of its own (mutmut runs the tests again in one process)
+    found = {f"{scenario}/{name}": {"whole": whole, "streamed": streamed}
+             for scenario in SCENARIOS for name, whole, streamed in writers(scenario)}
+    found["kept by stored responses"] = masked(KEPT)
+    return found
 
 
 def test_every_writer_writes_what_it_wrote_when_reviewed():

@@ -165,3 +165,48 @@ def test_a_response_cut_by_its_limit_is_incomplete_with_its_usage():
                                      "output_tokens": n_out,
                                      "output_tokens_details": {"reasoning_tokens": 0},
                                      "total_tokens": 5 + n_out}
+
+
+def test_a_reply_is_one_json_body_or_an_event_stream_with_the_ignored_fields_named():
+    from fastapi.responses import JSONResponse
+    from sse_starlette.sse import EventSourceResponse
+
+    from localserve.api.replies import respond_with, ignored_header
+
+    async def collect(stream, request):
+        return {"whole": stream.n}
+
+    async def events(stream):
+        yield {"data": "x"}
+    headers = ignored_header(["foo", "bar"])
+    assert headers == {"X-Ignored-Fields": "foo, bar"} and ignored_header([]) is None
+    whole = asyncio.run(respond_with(collect, events, ScriptedChoices({"a": HEY}), None, False,
+                                     headers))
+    assert isinstance(whole, JSONResponse) and json.loads(whole.body) == {"whole": 1}
+    assert whole.headers["x-ignored-fields"] == "foo, bar"
+
+    async def streamed():
+        return await respond_with(collect, events, ScriptedChoices({"a": HEY}), None, True, headers)
+    sse = asyncio.run(streamed())
+    assert isinstance(sse, EventSourceResponse) and sse.headers["x-ignored-fields"] == "foo, bar"
+    reply = Reply("chat.completion", "m", chat(stream=False, unknown_field=1), "fp")
+    body = asyncio.run(reply.respond(ScriptedChoices({"a": HEY}), None))
+    assert body.headers["x-ignored-fields"] == "unknown_field"
+    assert json.loads(body.body)["choices"][0]["message"]["content"] == "hey"
+
+
+def test_header_names_are_safe_and_bounded_and_the_fingerprint_names_build_and_file():
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from localserve import __version__
+    from localserve.api.replies import fingerprint, header_list
+
+    assert header_list(["a", "b c", "", "x\u00e9"]) == 'a, "b c", "", "x\\u00e9"'
+    names = [f"n{i}" for i in range(20)]
+    assert header_list(names) == ", ".join(names[:16]) + ", and 4 more"
+    assert header_list(["a" * 80]) == '"' + "a" * 64 + '"'
+    one = fingerprint(SimpleNamespace(model_path=Path("/m/one.gguf")))
+    assert one.startswith(f"localserve-{__version__}-") and len(one.rsplit("-", 1)[1]) == 8
+    assert one != fingerprint(SimpleNamespace(model_path=Path("/m/two.gguf")))
+    assert fingerprint(SimpleNamespace(model_path=None)).startswith(f"localserve-{__version__}-")
