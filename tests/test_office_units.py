@@ -269,3 +269,20 @@ def test_forwarded_names_that_clean_alike_stay_apart():
     long_a, long_b = "a" * 64 + "@one.lan", "a" * 64 + "@two.lan"
     assert colleague_name(long_a) != colleague_name(long_b)
     assert colleague_name(long_a)[:64] == "a" * 64 and colleague_name(long_a) == colleague_name(long_a)
+
+
+def test_the_state_folder_is_systemds_else_the_users_data_folder(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from localserve.office.ledger import default_state_dir, state_dir
+
+    monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/a:{tmp_path}/b")
+    assert default_state_dir() == tmp_path / "a"
+    monkeypatch.delenv("STATE_DIRECTORY")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    assert default_state_dir() == tmp_path / "xdg" / "localserve"
+    monkeypatch.delenv("XDG_DATA_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_state_dir() == tmp_path / "home" / ".local" / "share" / "localserve"
+    assert state_dir(SimpleNamespace(state_dir=str(tmp_path / "s"))) == tmp_path / "s"
+    assert state_dir(SimpleNamespace(state_dir=None)) == default_state_dir()
