@@ -69,11 +69,13 @@ class DrainingServer(uvicorn.Server):
             self.models.stop_engines()
             self.should_exit = True
             return
+        # Draining before the log line: a second signal can run inside this handler (Python
+        # runs handlers between bytecodes), and must find the drain already begun.
+        self.office.draining = True
         timeout = self.office.settings.drain_timeout
         log.warning("shutting down: refusing new requests, letting %d running/queued ones finish "
                     "(up to %.0f s; press Ctrl-C again to exit now)", self.models.in_flight(),
                     timeout)
-        self.office.draining = True
         threading.Thread(target=self._drain_then_exit, args=(timeout,), daemon=True).start()
 
     def _drain_then_exit(self, timeout: float) -> None:
