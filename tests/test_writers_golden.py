@@ -73,9 +73,8 @@ def masked(value):
         return {k: "<clock>" if k in CLOCKS else masked(v) for k, v in value.items()}
     if isinstance(value, list):
         return [masked(v) for v in value]
-    if isinstance(value, str) and IDS.match(value):
-        return value[:value.index("_") + 1 if "_" in value[:6] else value.index("-") + 1] + "<id>"
-    return value
+    found = IDS.match(value) if isinstance(value, str) else None
+    return found.group(1) + "<id>" if found else value
 
 
 def shown(item):

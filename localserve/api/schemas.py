@@ -246,13 +246,17 @@ class ChatMessage(BaseModel):
         return {**out, "reasoning_content": self.reasoning_content} if self.reasoning_content \
             else out
 
+    @property
+    def text(self) -> str:
+        """The content as one text (text parts joined; none: "")."""
+        content = self.content
+        return "".join(part.text for part in content) if isinstance(content, list) else content or ""
+
     def as_template_dict(self, native: bool = False) -> dict:
         """The message as the chat template reads it. Tool calls: written into the text in
         the generic JSON format (structured.py), or kept as structure for a template that
         renders them itself (native: tool_formats.py)."""
-        content = self.content
-        if isinstance(content, list):
-            content = "".join(part.text for part in content)
+        content = self.text
         role = "system" if self.role == "developer" else self.role
         if native:
             out = {"role": role, "content": content or ""}

@@ -46,8 +46,7 @@ def background_task(body: _Sampling) -> bool:
     messages = getattr(body, "messages", None)
     if not messages or messages[-1].role != "user":
         return False
-    content = messages[-1].content
-    text = content if isinstance(content, str) else "".join(p.text for p in content or [])
+    text = messages[-1].text
     return text.lstrip().startswith(TASK_OPENING) and TASK_QUOTE in text
 
 
