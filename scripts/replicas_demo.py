@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
-from conftest import RunningServer, free_port, wait_for  # noqa: E402
+from conftest import RunningServer, answers_200, free_port, wait_for  # noqa: E402
 
 
 def served(replica: RunningServer) -> int:
@@ -83,7 +83,7 @@ def main() -> int:
             r.wait_ready()
         proxy = start_proxy(args.litellm, [r.port for r in replicas], proxy_port,
                             Path("/tmp/localserve-litellm-proxy.log"))
-        wait_for(lambda: _ok(proxy_url + "/health/liveliness"), timeout=180, what="the proxy")
+        wait_for(lambda: answers_200(proxy_url + "/health/liveliness"), timeout=180, what="the proxy")
         start = time.perf_counter()
         results = asyncio.run(burst(proxy_url, args.requests, args.tokens, "localserve"))
         proxy_s = time.perf_counter() - start
@@ -103,7 +103,7 @@ def main() -> int:
                                               "localserve"))
             await asyncio.sleep(2.0)  # the demo's own pacing: the first wave is in flight
             replicas[0].proc.send_signal(signal.SIGTERM)
-            wait_for(lambda: not _ok(replicas[0].url + "/health"), what="replica 1 draining")
+            wait_for(lambda: not answers_200(replicas[0].url + "/health"), what="replica 1 draining")
             second = await burst(proxy_url, args.requests // 2, args.tokens, "localserve")
             return await first, second
 
@@ -124,13 +124,6 @@ def main() -> int:
             proxy.wait(timeout=30)
         for r in replicas:
             r.stop()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 if __name__ == "__main__":

@@ -92,6 +92,14 @@ def ledger_rows(state_dir: Path, endpoint: str,
         db.close()
 
 
+def answers_200(url: str) -> bool:
+    """Whether a GET of `url` answers 200 now (a server, a proxy or a frontend being up)."""
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def wait_for(condition, timeout: float = 30.0, what: str = "condition", interval: float = 0.05):
     """Poll `condition` until it returns something truthy (returned), or fail at the deadline.
     The only way tests wait: never a fixed sleep."""

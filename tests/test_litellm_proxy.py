@@ -7,11 +7,10 @@ installs it) and skips with that reason elsewhere."""
 import os
 import subprocess
 
-import httpx
 import openai
 import pytest
 
-from conftest import ROOT, free_port, ledger_rows, running, wait_for
+from conftest import ROOT, answers_200, free_port, ledger_rows, running, wait_for
 
 LITELLM = ROOT / ".venv-litellm" / "bin" / "litellm"
 pytestmark = pytest.mark.skipif(not LITELLM.exists(),
@@ -51,20 +50,13 @@ def proxy(tmp_path_factory):
                                    env={**os.environ, "LITELLM_MASTER_KEY": MASTER_KEY})
         url = f"http://127.0.0.1:{port}"
         try:
-            wait_for(lambda: _ok(url + "/health/liveliness"), timeout=300, interval=1,
+            wait_for(lambda: answers_200(url + "/health/liveliness"), timeout=300, interval=1,
                      what="LiteLLM's proxy to start")
             yield url, folder / "state"
         finally:
             process.terminate()
             process.wait(timeout=60)
             log.close()
-
-
-def _ok(url: str) -> bool:
-    try:
-        return httpx.get(url, timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 @pytest.mark.parametrize("model, route", [("via-ollama", "/api/chat"),

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from conftest import ROOT, free_port, key_file, ledger_rows, running, wait_for
+from conftest import ROOT, answers_200, free_port, key_file, ledger_rows, running, wait_for
 from web_pages import browser  # noqa: F401  (a fixture)
 
 WEBUI = ROOT / ".venv-openwebui" / "bin" / "open-webui"
@@ -53,7 +53,7 @@ class OpenWebUI:
         self.process = subprocess.Popen([str(WEBUI), "serve", "--host", "127.0.0.1", "--port",
                                          str(self.port)], env=env, stdout=self.log,
                                         stderr=subprocess.STDOUT)
-        wait_for(lambda: _up(self.url), timeout=600, interval=1, what="Open WebUI to start")
+        wait_for(lambda: answers_200(self.url + "/health"), timeout=600, interval=1, what="Open WebUI to start")
 
     def stop(self) -> None:
         self.process.terminate()
@@ -74,13 +74,6 @@ def office(tmp_path_factory):
             yield server, webui, folder / "state"
         finally:
             webui.stop()
-
-
-def _up(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def sign_up(url: str, name: str, admin: dict | None = None) -> dict:
