@@ -164,12 +164,11 @@ class Scheduler:
         decoding = any(s.state is SlotState.DECODE and s not in resting for s in running)
         budget = self.budget if decoding else self.prefill_budget
         waits = self._grammar_waits(running) + resting
-        tasks = [s for s in running if s.request.background]
-        chats = [s for s in running if not s.request.background]
-        budget = self._chunks(plan, [s for s in running if s not in waits], SlotState.DECODE,
-                              budget, 0)
-        budget = self._chunks(plan, [s for s in chats if s not in waits], SlotState.PREFILL,
-                              budget, reserved)
+        stepping = [s for s in running if s not in waits]
+        tasks = [s for s in stepping if s.request.background]
+        chats = [s for s in stepping if not s.request.background]
+        budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
+        budget = self._chunks(plan, chats, SlotState.PREFILL, budget, reserved)
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
             admitted = self._admit_next(plan, budget)
@@ -178,8 +177,7 @@ class Scheduler:
             n_running += 1
             budget -= admitted
         for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)
-        budget -= for_tasks - self._chunks(plan, [s for s in tasks if s not in waits],
-                                           SlotState.PREFILL, for_tasks, reserved)
+        budget -= for_tasks - self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
