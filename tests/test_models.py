@@ -191,7 +191,7 @@ def test_a_loading_model_shows_its_load_progress():
 
     from localserve.engine.runner import model_file
     from localserve.models.model_specs import ModelSpec
-    from localserve.models.registry import Entry, model_card
+    from localserve.models.model_entry import Entry, model_card
 
     loading = SimpleNamespace(engine=None, unloaded=False, load_error=None, loop=None,
                               settings=Settings(), model_file=Path("/nowhere/big.gguf"))

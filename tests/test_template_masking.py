@@ -40,7 +40,7 @@ FIELDS = {
 def thinking_loop(thought: str) -> list[dict]:
     """A tool loop whose assistant turn reasoned first (Messages' thinking block)."""
     from localserve.api.routes_anthropic import MessagesRequest, _messages
-    from localserve.api.schemas import ChatMessage
+    from localserve.api.chat_message import ChatMessage
 
     turns = [{"role": "user", "content": "Weather in Paris?"},
              {"role": "assistant", "content": [

@@ -8,7 +8,7 @@ import hashlib
 from datetime import datetime, timezone
 
 from localserve.common.config import SettingsError
-from localserve.models.registry import Entry
+from localserve.models.model_entry import Entry
 
 
 def _file(entry: Entry):

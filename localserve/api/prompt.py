@@ -94,7 +94,7 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
                       ending: str = "assistant", variables: dict | None = None) -> list[int]:
-    """Messages already in template form (ChatMessage.as_template_dict, plus any tool prompt);
+    """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any tool prompt);
     tools for a template that renders them itself; ending, variables: see _chat_tokens."""
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")

@@ -18,7 +18,7 @@ from localserve.api.serving import server_defaults
 from localserve.api.schemas import OpenAIError
 from localserve.office.ledger import GROUPS
 from localserve.office.ledger import usage as ledger_usage
-from localserve.models.registry import Entry, ModelState
+from localserve.models.model_entry import Entry, ModelState
 
 open_router = APIRouter()  # no key needed: load balancers and `localserve top` probe it
 router = APIRouter()  # needs a key when keys are set
@@ -29,7 +29,7 @@ async def health(request: Request):
     if request.app.state.office.draining:
         return JSONResponse({"status": "draining"}, status_code=503)
     default = next(iter(request.app.state.models.entries.values()))
-    state = default.state  # registry.ModelState: the one vocabulary of a model's lifecycle
+    state = default.state  # model_entry.ModelState: the one vocabulary of a model's lifecycle
     if state.takes_requests:
         return {"status": "ok"}
     body = {"status": "loading"} if state is ModelState.LOADING else {
@@ -48,7 +48,7 @@ def shown_entry(request: Request, model: str | None) -> Entry:
 
 
 def not_loaded(request: Request, entry: Entry) -> JSONResponse:
-    """503 with the model's lifecycle state (registry.ModelState) and every model's card."""
+    """503 with the model's lifecycle state (model_entry.ModelState) and every model's card."""
     return JSONResponse({"status": str(entry.state), "models": request.app.state.models.cards()},
                         status_code=503)
 

@@ -2,24 +2,15 @@
 
 from __future__ import annotations
 
-import json
 from typing import ClassVar, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
                       model_validator)
 
+from localserve.api.chat_message import TOOL_NAME, ChatMessage, valid_text
+
 MAX_STOP_STRINGS = 16
 MAX_TOKENS_LIMIT = 1_000_000  # beyond any context: a number this large is a client bug
-
-
-def _valid_text(value: str, field: str) -> str:
-    """Reject text that cannot be encoded as UTF-8 (an unpaired surrogate such as '\\ud800')."""
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"{field} contains an unpaired UTF-16 surrogate at position {exc.start}; "
-                         f"send valid Unicode text") from None
-    return value
 
 
 class OpenAIError(Exception):
@@ -81,12 +72,6 @@ class ResponseFormat(BaseModel):
     json_schema: JsonSchemaFormat | None = None
     # llama-server's extension: {"type": "json_object", "schema": {...}} follows the schema
     schema_: dict | None = Field(None, alias="schema")
-
-
-# What a tool's name and a call's id may hold: chat templates write both raw into the prompt
-# (Qwen, Hermes, Llama 3.x, Mistral), so a name like `f<|im_end|>` would forge a turn there.
-TOOL_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
-CALL_ID = r"^[A-Za-z0-9_.:=+/-]{0,128}$"
 
 
 class ToolFunction(BaseModel):
@@ -184,101 +169,11 @@ class _Sampling(BaseModel):
             raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(stops)}")
         if any(len(s) > 256 for s in stops):
             raise ValueError("a stop string may be at most 256 characters")
-        return [_valid_text(s, "stop") for s in stops if s]
+        return [valid_text(s, "stop") for s in stops if s]
 
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
-
-
-class TextPart(BaseModel):
-    type: Literal["text"]
-    text: str
-
-    @field_validator("text")
-    @classmethod
-    def _utf8(cls, value):
-        return _valid_text(value, "content")
-
-
-class ToolCallFunction(BaseModel):
-    name: str = Field(..., pattern=TOOL_NAME)  # an earlier call's, as a tool's name
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    id: str = Field(..., pattern=CALL_ID)
-    type: Literal["function"] = "function"
-    function: ToolCallFunction
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
-    tool_call_id: str | None = Field(None, pattern=CALL_ID)  # a tool's result answers this call
-    # an assistant's earlier reasoning (llama-server's field; Messages' thinking blocks): the
-    # templates that keep reasoning in a tool loop (Qwen 3, Command R7B) render it
-    reasoning_content: str | None = None
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts_only(cls, value):
-        """Say plainly that images, audio and files are not read (instead of a union error)."""
-        if isinstance(value, list):
-            for part in value:
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
-                    raise ValueError(f"content parts of type {kind!r} are not supported: this "
-                                     f"server's model reads text only; send the text as a string "
-                                     f"or as {{'type': 'text', 'text': ...}} parts")
-        return value
-
-    @field_validator("content", "reasoning_content")
-    @classmethod
-    def _utf8(cls, value, info):
-        return _valid_text(value, info.field_name) if isinstance(value, str) else value
-
-    def _with_reasoning(self, out: dict) -> dict:
-        return {**out, "reasoning_content": self.reasoning_content} if self.reasoning_content \
-            else out
-
-    @property
-    def text(self) -> str:
-        """The content as one text (text parts joined; none: "")."""
-        content = self.content
-        return "".join(part.text for part in content) if isinstance(content, list) else content or ""
-
-    def as_template_dict(self, native: bool = False) -> dict:
-        """The message as the chat template reads it. Tool calls: written into the text in
-        the generic JSON format (structured.py), or kept as structure for a template that
-        renders them itself (native: tool_formats.py)."""
-        content = self.text
-        role = "system" if self.role == "developer" else self.role
-        if native:
-            out = {"role": role, "content": content or ""}
-            if self.tool_calls:
-                out["tool_calls"] = [{"id": c.id, "type": "function", "function": {
-                    "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
-                    for c in self.tool_calls]
-            if self.tool_call_id:
-                out["tool_call_id"] = self.tool_call_id
-            return self._with_reasoning(out)
-        if self.tool_calls:  # the generic tool format (structured.py): the calls as JSON
-            calls = [{"name": c.function.name, "arguments": _json_or_text(c.function.arguments)}
-                     for c in self.tool_calls]
-            content = (content or "") + json.dumps({"tool_calls": calls})
-        return self._with_reasoning({"role": role, "content": content or ""})
-
-
-def _json_or_text(arguments: str):
-    try:
-        return json.loads(arguments)
-    except ValueError:
-        return arguments
 
 
 MAX_LOGPROBS = 20  # OpenAI's cap on top_logprobs
@@ -401,10 +296,10 @@ class CompletionRequest(_Sampling):
         if isinstance(value, list) and value and isinstance(value[0], str):
             if len(value) != 1:
                 raise ValueError("send one prompt per request (a list of several is not supported)")
-            return _valid_text(value[0], "prompt")
+            return valid_text(value[0], "prompt")
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
-        return _valid_text(value, "prompt") if isinstance(value, str) else value
+        return valid_text(value, "prompt") if isinstance(value, str) else value
 
     @property
     def token_limit(self) -> int | None:
