@@ -198,7 +198,7 @@ def _argument(option: Option) -> dict:
     kind = field.type.replace(" | None", "")
     if kind == "bool":  # a flag that turns on what is off, or --no-X for what is on
         return {"action": "store_false" if default else "store_true", "help": option.help}
-    said = option.default_text or (None if default in (None, ()) else default)
+    said = _said_default(option)
     help_text = option.help + (f" (default: {said})" if said is not None else "")
     argument = {"help": help_text, "choices": CHOICES.get(option.field)}
     if option.convert is not None:
@@ -208,3 +208,34 @@ def _argument(option: Option) -> dict:
     if option.repeat:
         argument["action"] = "append"
     return argument
+
+
+def flags_markdown() -> str:
+    """docs/flags.md's tables, one per group, from the same entries as `up --help`
+    (tests/test_docs.py checks the file holds exactly this; scripts/flags-doc rewrites it)."""
+    out = []
+    for title, options in GROUPS.items():
+        out += [f"### {title[0].upper()}{title[1:]}", "", "| flag | default | meaning |",
+                "|---|---|---|"]
+        for option in options:
+            flags = "`" + "`, `".join(option.flags) + "`" + (" (repeatable)" if option.repeat else "")
+            meaning = option.help
+            if CHOICES.get(option.field) and option.convert is None:
+                meaning += "; one of " + ", ".join(f"`{c}`" for c in CHOICES[option.field])
+            out.append(f"| {flags} | {_default_text(option)} | {meaning} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _default_text(option: Option) -> str:
+    if FIELDS[option.field].type.replace(" | None", "") == "bool":
+        return "not set"
+    said = _said_default(option)
+    return "none" if said is None else str(said)
+
+
+def _said_default(option: Option) -> object | None:
+    """What `--help` and the flags page say the default is: its meaning, else its value."""
+    field = FIELDS[option.field]
+    default = field.default if field.default is not dataclasses.MISSING else None
+    return option.default_text or (None if default in (None, ()) else default)

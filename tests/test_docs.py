@@ -46,3 +46,18 @@ def test_the_checker_finds_a_broken_link(tmp_path):
     page = tmp_path / "page.md"
     page.write_text("# Title\n[ok](#title) [gone](missing.md) [bad](#nope) [web](https://x.y)\n")
     assert broken_links(page) == ["missing.md", "#nope"]
+
+
+def test_the_flags_page_lists_every_flag_of_up_as_options_py_does():
+    """docs/flags.md's tables are `up --help`'s entries: a flag added to options.py without
+    running scripts/flags-doc (or a table edited by hand) fails here."""
+    from localserve.cli import build_parser
+    from localserve.options import flags_markdown
+
+    page = (ROOT / "docs" / "flags.md").read_text()
+    assert flags_markdown() in page
+    up = next(a for a in build_parser()._subparsers._group_actions[0].choices.items()
+              if a[0] == "up")[1]
+    flags = {flag for action in up._actions for flag in action.option_strings} - {"-h", "--help"}
+    missing = sorted(flag for flag in flags if f"`{flag}`" not in page)
+    assert missing == []
