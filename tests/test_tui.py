@@ -228,3 +228,25 @@ def test_snapshot_two_models_the_second_shown_with_its_own_figures_and_the_legen
         await pilot.pause()
 
     assert snap_compare(two_model_dashboard(), terminal_size=(100, 30), run_before=switch_and_poll)
+
+
+def test_every_model_is_named_at_80_columns_however_many():
+    """The model list has its own line that wraps, so no model is cut off on a narrow terminal."""
+    names = [f"office-model-{i}" for i in range(6)]
+
+    async def fetch(model=None):
+        payload, metrics, props = two_model_payload(model, 100)
+        payload["models"] = [{"id": name, "status": {"value": "loaded"}} for name in names]
+        return payload, metrics, props
+
+    async def run():
+        app = Dashboard(fetch, url="http://office:8080", interval=3600)
+        async with app.run_test(size=(80, 30)) as pilot:
+            await poll_done(pilot)
+            models = app.query_one("#models")
+            lines = models.render_lines(models.region.reset_offset)
+            shown = " ".join(" ".join(line.text for line in lines).split())  # wrapped: one text
+            assert models.display and models.region.width <= 80 and len(lines) >= 2
+            assert all(f"{name} (loaded)" in shown for name in names), shown
+
+    asyncio.run(run())

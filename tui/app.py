@@ -97,6 +97,7 @@ class Dashboard(App):
 
     def compose(self) -> ComposeResult:
         yield Static(id="header", markup=False)
+        yield Static(id="models", markup=False, classes="hidden")  # wraps: every model shows
         yield Static(id="status", markup=False)
         yield SlotTable(id="slots")
         yield QueuePanel(id="queue")
@@ -150,9 +151,10 @@ class Dashboard(App):
         backend = f" · {view.backend}" if view.backend else ""
         header = Text.assemble((view.model, "bold"),
                                f"{backend} · {view.split.split(' (')[0]} · {self.url}")
-        if len(view.models) > 1:  # several models: m shows the next one's slots and numbers
-            header.append(" · models: " + ", ".join(f"{name} ({state})" for name, state in view.models))
         self.query_one("#header", Static).update(header)
+        models = self.query_one("#models", Static)  # several: m shows the next one's slots
+        models.update("models: " + ", ".join(f"{name} ({state})" for name, state in view.models))
+        models.set_class(len(view.models) < 2, "hidden")
         self.query_one(SlotTable).show(self._sorted(view))
         self.query_one(QueuePanel).show(view)
         p50 = "–" if view.ttft_p50 is None else f"{view.ttft_p50:.2f}s"
