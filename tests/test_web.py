@@ -173,6 +173,12 @@ MARKDOWN = [
      '<span class="tok-string">&#39;x&#39;</span>  <span class="tok-comment"># why</span>'),
     ("Euler: $$e^{i\\pi} + 1 = 0$$ indeed", '<div class="math">e^{i\\pi} + 1 = 0</div>'),
     ("```js\nlet s = \"<b>\";\n```", '<span class="tok-string">&quot;&lt;b&gt;&quot;</span>'),
+    # a bulleted list after a numbered one is a list of its own; strikethrough; task lists
+    ("1. one\n2. two\n- three\n- four",
+     "<ol><li>one</li><li>two</li></ol><ul><li>three</li><li>four</li></ul>"),
+    ("~~old~~ new, 2~3 ~ 4", "<del>old</del> new, 2~3 ~ 4"),
+    ("- [ ] to do\n- [x] done", '<ul><li class="task"><input type="checkbox" disabled> to do</li>'
+                              '<li class="task"><input type="checkbox" disabled checked> done</li></ul>'),
 ]
 
 
@@ -223,6 +229,40 @@ def test_answers_show_their_model_speed_and_copy_and_the_last_chat_reopens(web, 
     assert "cannot be undone" in page.dialogs[0]
     assert page.locator("#conversations li.current").count() == 1
     page.close()
+
+
+def test_continue_is_offered_only_for_an_answer_cut_short(web, browser):
+    """An answer that ended by itself (finish_reason "stop") has nothing to continue; one cut
+    at max_tokens has."""
+    prompt = "Say hi."
+    asked = {"messages": [{"role": "user", "content": prompt}], "temperature": 0,
+             "max_tokens": 200}
+    whole = httpx.post(web.url + "/v1/chat/completions", json=asked, timeout=300).json()
+    assert whole["choices"][0]["finish_reason"] == "stop"  # the case this test is about
+    page = open_page(browser, web.url)
+    send(page, prompt, max_tokens=200)
+    page.wait_for_selector(".message.assistant .meta", timeout=120_000)
+    assert page.locator("#regenerate").is_visible() and not page.locator("#continue").is_visible()
+    page.click("#new-chat")
+    send(page, prompt, max_tokens=2)
+    page.wait_for_selector(".message.assistant .meta", timeout=120_000)
+    assert page.locator("#continue").is_visible()
+    page.close()
+
+
+def test_on_a_touch_screen_enter_is_a_new_line_and_the_input_says_no_enter_sends(web, browser):
+    context = browser.new_context(viewport={"width": 390, "height": 800}, has_touch=True,
+                                  is_mobile=True)
+    page = context.new_page()
+    page.goto(web.url + "/")
+    page.wait_for_selector("#app", state="visible", timeout=30_000)
+    assert "Enter sends" not in page.get_attribute("#input", "placeholder")
+    page.fill("#input", "first line")
+    page.press("#input", "Enter")
+    page.type("#input", "second line")
+    assert page.input_value("#input") == "first line\nsecond line"
+    assert page.locator(".message.user").count() == 0  # nothing was sent
+    context.close()
 
 
 def test_two_models_get_a_picker_and_each_answer_names_its_model(browser):

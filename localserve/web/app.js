@@ -5,6 +5,8 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
+// A phone's keyboard has no Shift+Enter for a new line: there Enter is a new line.
+const TOUCH = window.matchMedia("(pointer: coarse)").matches;
 const state = { key: localStorage.getItem("localserve-key"), conversation: null, title: null,
                 messages: [], controller: null, me: null, models: [] };
 
@@ -114,7 +116,9 @@ function fill(div, message, done) {
 function redraw() {
   $("messages").replaceChildren();
   state.messages.forEach(show);
-  $("regenerate").hidden = $("continue").hidden = !lastAnswer() || !!state.controller;
+  const answer = lastAnswer();
+  $("regenerate").hidden = !answer || !!state.controller;
+  $("continue").hidden = !answer || !!state.controller || answer.finish === "stop";
 }
 
 function lastAnswer() {
@@ -163,7 +167,7 @@ async function send(text, how = {}) {
     temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
   };
   if (continued) Object.assign(body, { continue_final_message: true, add_generation_prompt: false });
-  const reply = continued ? { ...continued, meta: "" }
+  const reply = continued ? { ...continued, meta: "", finish: undefined }
                           : { role: "assistant", content: "", reasoning: "", model };
   const view = show(reply, state.messages.length);
   state.controller = new AbortController();
@@ -177,7 +181,9 @@ async function send(text, how = {}) {
     await readStream(r, (chunk) => {
       reply.model = chunk.model || reply.model;
       reply.usage = chunk.usage || reply.usage;
-      const delta = chunk.choices && chunk.choices[0] && chunk.choices[0].delta;
+      const choice = chunk.choices && chunk.choices[0];
+      if (choice && choice.finish_reason) reply.finish = choice.finish_reason;  // Continue's cue
+      const delta = choice && choice.delta;
       if (!delta || !(delta.content || delta.reasoning_content)) return;
       if (first === null) { first = performance.now(); status(""); }
       reply.content += delta.content || "";
@@ -333,8 +339,9 @@ document.addEventListener("DOMContentLoaded", () => {
     $("input").value = "";
     send(text);
   });
+  if (TOUCH) $("input").placeholder = "Type a message";  // Enter is a new line; Send sends
   $("input").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
+    if (e.key === "Enter" && !e.shiftKey && !TOUCH) { e.preventDefault(); $("composer").requestSubmit(); }
   });
   $("stop").addEventListener("click", () => state.controller && state.controller.abort());
   $("regenerate").addEventListener("click", () => {

@@ -7,7 +7,8 @@ const MAX_FILE_BYTES = 256 * 1024;  // a text file's worth; a slot holds far les
 
 function keepVersions(reply, previous) {
   // The new answer becomes the last of its versions, and the one shown.
-  const answer = ({ content, reasoning, model, meta }) => ({ content, reasoning, model, meta });
+  const answer = ({ content, reasoning, model, meta, finish }) =>
+    ({ content, reasoning, model, meta, finish });
   if (!previous) return reply;
   const versions = (previous.versions || [answer(previous)]).concat([answer(reply)]);
   return { ...reply, versions, version: versions.length - 1 };

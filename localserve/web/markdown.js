@@ -3,9 +3,10 @@
 // fences (highlighted: strings, comments, numbers, keywords), math ($$ and \[ \], shown as
 // set-apart text, not typeset), headings, lists (nested by indentation, numbered from their
 // first number, loose ones with blank lines between items), quotes, tables (with their
-// column alignment), rules, paragraphs. Inline: code, bold, italic, links. Emphasis needs its
-// marker next to a word (`7 * 8 = 56` keeps its asterisks). No inline style: the page's CSP
-// allows none, so alignment and colours are classes.
+// column alignment), rules, paragraphs; task list items get a checkbox. Inline: code, bold,
+// italic, strikethrough, links. Emphasis needs its marker next to a word (`7 * 8 = 56` keeps
+// its asterisks). No inline style: the page's CSP allows none, so alignment and colours are
+// classes.
 "use strict";
 
 function escapeHtml(text) {
@@ -21,6 +22,7 @@ function inline(escaped) {
   });
   return held
     .replace(/\*\*(?=\S)([^*\n]*?\S)\*\*/g, "<strong>$1</strong>")
+    .replace(/~~(?=\S)([^~\n]*?\S)~~/g, "<del>$1</del>")
     .replace(/(^|[^*\w])\*(?=\S)([^*\n]*?\S)\*(?![*\w])/g, "$1<em>$2</em>")
     .replace(/(^|[^\w])_(?=\S)([^_\n]*?\S)_(?![\w])/g, "$1<em>$2</em>")
     .replace(/\[([^\]\n]+)\]\(([^)\s]+)\)/g, (all, label, url) =>
@@ -61,11 +63,12 @@ function list(lines) {
     const start = first.ordered && first.number !== 1 ? ` start="${first.number}"` : "";
     let html = "";
     while (at < items.length && items[at].indent >= indent) {
+      if (items[at].indent === indent && items[at].ordered !== first.ordered) break;  // a new list
       if (items[at].indent > indent) {  // nested: inside the previous item
         html = html.replace(/<\/li>$/, "") + level(items[at].indent) + "</li>";
         continue;
       }
-      html += `<li>${inline(items[at].text).replace(/\n/g, "<br>")}</li>`;
+      html += item(items[at].text);
       at++;
     }
     return `<${tag}${start}>${html}</${tag}>`;
@@ -73,6 +76,14 @@ function list(lines) {
   let html = "";
   while (at < items.length) html += level(items[at].indent);
   return html;
+}
+
+function item(text) {
+  // A task list's item ("[ ] to do", "[x] done") starts with a checkbox the reader cannot tick.
+  const task = text.match(/^\[([ xX])\] /);
+  const box = task ? `<input type="checkbox" disabled${task[1] === " " ? "" : " checked"}> ` : "";
+  const body = inline(task ? text.slice(4) : text).replace(/\n/g, "<br>");
+  return task ? `<li class="task">${box}${body}</li>` : `<li>${body}</li>`;
 }
 
 function table(lines) {
