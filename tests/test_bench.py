@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+import sysconfig
+from pathlib import Path
 
 import pytest
 
@@ -10,6 +12,8 @@ from conftest import running
 from localserve.bench.load import LevelSummary, make_workload
 from localserve.bench.report import find_knee
 from localserve.bench.office import document
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def level(c, tput, p95):
@@ -89,5 +93,20 @@ def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
     assert run.returncode == 0, run.stderr
     assert "copy at concurrency 1:" in run.stdout and "tokens drafted" in run.stdout
     assert "step milliseconds, by batch rows: 1:" in run.stdout
+    assert "by kind (tok/s of each answer): python " in run.stdout  # texts of kinds, not ours
     result = json.loads((tmp_path / "bench-copy.json").read_text())["results"]["1"]
     assert result["completion_tokens"] > 0 and result["tokens_per_step"] >= 1
+    assert list(result["kinds"]) == ["python", "c"]  # --requests 2: the first two kinds
+
+
+def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():
+    from localserve.bench.corpus import KINDS, copy_corpus
+
+    texts = copy_corpus(seed=1)
+    headers = Path(sysconfig.get_paths()["include"], "Python.h").is_file()
+    kinds = [k for k in KINDS if k != "c" or headers]  # C headers: where Python ships them
+    assert [t.kind for t in texts] == kinds * 2
+    ours = "\n".join(p.read_text() for p in (ROOT / "localserve").rglob("*.py"))
+    assert not any(t.text.strip() and t.text in ours for t in texts)
+    assert [t.text for t in copy_corpus(seed=1)] == [t.text for t in texts]
+    assert [t.text for t in copy_corpus(seed=2)] != [t.text for t in texts]

@@ -210,3 +210,39 @@ def test_header_names_are_safe_and_bounded_and_the_fingerprint_names_build_and_f
     assert one.startswith(f"localserve-{__version__}-") and len(one.rsplit("-", 1)[1]) == 8
     assert one != fingerprint(SimpleNamespace(model_path=Path("/m/two.gguf")))
     assert fingerprint(SimpleNamespace(model_path=None)).startswith(f"localserve-{__version__}-")
+
+
+class HangingUp:
+    """A client that hangs up at its n-th disconnect check (never: None)."""
+
+    def __init__(self, at: int | None):
+        self.at, self.checks = at, 0
+
+    async def is_disconnected(self) -> bool:
+        self.checks += 1
+        return self.at is not None and self.checks >= self.at
+
+
+class Running:
+    def __init__(self, finished: bool = False):
+        self.finished, self.cancelled = finished, 0
+
+    def cancel(self):
+        self.cancelled += 1
+        self.finished = True
+
+
+def test_a_whole_answers_client_that_hangs_up_cancels_it_once_and_a_finished_one_is_left(
+        monkeypatch):
+    from localserve.api import answer
+
+    async def no_wait(_):
+        return None
+
+    monkeypatch.setattr(answer.asyncio, "sleep", no_wait)
+    gone, stream = HangingUp(at=3), Running()
+    asyncio.run(answer.cancel_on_disconnect(gone, stream))
+    assert stream.cancelled == 1 and gone.checks == 3
+    done, finished = HangingUp(at=1), Running(finished=True)
+    asyncio.run(answer.cancel_on_disconnect(done, finished))
+    assert finished.cancelled == 0 and done.checks == 0  # nothing left to watch

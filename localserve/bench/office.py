@@ -4,8 +4,9 @@ for scripts/bench_office.py's side-by-side rounds against llama-server:
   doc   "chat with my document": colleagues each with their own ~1,300-token document, a
         question then two follow-ups in the same conversation, every colleague's next turn
         after all the others' (more conversations than slots: what the prompt cache is for).
-  copy  "rewrite this exactly, adding a comment": passages of localserve's own sources, a
-        different set per seed (what speculative decoding is for).
+  copy  "rewrite this exactly, adding a line at the top": texts of several kinds, none of them
+        this repository's (bench/corpus.py), a different set per seed, with figures per kind
+        (what speculative decoding is for).
   agents a coding agent's ~5,000-token system prompt (instructions and tool schemas, different
         per seed) shared by 4 colleagues, 4 turns each (what one pool and the prompt cache are
         for: it does not fit a slot's share of -c).
@@ -21,28 +22,16 @@ import json
 import random
 import statistics
 import time
-from pathlib import Path
 
 import httpx
+
+from localserve.bench.corpus import INSTRUCTION, KINDS, CopyText, copy_corpus
 
 WORDS = ("invoice supplier warehouse schedule budget contract clause delivery quarterly "
          "forecast tender audit payroll reimbursement inventory compliance margin freight "
          "customs deadline revision approval signature").split()
 QUESTIONS = ("What is this document about?", "Which dates does it mention?",
              "Summarise the second paragraph.")
-SOURCES = sorted(Path(__file__).resolve().parent.rglob("*.py"))
-
-
-def copy_texts(seed: int, n: int = 8, lines: int = 24) -> list[str]:
-    """n passages to copy, different each round (seed): `lines` lines of this repository's
-    own sources, from n different files."""
-    rng = random.Random(seed)
-    texts = []
-    for path in rng.sample([p for p in SOURCES if len(p.read_text().splitlines()) > lines], n):
-        source = path.read_text().splitlines()
-        start = rng.randrange(len(source) - lines)
-        texts.append("\n".join(source[start:start + lines]))
-    return texts
 
 
 def document(colleague: int, seed: int = 0) -> str:
@@ -135,27 +124,31 @@ async def conversations_workload(url: str, systems: list[str], questions, concur
             "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
 
 
-async def copy_workload(url: str, concurrency: int, texts: list[str],
+async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
                         headers: dict | None = None) -> dict:
-    """Output tok/s over one request per text, and what speculation did: drafted tokens, the
-    share kept, and output tokens per decode step (localserve: its engine counters;
+    """Output tok/s over one request per text, per kind of text too (each request's tokens
+    over its own time: at concurrency 1 the kind's speed), and what speculation did: drafted
+    tokens, the share kept, output tokens per decode step (localserve: its engine counters;
     llama-server: each answer's timings.draft_n / draft_n_accepted)."""
-    def body(text: str) -> dict:
-        return {"messages": [{"role": "user", "content": "Rewrite this exactly, adding a "
-                              "one-line comment at the top:\n" + text}],
+    def body(text: CopyText) -> dict:
+        return {"messages": [{"role": "user", "content": INSTRUCTION + text.text}],
                 "max_tokens": 256, "temperature": 0}
-    gate, tokens, drafted, kept = asyncio.Semaphore(concurrency), 0, 0, 0
+    gate, drafted, kept = asyncio.Semaphore(concurrency), 0, 0
+    done: list[tuple[str, int, float]] = []  # (kind, tokens, seconds) per answer
     async with httpx.AsyncClient(timeout=900, headers=headers) as client:
-        async def one(text):
-            nonlocal tokens, drafted, kept
+        async def one(text: CopyText):
+            nonlocal drafted, kept
             async with gate:
+                started = time.perf_counter()
                 answer = (await client.post(url + "/v1/chat/completions", json=body(text))).json()
-                tokens += answer["usage"]["completion_tokens"]
+                done.append((text.kind, answer["usage"]["completion_tokens"],
+                             time.perf_counter() - started))
                 timings = answer.get("timings") or {}
                 drafted += timings.get("draft_n", 0)
                 kept += timings.get("draft_n_accepted", 0)
-        await one("def warm_up():\n    return 1\n")  # not counted
-        tokens = drafted = kept = 0
+        await one(CopyText("warm-up", "def warm_up():\n    return 1\n"))  # not counted
+        done.clear()
+        drafted = kept = 0
         before = await engine_counters(client, url)
         started = time.perf_counter()
         await asyncio.gather(*(one(text) for text in texts))
@@ -164,9 +157,14 @@ async def copy_workload(url: str, concurrency: int, texts: list[str],
     if before and after:  # localserve
         drafted = after["draft_tokens"] - before["draft_tokens"]
         kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
+    tokens = sum(n for _, n, _ in done)
     steps = after["steps"] - before["steps"] if before and after else None
+    kinds = {kind: {"tok_s": sum(n for k, n, _ in done if k == kind)
+                    / sum(t for k, _, t in done if k == kind),
+                    "tokens": sum(n for k, n, _ in done if k == kind)}
+             for kind in dict.fromkeys(k for k, _, _ in done)}
     return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
-            "accepted": kept / drafted if drafted else 0.0,
+            "accepted": kept / drafted if drafted else 0.0, "kinds": kinds,
             "tokens_per_step": tokens / steps if steps else None,
             "draft_held": after.get("draft_held") if after else None,
             "step_ms": after.get("step_ms") if after else None}
@@ -196,12 +194,15 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
         return out
     out = {}
     for level in levels:
-        texts = copy_texts(seed, min(requests, 8))
+        per_kind = -(-min(requests, 12) // len(KINDS))  # at most 12 texts, interleaved kinds
+        texts = copy_corpus(seed, per_kind)[:requests]
         run_ = out[level] = asyncio.run(copy_workload(url, level, texts, headers))
         steps = (f", {run_['tokens_per_step']:.2f} tokens per decode step"
                  if run_["tokens_per_step"] else "")
         print(f"copy at concurrency {level}: {run_['tok_s']:.1f} tok/s; {run_['drafted']} tokens "
               f"drafted, {run_['accepted']:.0%} kept{steps}")
+        print("  by kind (tok/s of each answer): " + ", ".join(
+            f"{kind} {v['tok_s']:.1f}" for kind, v in run_["kinds"].items()))
     last = out[levels[-1]]
     if last.get("step_ms"):
         print("drafts held, by match length: " + ", ".join(
