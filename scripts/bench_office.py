@@ -7,10 +7,11 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         same conversation, every colleague's next turn coming after all the others have had
         theirs (more conversations than slots: what a cache beyond the slots is for). Turns
         per minute, follow-up time to first token (p50), prompt tokens reused.
-  copy  "rewrite this exactly, adding a comment": 8 passages of localserve's own sources,
-        different each round, at concurrency 1 and 4: output tok/s
-        (what speculative decoding is for), drafted tokens, the share kept, and (localserve)
-        output tokens per decode step; llama-server also with --spec-type ngram-mod.
+  copy  "rewrite this exactly, adding a line at the top": 2 texts of each of six kinds, none
+        of them this repository's (localserve/bench/corpus.py: Python, C, prose, JSON, CSV,
+        Markdown), different each round, at concurrency 1 and 4: output tok/s, overall and per
+        kind (what speculative decoding is for), drafted tokens, the share kept, and
+        (localserve) output tokens per decode step; llama-server also with --spec-type ngram-mod.
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
         round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
@@ -53,8 +54,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402
-from localserve.bench.office import (agents_workload, copy_texts, copy_workload,  # noqa: E402
-                                     doc_workload)
+from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
+from localserve.bench.office import agents_workload, copy_workload, doc_workload  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -103,8 +104,9 @@ def run_once(name, extra, args, seed: int) -> dict:
                     for c in args.concurrency}
         out = {}
         for c in args.concurrency:
-            run = asyncio.run(copy_workload(srv.url, c, copy_texts(seed)))
+            run = asyncio.run(copy_workload(srv.url, c, copy_corpus(seed)))
             out[f"c{c}"] = run["tok_s"]
+            out.update({f"c{c}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
             out[f"c{c}_accepted"] = run["accepted"]
             out[f"c{c}_drafted"] = run["drafted"]
             if run["tokens_per_step"] is not None:
@@ -132,7 +134,8 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
     if args.workload == "copy":
-        run = asyncio.run(copy_workload(url, concurrency, copy_texts(round_no, n=most)[:n]))
+        texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
+        run = asyncio.run(copy_workload(url, concurrency, texts))
         return {key: run["tok_s"], key + "_tokens": run["completion_tokens"]}
     jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
     return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
@@ -196,7 +199,8 @@ def main() -> int:
                          f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
         print(f"  {name:24s} " + "; ".join(cells))
     speeds = [k for k in results[first][0]
-              if k in ("tok_s", "turns_per_min") or (k[0] == "c" and k[1:].isdigit())]
+              if k in ("tok_s", "turns_per_min")
+              or (k[0] == "c" and k[1:].split(":")[0].isdigit() and "_" not in k)]
     for peer in [n for n in results if n != first]:
         for k in speeds:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]

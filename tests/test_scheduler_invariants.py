@@ -3,6 +3,7 @@ invariant is broken (see tests/mutation-equivalents.txt and scripts/mutation), p
 engine loop's CacheFull -> preempt -> replan path driven with a fake runner (no llama.cpp)."""
 
 import threading
+import time
 
 from localserve.engine.errors import CacheFull
 from localserve.engine.loop import EngineLoop
@@ -261,3 +262,49 @@ def test_a_sibling_copies_the_slot_holding_its_whole_prompt_not_one_sharing_its_
         copies += [a.copy_from for a in plan.admitted if a.request is not first]
     assert copies == [first_slot] * 2
     assert all(r.output_tokens == solo.output_tokens for r in siblings)
+
+
+class RecordingRunner(PositionalRunner):
+    def __init__(self):
+        super().__init__(10_000)
+        self.batches: list[set[str]] = []
+
+    def decode(self, plan):
+        self.batches.append({c.request.request_id for c in plan.chunks})
+        return super().decode(plan)
+
+
+def test_requests_accepted_together_are_prefilled_in_one_step_not_the_first_alone():
+    """Woken from idle, the loop waits while the HTTP side still has accepted requests on their
+    way (their leases), so the first prefill step takes them all, as llama-server's does."""
+    runner, arriving = RecordingRunner(), [3]
+    sched = Scheduler(SlotPool(2048, 4), FakeVocab(), 8, prefill_budget=64)
+    loop = EngineLoop(sched, runner, arriving=lambda: arriving[0])
+    loop.arrival_window_s = 60.0  # the count decides here, not the time
+    ended = threading.Semaphore(0)
+    loop.start()
+    try:
+        for rid in "abc":
+            r = request(rid, range(1, 11), max_tokens=3)
+            r.emit = lambda e: e.finished and ended.release()
+            loop.submit(r)
+            arriving[0] -= 1  # its lease ends once it is submitted
+            time.sleep(0.05)  # the next one is still being tokenized
+        assert all(ended.acquire(timeout=30) for _ in "abc")
+        assert runner.batches[0] == {"a", "b", "c"}
+    finally:
+        loop.stop()
+
+
+def test_a_request_whose_companions_never_come_waits_only_the_arrival_window():
+    runner = RecordingRunner()
+    loop = EngineLoop(Scheduler(SlotPool(2048, 4), FakeVocab(), 8), runner, arriving=lambda: 1)
+    ended = threading.Event()
+    r = request("alone", range(1, 11), max_tokens=3)
+    r.emit = lambda e: e.finished and ended.set()
+    loop.start()
+    try:
+        loop.submit(r)
+        assert ended.wait(30) and runner.batches[0] == {"alone"}
+    finally:
+        loop.stop()

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Callable, Iterable
 
 from localserve.engine.finish import FinishReason
 from localserve.engine.grammar_shares import GrammarRefused
@@ -28,6 +28,11 @@ from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 from localserve.engine.streams import ChoiceStreams, RequestStream
 
 log = logging.getLogger("localserve.engine")
+
+# Woken from idle, the loop waits at most this long for requests already accepted over HTTP
+# (still in tokenization) to join the first one's prefill step; polled this often.
+ARRIVAL_WINDOW_S = 0.02
+ARRIVAL_POLL_S = 0.0005
 
 
 class EngineUnavailable(RuntimeError):
@@ -67,13 +72,15 @@ class DropScope:
 class EngineLoop(threading.Thread):
     def __init__(self, scheduler: Scheduler, runner: Runner, max_queue: int | None = None,
                  queue_timeout_s: float | None = None, observers: Iterable[EngineObserver] = (),
-                 max_queue_per_user: int | None = None):
+                 max_queue_per_user: int | None = None, arriving: Callable[[], int] = lambda: 0):
         super().__init__(name="localserve-engine", daemon=True)
         self.scheduler = scheduler
         self.runner = runner
         self.max_queue = max_queue
         self.max_queue_per_user = max_queue_per_user
         self.queue_timeout_s = queue_timeout_s
+        self.arriving = arriving  # requests on their way to submit (see _gather_arrivals)
+        self.arrival_window_s = ARRIVAL_WINDOW_S
         self.observers = tuple(observers)  # EngineObserver: the metrics, the ledger
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
@@ -212,21 +219,43 @@ class EngineLoop(threading.Thread):
         except queue.Empty:
             return True
         while True:
-            if isinstance(item, Stop):
-                self._fail_everything("the server is shutting down")
+            if not self._apply(item):
                 return False
-            if isinstance(item, Add):
-                self._add(item.request)
-            elif isinstance(item, DropScope):
-                self.scheduler.drop_scope(item.scope)
-            else:
-                found = self.scheduler.abort(item.request_id)
-                if found:
-                    self._deliver([found])
             try:
                 item = self.inbox.get_nowait()
             except queue.Empty:
-                return True
+                return self._gather_arrivals() if block else True
+
+    def _gather_arrivals(self) -> bool:
+        """Woken from idle by a request: the ones the HTTP side accepted with it (a colleague's
+        four tabs, an agent's parallel calls) are still being tokenized. Wait for them, while
+        any is on its way and for at most arrival_window_s, so that one prefill step takes
+        them all instead of the first alone (llama-server's loop takes every queued task
+        before it plans a batch). What is waited for is a count of requests, never a guess."""
+        deadline = time.monotonic() + self.arrival_window_s
+        while self.arriving() > 0 and time.monotonic() < deadline:
+            try:
+                item = self.inbox.get(timeout=ARRIVAL_POLL_S)
+            except queue.Empty:
+                continue
+            if not self._apply(item):
+                return False
+        return True
+
+    def _apply(self, item) -> bool:
+        """One inbox item applied; False for Stop."""
+        if isinstance(item, Stop):
+            self._fail_everything("the server is shutting down")
+            return False
+        if isinstance(item, Add):
+            self._add(item.request)
+        elif isinstance(item, DropScope):
+            self.scheduler.drop_scope(item.scope)
+        else:
+            found = self.scheduler.abort(item.request_id)
+            if found:
+                self._deliver([found])
+        return True
 
     def _add(self, request: Request) -> None:
         try:

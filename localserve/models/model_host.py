@@ -51,6 +51,8 @@ class ModelHost(HostFace):
         self.observers: Callable[[Callable[[], str]], list] = lambda model_id: []
         self.shares = False
         self.live_scope: Callable[[str | None], bool] = lambda scope: True  # kept prompts' owner
+        # requests the HTTP side has accepted for this model and not yet submitted (its leases)
+        self.arriving: Callable[[], int] = lambda: 0
         self.unloaded = False  # unloaded by the registry (idle, or to make room): loadable again
         self._forget_fatal = lambda: None  # undoes the engine loop's fatal-error handler
         self.model_path: Path | None = None
@@ -152,7 +154,8 @@ class ModelHost(HostFace):
             observers = [self.metrics, *self.observers(lambda: self.model_id)]
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
                                    observers=observers,
-                                   max_queue_per_user=s.queue_share() if shares else None)
+                                   max_queue_per_user=s.queue_share() if shares else None,
+                                   arriving=self.arriving)
             self._forget_fatal = on_fatal_error(self.loop.fatal)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)

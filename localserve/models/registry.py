@@ -56,6 +56,7 @@ class ModelRegistry:
         for entry in self.entries.values():
             entry.host.observers, entry.host.shares = office.observers, office.keys_enabled
             entry.host.live_scope = office.live_scope
+            entry.host.arriving = lambda entry=entry: entry.leases  # prefilled together
         self.metrics_registry = labelled_registry(lambda: [
             (name, e.host.metrics_registry) for name, e in self.entries.items()])
         self.max_loaded = s.max_loaded_models
