@@ -107,6 +107,8 @@ def run_once(name, extra, args, seed: int) -> dict:
             run = asyncio.run(copy_workload(srv.url, c, copy_corpus(seed)))
             out[f"c{c}"] = run["tok_s"]
             out.update({f"c{c}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
+            out.update({f"c{c}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
+            out[f"c{c}_tokens"] = run["completion_tokens"]  # equal answers: equal counts
             out[f"c{c}_accepted"] = run["accepted"]
             out[f"c{c}_drafted"] = run["drafted"]
             if run["tokens_per_step"] is not None:
