@@ -39,7 +39,7 @@ def test_pending_tokens_at_the_prompt_boundary():
     slot = SlotPool(64, 1).slots[0]
     req = request("a", prompt=(1, 2, 3))
     slot.assign(req, 0, 1)
-    slot.cached = [1, 2, 3]
+    slot.computed([1, 2, 3])
     req.output_tokens = [7]
     assert slot.pending_tokens() == [7]
 
@@ -61,12 +61,13 @@ def test_common_prefix_len_counts_every_matching_token():
 def test_lru_idle_with_cache_skips_busy_empty_and_excluded_slots():
     pool = SlotPool(256, 4)
     busy, empty, old, new = pool.slots
-    busy.cached, old.cached, new.cached = [1], [1], [1]
+    for slot in (busy, old, new):
+        slot.computed([1])
     busy.assign(request("x"), 1, 1)
     old.last_used, new.last_used = 1.0, 2.0
     assert pool.lru_idle_with_cache() is old
     assert pool.lru_idle_with_cache(exclude=old) is new
-    new.cached = []
+    new.forget()
     assert pool.lru_idle_with_cache(exclude=old) is None
 
 
@@ -74,7 +75,8 @@ def test_best_idle_slot_leaves_one_token_to_compute_and_prefers_the_older_of_equ
     pool = SlotPool(256, 2)
     prompt = list(range(1, 31))
     for slot, used in zip(pool.slots, (5.0, 3.0)):
-        slot.cached, slot.last_used = list(prompt), used
+        slot.computed(prompt)
+        slot.last_used = used
     slot, keep = pool.best_idle_slot(prompt)
     assert keep == 29 and slot is pool.slots[1]
 
@@ -230,8 +232,9 @@ def test_repeated_preemptions_are_counted_each_time():
 def test_shared_pool_admission_drops_idle_prefixes_only_as_needed():
     sched = Scheduler(SlotPool(100, 3, n_ctx_seq=100), FakeVocab(), 64)
     pool = sched.pool
-    pool.slots[0].cached, pool.slots[0].last_used = list(range(100, 140)), 1.0
-    pool.slots[1].cached, pool.slots[1].last_used = list(range(200, 230)), 2.0
+    pool.slots[0].computed(list(range(100, 140)))
+    pool.slots[1].computed(list(range(200, 230)))
+    pool.slots[0].last_used, pool.slots[1].last_used = 1.0, 2.0
     sched.add(request("a", prompt=range(1, 31)))  # needs 31 cells: 30 free + one dropped slot
     plan = sched.schedule()
     assert plan.dropped == [0] and pool.slots[1].n_cached == 30  # the older prefix went
@@ -245,7 +248,7 @@ def test_shared_pool_decode_room_drops_an_idle_prefix_before_preempting():
     sched.add(request("b", prompt=range(1, 21), max_tokens=30))
     step(sched, runner)
     idle = sched.pool.slots[2]
-    idle.cached = [9, 9]
+    idle.computed([9, 9])
     step(sched, runner)  # 40 + 2 used of 44: two decode rows need two cells
     assert sched.stats.preemptions == 0
     plan, _ = step(sched, runner)  # 42 + 2 = 44 used: the idle prefix goes, nobody is preempted

@@ -225,7 +225,7 @@ def test_reclaiming_counts_the_decoding_rows_exactly(n_prompt, preempted):
 def test_an_idle_prefix_goes_before_a_borrower_and_the_biggest_borrower_first():
     cells = keeper(300, 3, 150)
     idle = cells.pool.slots[1]
-    idle.cached = list(range(100))  # a kept prefix, no request
+    idle.computed(list(range(100)))  # a kept prefix, no request
     plan = cells.carried_over([])
     cells.reclaim_guarantee(plan, asking(60))
     assert plan.dropped == [1] and cells.stats.borrow_preemptions == 0

@@ -59,12 +59,13 @@ def test_invariant_2_a_preempted_request_is_the_next_admitted():
 def test_invariant_3_a_short_shared_prefix_does_not_take_a_recently_used_slot():
     pool = SlotPool(512, 2)
     prompt = list(range(1, 60))
-    pool.slots[0].cached = prompt[:MIN_PREFIX_REUSE - 1] + [999]
+    pool.slots[0].computed(prompt[:MIN_PREFIX_REUSE - 1] + [999])
     pool.slots[0].last_used = 10.0  # used recently; slot 1 is the least recently used
-    pool.slots[1].cached = [500, 501]
+    pool.slots[1].computed([500, 501])
     slot, keep = pool.best_idle_slot(prompt)
     assert slot is pool.slots[1] and keep == 0
-    pool.slots[0].cached = prompt[:MIN_PREFIX_REUSE] + [999]
+    pool.slots[0].forget()
+    pool.slots[0].computed(prompt[:MIN_PREFIX_REUSE] + [999])
     slot, keep = pool.best_idle_slot(prompt)
     assert slot is pool.slots[0] and keep == MIN_PREFIX_REUSE
 

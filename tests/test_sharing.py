@@ -83,7 +83,7 @@ def test_prefix_cache_is_reused_only_within_one_scope():
 
 def test_unscoped_requests_share_the_cache_as_before():
     pool = SlotPool(256, 2)
-    pool.slots[0].cached = list(range(1, 41))
+    pool.slots[0].computed(list(range(1, 41)))
     slot, keep = pool.best_idle_slot(list(range(1, 45)))
     assert slot is pool.slots[0] and keep == 40
     slot, keep = pool.best_idle_slot(list(range(1, 45)), scope="alice")

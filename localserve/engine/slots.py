@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from localserve.engine.detokenize import IncrementalDetokenizer
@@ -32,19 +33,50 @@ class SlotState(enum.Enum):
     DECODE = "decode"
 
 
+class CachedTokens(Sequence):
+    """A read-only view of the tokens in a slot's cache (no copy): only the slot's own methods
+    change them, as llama.cpp's server_slot owns its cache operations, so what a slot says it
+    holds cannot drift from its llama.cpp sequence. Slices are copies (lists)."""
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, tokens: list[int]):
+        self._tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+    def __getitem__(self, index):
+        return self._tokens[index]
+
+    def __iter__(self):
+        return iter(self._tokens)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Sequence) and self._tokens == list(other)
+
+    def __repr__(self) -> str:
+        return f"CachedTokens({self._tokens!r})"
+
+
 @dataclass(eq=False)
 class Slot:
     slot_id: int
     n_ctx: int
     request: Request | None = None
-    cached: list[int] = field(default_factory=list)  # tokens in this slot's cache, positions 0..n-1
+    _tokens: list[int] = field(default_factory=list, repr=False)  # in cache, positions 0..n-1
     cache_scope: str | None = None  # whose tokens `cached` holds: only they may reuse them
     last_used: float = 0.0
     admitted_seq: int = 0  # admission order: the newest running request is preempted first
 
     @property
+    def cached(self) -> CachedTokens:
+        """The tokens in this slot's cache, read-only (CachedTokens)."""
+        return CachedTokens(self._tokens)
+
+    @property
     def n_cached(self) -> int:
-        return len(self.cached)
+        return len(self._tokens)
 
     @property
     def busy(self) -> bool:
@@ -77,8 +109,8 @@ class Slot:
         if self.busy:
             raise RuntimeError(f"slot {self.slot_id} is busy with {self.request.request_id}")
         if copied is not None:
-            self.cached = list(copied)
-        del self.cached[keep:]
+            self._tokens = list(copied)
+        del self._tokens[keep:]
         self.cache_scope = request.cache_scope
         self.request = request
         self.admitted_seq = admitted_seq
@@ -87,15 +119,15 @@ class Slot:
             request.cached_tokens = keep
             request.prefix_source = ("ram" if restored else "slot") if keep else None
 
-    # ---- the slot's cache: only these change `cached` (llama.cpp's server_slot does the same)
+    # ---- the slot's cache: only these change it (llama.cpp's server_slot does the same)
     def computed(self, tokens: list[int]) -> None:
         """`tokens` were decoded into this slot's sequence, after what it already holds."""
-        self.cached.extend(tokens)
+        self._tokens.extend(tokens)
 
     def forget(self) -> None:
         """The sequence was cleared (dropped for room, preempted, or left unknown by a failed
         decode): nothing cached is reusable."""
-        self.cached.clear()
+        self._tokens.clear()
 
     def release(self) -> None:
         """-> IDLE; the cache stays for prefix reuse."""
@@ -134,7 +166,7 @@ class SlotPool:
 
     @property
     def used(self) -> int:
-        return sum(len(s.cached) for s in self.slots)
+        return sum(s.n_cached for s in self.slots)
 
     @property
     def free(self) -> int:
@@ -172,7 +204,8 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        shared = {s.slot_id: min(common_prefix_len(s.cached, tokens), len(tokens) - 1)
+        # the list itself, not the view: this compares up to a whole context per idle slot
+        shared = {s.slot_id: min(common_prefix_len(s._tokens, tokens), len(tokens) - 1)
                   if s.cache_scope == scope else 0 for s in idle}
         best = max(idle, key=lambda s: (shared[s.slot_id], -s.last_used))
         if shared[best.slot_id] < MIN_PREFIX_REUSE:
