@@ -240,7 +240,7 @@ class EngineLoop(threading.Thread):
                 continue
             if not self._apply(item):
                 return False
-        return True
+        return self._drain_inbox(block=False)  # the last one's lease ends after its submit
 
     def _apply(self, item) -> bool:
         """One inbox item applied; False for Stop."""
