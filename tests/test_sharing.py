@@ -8,7 +8,7 @@ from localserve.api.rate_limit import RateLimiter
 from localserve.engine.loop import EngineLoop, QueueFull, UserQueueFull
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.plan import StepOutput
-from localserve.engine.slots import SlotPool
+from localserve.engine.slots import SlotPool, SlotState
 from fakes import make
 
 LONG = 1000  # max_tokens far beyond any test's steps: these requests never finish by themselves
@@ -197,10 +197,20 @@ def test_a_running_background_task_sits_out_the_steps_of_a_chats_prompt():
     assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
 
 
-def test_a_background_tasks_prompt_is_computed_in_small_steps():
-    from localserve.engine.scheduler import BACKGROUND_PREFILL_TOKENS as SMALL
+def test_a_step_of_background_tasks_only_is_small_and_beside_a_chat_they_get_more():
+    """A chat that arrives while only tasks run waits for a step of BACKGROUND_STEP_TOKENS at
+    most (prompts, decode rows and drafts together), never for a whole title prompt."""
+    from localserve.engine.scheduler import BACKGROUND_PREFILL_TOKENS, BACKGROUND_STEP_TOKENS
 
-    sched = make(n_slots=2, ctx=512, budget=256, slot_share=None, prefill_budget=512)
-    sched.add(task("t0", "bob", n_prompt=3 * SMALL))
-    plan = step(sched)
-    assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("t0", SMALL)]
+    sched = make(n_slots=4, ctx=512, budget=256, slot_share=None, prefill_budget=512)
+    sched.add(task("t0", "bob", n_prompt=3 * BACKGROUND_PREFILL_TOKENS))
+    sched.add(task("t1", "bob", n_prompt=3 * BACKGROUND_PREFILL_TOKENS, first=300))
+    for _ in range(30):  # both prompts, then both answers, in small steps
+        assert 0 < step(sched).num_tokens <= BACKGROUND_STEP_TOKENS
+    assert all(s.state is SlotState.DECODE for s in sched.running)
+    sched.add(req("b0", "bob", n_prompt=40, first=100))
+    step(sched)  # the chat's prompt (the tasks sit it out)
+    sched.add(task("t2", "bob", n_prompt=3 * BACKGROUND_PREFILL_TOKENS, first=400))
+    plan = step(sched)  # the chat streams; beside it a task's prompt gets the larger share
+    chunks = {c.request.request_id: len(c.tokens) for c in plan.chunks}
+    assert chunks["b0"] == 1 and chunks["t2"] == BACKGROUND_PREFILL_TOKENS

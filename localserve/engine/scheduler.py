@@ -51,9 +51,10 @@ from localserve.engine.slots import Slot, SlotPool, SlotState
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
-# A step's prompt tokens of background tasks, at most: a chat that arrives during one waits
-# for a step this small, not for a whole title prompt (background tasks never hurry).
+# Background tasks' prompt tokens in a step beside chats, and a step's tokens with tasks only:
+# a chat arriving meanwhile waits for a step this small, not a whole title prompt.
 BACKGROUND_PREFILL_TOKENS = 64
+BACKGROUND_STEP_TOKENS = 16
 
 
 class Scheduler:
@@ -152,7 +153,8 @@ class Scheduler:
            background task (9) sits out the steps in which a chat waits or computes its prompt.
         9. A frontend's background task (Request.background) is admitted only when no other
            request waits, its prompt chunks come after every other request's (admissions
-           included), and it claims no slot share.
+           included), and it claims no slot share. A step of tasks only carries at most
+           BACKGROUND_STEP_TOKENS tokens, drafts included.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -167,6 +169,8 @@ class Scheduler:
         stepping = [s for s in running if s not in waits]
         tasks = [s for s in stepping if s.request.background]
         chats = [s for s in stepping if not s.request.background]
+        if not chats and not self.waiting.has_foreground():  # tasks only: a small step (9)
+            budget = min(budget, BACKGROUND_STEP_TOKENS)
         budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
         budget = self._chunks(plan, chats, SlotState.PREFILL, budget, reserved)
         n_running = len(running)
