@@ -170,6 +170,6 @@ def test_only_the_slot_edits_what_its_cache_holds():
         view.extend([4])
     sliced = view[:2]
     sliced.append(7)  # a slice is a copy
-    assert slot.cached == [1, 2, 3] and len(slot.cached) == 3 and slot.cached[1] == 2
+    assert list(slot.cached) == [1, 2, 3] and len(slot.cached) == 3 and slot.cached[1] == 2
     slot.forget()
-    assert view == [] and not slot.cached  # the view follows the slot's own edits
+    assert list(view) == [] and not slot.cached  # the view follows the slot's own edits

@@ -52,9 +52,6 @@ class CachedTokens(Sequence):
     def __iter__(self):
         return iter(self._tokens)
 
-    def __eq__(self, other) -> bool:
-        return isinstance(other, Sequence) and self._tokens == list(other)
-
     def __repr__(self) -> str:
         return f"CachedTokens({self._tokens!r})"
 
