@@ -194,8 +194,7 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
 
 def _argument(option: Option) -> dict:
     field = FIELDS[option.field]
-    default = field.default if field.default is not dataclasses.MISSING else None
-    kind = field.type.replace(" | None", "")
+    default, kind = _default_value(field), field.type.replace(" | None", "")
     if kind == "bool":  # a flag that turns on what is off, or --no-X for what is on
         return {"action": "store_false" if default else "store_true", "help": option.help}
     said = _said_default(option)
@@ -236,6 +235,9 @@ def _default_text(option: Option) -> str:
 
 def _said_default(option: Option) -> object | None:
     """What `--help` and the flags page say the default is: its meaning, else its value."""
-    field = FIELDS[option.field]
-    default = field.default if field.default is not dataclasses.MISSING else None
+    default = _default_value(FIELDS[option.field])
     return option.default_text or (None if default in (None, ()) else default)
+
+
+def _default_value(field: dataclasses.Field) -> object | None:
+    return field.default if field.default is not dataclasses.MISSING else None

@@ -159,10 +159,13 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
         kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
     tokens = sum(n for _, n, _ in done)
     steps = after["steps"] - before["steps"] if before and after else None
-    kinds = {kind: {"tok_s": sum(n for k, n, _ in done if k == kind)
-                    / sum(t for k, _, t in done if k == kind),
-                    "tokens": sum(n for k, n, _ in done if k == kind)}
-             for kind in dict.fromkeys(k for k, _, _ in done)}
+    kinds: dict[str, dict] = {}
+    for kind, n, seconds in done:
+        figures = kinds.setdefault(kind, {"tokens": 0, "seconds": 0.0})
+        figures["tokens"] += n
+        figures["seconds"] += seconds
+    for figures in kinds.values():
+        figures["tok_s"] = figures["tokens"] / figures["seconds"]
     return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
             "accepted": kept / drafted if drafted else 0.0, "kinds": kinds,
             "tokens_per_step": tokens / steps if steps else None,
