@@ -173,3 +173,32 @@ def test_only_the_slot_edits_what_its_cache_holds():
     assert list(slot.cached) == [1, 2, 3] and len(slot.cached) == 3 and slot.cached[1] == 2
     slot.forget()
     assert list(view) == [] and not slot.cached  # the view follows the slot's own edits
+
+
+def scheduler_names_used(source: str) -> set[str]:
+    """Every name the code reaches through `self.scheduler.` (the loop's handle on it)."""
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "scheduler" and isinstance(node.value.value, ast.Name)
+                and node.value.value.id == "self"):
+            used.add(node.attr)
+    return used
+
+
+def test_the_loop_asks_the_scheduler_only_what_its_protocol_names():
+    """vLLM's engine core talks to its scheduler through one interface; so does EngineLoop
+    (interfaces.StepScheduler): it never reaches into the scheduler's bookkeepers, and the
+    Scheduler has every method of the Protocol with the same parameters."""
+    import inspect
+
+    from localserve.engine.interfaces import StepScheduler
+    from localserve.engine.scheduler import Scheduler
+
+    named = {n for n in dir(StepScheduler) if not n.startswith("_")}
+    loop_source = (PACKAGE / "engine" / "loop.py").read_text()
+    assert scheduler_names_used(loop_source) <= named
+    assert scheduler_names_used("self.scheduler.cells.preempt_newest()") == {"cells"}  # breaks
+    for name in named:
+        ours, theirs = getattr(Scheduler, name), getattr(StepScheduler, name)
+        assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name

@@ -1,6 +1,6 @@
 """The engine's seams, as Protocols: what the scheduler needs of a vocabulary, what the loop
-needs of a runner (the llama.cpp side, or a scripted fake in tests) and of an observer (the
-metrics). Anything with these methods plugs in; nothing here imports llama.cpp."""
+needs of a scheduler, of a runner (the llama.cpp side, or a scripted fake in tests) and of an
+observer (the metrics). Anything with these methods plugs in; nothing here imports llama.cpp."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from localserve.engine.finish import FinishReason
     from localserve.engine.request import Request, TokenEvent
     from localserve.engine.plan import StepOutput, StepPlan
+
+    Delivery = list[tuple[Request, TokenEvent]]  # events for the loop to hand to their requests
 
 
 class Vocab(Protocol):
@@ -23,6 +26,30 @@ class Runner(Vocab, Protocol):
     sequence)."""
 
     def decode(self, plan: StepPlan) -> StepOutput: ...
+
+
+class StepScheduler(Protocol):
+    """All the engine loop asks of its scheduler (scheduler.Scheduler), on the loop thread.
+    Once per step, in this order: schedule() plans the step's one batch; the runner decodes it;
+    update(plan, output) takes the runner's whole StepOutput (tokens sampled, states saved,
+    timings, grammar costs) and returns the events. When the decode raises instead, one of:
+    restore_failed (a restored state did not fit: its admissions are placed again),
+    cache_full (no cache room: one sequence evicted, the plan made again; False when none can
+    be), or fail (the batch's requests end with an error). Between steps: add, abort,
+    drop_scope, expire_waiting. The loop reads nothing else (tests/test_layers.py checks)."""
+
+    def add(self, request: Request) -> None: ...
+    def abort(self, request_id: str, reason: FinishReason = ...,
+              error: str | None = None) -> tuple[Request, TokenEvent] | None: ...
+    def drop_scope(self, scope: str) -> int: ...
+    def expire_waiting(self, max_wait_s: float, now: float) -> Delivery: ...
+    def has_work(self) -> bool: ...
+    def pending(self) -> list[Request]: ...
+    def schedule(self) -> StepPlan: ...
+    def update(self, plan: StepPlan, out: StepOutput) -> Delivery: ...
+    def restore_failed(self, plan: StepPlan, entry: object) -> None: ...
+    def cache_full(self) -> bool: ...
+    def fail(self, plan: StepPlan, message: str) -> Delivery: ...
 
 
 class EngineObserver(Protocol):

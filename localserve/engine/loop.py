@@ -2,7 +2,7 @@
 
 Where a request's tokens are made: EngineLoop.run() -> step():
     drain the inbox (adds, aborts) -> plan = scheduler.schedule() -> runner.decode(plan)
-    -> scheduler.update(plan, output.sampled) -> hand events to their requests -> publish a snapshot.
+    -> scheduler.update(plan, output) -> hand events to their requests -> publish a snapshot.
 The HTTP side never waits for a step: it reads the last published snapshot (an immutable
 EngineSnapshot swapped in by reference) and receives tokens through per-request asyncio queues.
 """
@@ -21,9 +21,8 @@ from localserve.engine.finish import FinishReason
 from localserve.engine.grammar_shares import GrammarRefused
 from localserve.engine.request import Request, TokenEvent
 from localserve.engine.errors import CacheFull, DecodeError, EngineFailed, RestoreFailed
-from localserve.engine.interfaces import EngineObserver, Runner
+from localserve.engine.interfaces import EngineObserver, Runner, StepScheduler
 from localserve.engine.plan import StepPlan
-from localserve.engine.scheduler import Scheduler
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 from localserve.engine.streams import ChoiceStreams, RequestStream
 
@@ -70,7 +69,7 @@ class DropScope:
 
 
 class EngineLoop(threading.Thread):
-    def __init__(self, scheduler: Scheduler, runner: Runner, max_queue: int | None = None,
+    def __init__(self, scheduler: StepScheduler, runner: Runner, max_queue: int | None = None,
                  queue_timeout_s: float | None = None, observers: Iterable[EngineObserver] = (),
                  max_queue_per_user: int | None = None, arriving: Callable[[], int] = lambda: 0):
         super().__init__(name="localserve-engine", daemon=True)
@@ -187,7 +186,7 @@ class EngineLoop(threading.Thread):
                 log.warning("%s; its requests are placed again without it", exc)
                 self.scheduler.restore_failed(plan, exc.entry)
                 events = []
-            elif isinstance(exc, CacheFull) and self.scheduler.cells.preempt_newest():
+            elif isinstance(exc, CacheFull) and self.scheduler.cache_full():
                 events = []  # the evicted request is requeued; this batch is planned again
             else:
                 log.error("%s; ending the %d requests in that batch", exc, len(plan.chunks))
@@ -287,9 +286,7 @@ class EngineLoop(threading.Thread):
                 log.debug("could not deliver an event to %s", request.request_id, exc_info=True)
 
     def _fail_everything(self, message: str) -> None:
-        sched = self.scheduler
-        pending = list(sched.waiting) + sched.held + [s.request for s in sched.running]
-        for request in pending:
+        for request in self.scheduler.pending():
             found = self.scheduler.abort(request.request_id, FinishReason.ERROR, message)
             if found:
                 self._deliver([found])

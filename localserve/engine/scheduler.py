@@ -1,13 +1,6 @@
 """The continuous-batching scheduler: pure Python, no llama.cpp, testable with a fake vocab.
 
-Contract (called only from the engine loop thread, in this order, once per step):
-  schedule() -> StepPlan     which tokens of which slots go into this step's ONE batch
-  update(plan, output)       the runner's whole StepOutput: the tokens sampled, the states it
-                             saved, its timings and grammar costs; advances slots, applies stop
-                             rules, returns (request, event) pairs
-  fail(plan, message)        the decode of that plan failed: its requests end with an error
-  cells.preempt_newest()     the runner found no cache room: evict one sequence, retry later
-Between steps the loop may call add(request), abort(request_id) and expire_waiting(max_wait).
+Its contract with the loop (one schedule() and one update() per step): interfaces.StepScheduler.
 
 One token budget per step (`max_num_batched_tokens`), spent in this order:
   1. one decode token for every slot generating (running streams never wait for a prefill);
@@ -131,6 +124,10 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.held) or any(s.busy for s in self.pool.slots)
 
+    def pending(self) -> list[Request]:
+        """Every request not yet ended: waiting, held, or in a slot."""
+        return list(self.waiting) + self.held + [s.request for s in self.running]
+
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Plan one step. Invariants (each pinned by tests/test_scheduler_invariants.py):
@@ -248,8 +245,7 @@ class Scheduler:
             self.waiting.follow(sibling)
 
     def _slots_held(self) -> Counter:
-        """What each user holds, in slots' worth of cells: a request that borrowed three
-        guarantees' worth of the pool weighs three slots in the shares."""
+        """What each user holds in slots' worth of cells (borrowing 3 guarantees weighs 3 slots)."""
         held: Counter = Counter()
         for slot in self.running:
             if not slot.request.background:  # a frontend's task claims no share
@@ -350,6 +346,10 @@ class Scheduler:
             slot = self.pool.slots[admission.slot_id]
             if slot.request is admission.request:
                 self.cells.unadmit(slot)
+
+    def cache_full(self) -> bool:
+        """No cache room for the batch: evict one sequence for the next plan (False: none left)."""
+        return self.cells.preempt_newest()
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
         """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
