@@ -8,7 +8,7 @@ import pytest
 from localserve.api.auth import RefusalLog
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.models.turns import Turns
-from localserve.office.quotas import Quota, QuotaError, QuotaKeeper
+from localserve.office.quotas import Quota, QuotaError, QuotaKeeper, next_month
 
 
 def test_max_concurrent_counts_reservations_until_released():
@@ -253,3 +253,11 @@ def test_admit_takes_the_quota_hold_that_the_route_then_carries():
     assert refused.value.status == 429 and refused.value.param == "max_concurrent"
     admitted.hold.release()
     asyncio.run(admit(request())).hold.release()
+
+
+def test_a_monthly_quota_resets_at_midnight_starting_the_next_month():
+    from datetime import datetime
+
+    assert next_month(datetime(2026, 12, 31, 23, 59, 59, 999)) == datetime(2027, 1, 1)
+    assert next_month(datetime(2026, 1, 31, 12, 30, 5, 7)) == datetime(2026, 2, 1)
+    assert next_month(datetime(2026, 11, 1)) == datetime(2026, 12, 1)

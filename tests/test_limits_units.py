@@ -111,11 +111,27 @@ def test_a_chunked_body_is_cut_off_past_the_limit_and_the_app_told_the_client_le
     assert [m["type"] for m in app.received] == ["http.request", "http.disconnect"]
 
 
+def test_an_app_that_reads_on_after_the_cut_off_is_told_again_that_the_client_left():
+    seen, chunks = [], [b"x" * 11, b"more", b"and more"]
+
+    async def app(scope, receive, send):
+        seen.extend([(await receive())["type"] for _ in range(3)])
+
+    async def receive():
+        return {"type": "http.request", "body": chunks.pop(0), "more_body": bool(chunks)}
+
+    async def send(message):
+        pass
+    asyncio.run(BodySizeLimit(app, 10)(http(), receive, send))
+    assert seen == ["http.disconnect"] * 3 and len(chunks) == 2  # nothing more is read
+
+
 def test_a_body_at_the_limit_passes_whole():
     app = EchoApp()
     sent = drive(BodySizeLimit(app, 10), http(headers=[(b"content-length", b"10")]),
                  [b"x" * 4, b"y" * 6])
     assert [m.get("status") for m in sent] == [200, None] and sent[1]["body"] == b"xxxxyyyyyy"
+    assert app.scope["method"] == "POST"  # the app gets the request's own scope
 
 
 def test_a_length_that_is_not_a_number_is_counted_as_the_body_arrives():
@@ -256,3 +272,25 @@ def test_quota_tables_are_parsed_and_bad_ones_refused():
         with pytest.raises(SettingsError) as refused:
             parse_quotas({name: table}, "f")
         assert str(refused.value) == message
+
+
+def test_per_name_quota_state_stays_bounded_however_many_names_a_frontend_sends():
+    """Round 5: a frontend's colleagues are any number of names. Counts at 0 leave no entry;
+    past MAX_NAMES, names quiet for a minute leave the minute window; a busy one stays."""
+    now = [0.0]
+    keeper = QuotaKeeper({"default": Quota(requests_per_minute=2, max_concurrent=5)},
+                         clock=lambda: now[0])
+    keeper.MAX_NAMES = 3
+    busy = keeper.reserve("owui:busy", 0, 0)
+    for i in range(10):
+        now[0] += 30.0
+        keeper.reserve(f"owui:n{i}", 0, 0).release()
+    assert len(keeper._minute) <= 3 and "owui:n9" in keeper._minute
+    assert dict(keeper._active) == {"owui:busy": 1} and not keeper._reserved
+    busy.release()
+    assert not keeper._active
+    now[0] = 10_000.0
+    keeper.reserve("owui:n0", 0, 0).release()  # a name dropped counts from zero again
+    keeper.reserve("owui:n0", 0, 0).release()
+    with pytest.raises(QuotaError):
+        keeper.reserve("owui:n0", 0, 0)

@@ -251,6 +251,24 @@ def test_per_key_counters_are_kept_in_the_offices_own_registry(tmp_path):
     assert office.draining is False and office.responses is None
 
 
+def test_a_frontends_colleagues_get_series_up_to_a_bound_and_the_rest_count_as_other():
+    from prometheus_client import CollectorRegistry
+
+    from localserve.common.metrics import KeyUsageMetrics
+
+    registry = CollectorRegistry()
+    metrics = KeyUsageMetrics(registry)
+    metrics.MAX_COLLEAGUES = 2
+    for user in ["owui:ann", "owui:bo", "owui:cy", "owui:dee", "owui:ann", "alice"]:
+        request = Request([1, 2, 3], SamplingParams(), user=user)
+        metrics.on_event(request, finished(request, prompt=3, completion=2))
+
+    def requests(key):
+        return registry.get_sample_value("localserve:key_requests_total", {"key": key})
+    assert (requests("owui:ann"), requests("owui:bo"), requests("owui:other")) == (2, 1, 2)
+    assert requests("owui:cy") is None and requests("alice") == 1  # the key file's own names
+
+
 def test_two_colleagues_with_the_same_key_stop_start_up_naming_both(tmp_path):
     from localserve.common.config import SettingsError
     from localserve.office.keys import read_key_file

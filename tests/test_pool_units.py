@@ -7,7 +7,7 @@ import pytest
 from fakes import FakeVocab, PositionalRunner
 from localserve.engine.plan import StepOutput
 from localserve.engine.prompt_cache import PromptCache
-from localserve.engine.request import Request, SamplingParams
+from localserve.engine.request import Request, RequestStatus, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
@@ -124,8 +124,21 @@ def test_update_takes_the_whole_step_output():
     sched, runner = pool_scheduler(), PositionalRunner(200)
     sched.add(request("a", 10, 2))
     plan = sched.schedule()
-    events = sched.update(plan, StepOutput({plan.chunks[0].slot_id: [3]}, decode_s=0.01))
+    events = sched.update(plan, StepOutput({plan.chunks[0].slot_id: [3]}, decode_s=0.01,
+                                           sample_s=0.005))
     assert events and events[0][1].token_ids == (3,)
+    assert sched.drafts.cost.view() == {12: 15.0}  # 10 rows: its decode and its sampling
+
+
+def test_a_request_aborted_while_its_step_ran_is_skipped_and_the_others_get_their_tokens():
+    sched = pool_scheduler(pool=400, slots=2)
+    sched.add(request("a", 10, 5))
+    sched.add(request("b", 10, 5, first=40))
+    plan = sched.schedule()
+    assert [c.request.request_id for c in plan.chunks] == ["a", "b"]
+    sched.abort("a")  # between the plan and the runner's output
+    events = sched.update(plan, PositionalRunner(400).decode(plan))
+    assert [r.request_id for r, _ in events] == ["b"] and sched.stats.prompt_tokens_computed == 10
 
 
 def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
@@ -158,10 +171,14 @@ def test_a_restore_llama_cpp_refuses_puts_the_request_back_to_be_computed():
     plan = sched.schedule()
     [admission] = plan.admitted
     assert admission.restore is not None
+    admitted_at = again.admitted_time
+    assert admitted_at is not None
     sched.restore_failed(plan, admission.restore)  # instead of runner.decode(plan)
     assert not sched.pool.slots[0].busy and list(sched.waiting) == [again]
+    assert again.status is RequestStatus.WAITING
     plan = sched.schedule()
     assert plan.dropped == [0] and plan.admitted[0].restore is None
+    assert again.admitted_time == admitted_at  # its wait for a slot ended at the first
     assert plan.admitted[0].kept_tokens == 0  # b's cells do not match: computed from scratch
     sched.update(plan, runner.decode(plan))
     while sched.has_work():

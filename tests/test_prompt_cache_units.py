@@ -262,3 +262,27 @@ def test_the_cache_counts_saves_hits_misses_and_restored_tokens_and_the_threshol
     cache.put(None, tokens(7000, MIN_PREFIX_REUSE + BLOCK), "u", 32)
     assert take(tokens(7000, MIN_PREFIX_REUSE)).restore is None
     assert cache.stats.misses == 2
+
+
+def test_a_slot_is_saved_from_one_block_up_unless_its_own_scope_already_holds_it():
+    from localserve.engine.plan import StepPlan
+    from localserve.engine.reuse import PrefixBook
+    from localserve.engine.scheduler_stats import SchedulerStats
+
+    cache = PromptCache(10_000)
+    pool = SlotPool(4096, 1)
+    book, slot = PrefixBook(pool, cache, SchedulerStats()), pool.slots[0]
+
+    def saved(n: int, scope: str | None) -> bool:
+        plan = StepPlan()
+        slot.forget()
+        slot.computed(tokens(1, n))
+        slot.cache_scope = scope
+        book.save(plan, slot)
+        return [(s.scope, s.tokens) for s in plan.saves] == [(scope, tokens(1, n))]
+
+    assert not saved(BLOCK - 1, "bob") and saved(BLOCK, "bob")
+    cache.put("alice", tokens(1, BLOCK), "alice's", 1)
+    assert saved(BLOCK, "bob")  # alice's copy is not bob's to restore
+    cache.put("bob", tokens(1, BLOCK), "bob's", 1)
+    assert not saved(BLOCK, "bob")

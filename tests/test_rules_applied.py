@@ -90,7 +90,7 @@ def test_the_acceptance_count_is_the_drafts_that_held():
     assert request.drafter.told == (3, 2)
     assert sched.drafts.acceptance.p(40) > 1 / 3 == sched.drafts.acceptance.p(2)  # its class's
     assert sched.drafts.kept_in_cache(chunk, [6, 7, 1]) == [5, 6, 7]
-    assert sched.drafts.pending_trims() == [(0, 23)]  # the missed draft's row, next step
+    assert sched.schedule().trims == [(0, 23)]  # the missed draft's row, in the next plan
     assert sched.schedule().trims == []  # planned once
     assert plan is not None
 

@@ -1,7 +1,7 @@
 """Every writer's output, whole and streamed, for each kind of ending, compared with what it
 was when reviewed (tests/writers_golden.json): what clients parse stays as it is. The events
 are handcrafted (fakes.EventChoices): text, a <think> block, logprobs, a generic tool call,
-a failure, a client that left. Ids, clocks and durations are masked. After a deliberate
+text where a call could have been, prose then two calls in a model's own format, a failure, a client that left. Ids, clocks and durations are masked. After a deliberate
 change of a shape, review the difference and write the file again:
 LOCALSERVE_WRITE_GOLDEN=1 pytest tests/test_writers_golden.py"""
 
@@ -24,6 +24,7 @@ from localserve.api.routes_native import NativeCompletion
 from localserve.api.routes_responses import ResponsesRequest
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
 from localserve.api.structured import ToolPlan
+from localserve.api.tool_formats import FORMATS
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, SamplingParams, TokenEvent
 
@@ -32,6 +33,7 @@ IDS = re.compile(r"^(chatcmpl-|cmpl-|msg_|resp_|rs_|call_|toolu_|fc_)[0-9a-f]{24
 CLOCKS = {"created", "created_at", "total_duration", "load_duration", "prompt_eval_duration",
           "eval_duration", "prompt_ms", "predicted_ms", "predicted_per_second"}
 TOP = ((5, -0.1), (6, -2.5))
+HERMES = next(f for f in FORMATS if f.name == "hermes")  # a model's own calls, after its prose
 
 
 def ended(reason=FinishReason.STOP, stop="eos", prompt=5, completion=3, cached=2, text=""):
@@ -50,6 +52,10 @@ SCENARIOS = {
                  TokenEvent("lo", (2,), logprobs=(2, -0.25, TOP)), ended()],
     "called": [TokenEvent('{"tool_calls": [{"name": "get_weather", '), TokenEvent(
         '"arguments": {"city": "Paris"}}]}'), ended()],
+    "replied": [TokenEvent('{"response": "Hi'), TokenEvent(' there"}'), ended()],  # no call
+    "prose_calls": [TokenEvent("Let me look. "), TokenEvent(
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'),
+        TokenEvent('<tool_call>{"name": "get_time", "arguments": {}}</tool_call>'), ended()],
     "failed": [TokenEvent("Hel", (1,)), TokenEvent("", finish_reason=FinishReason.ERROR,
                                                    error="the engine stopped")],
     "timeout": [TokenEvent("", finish_reason=FinishReason.TIMEOUT, error="waited too long")],
@@ -106,7 +112,9 @@ def chat(**extra):
 
 def writers(scenario: str):
     """(name, a fresh writer's whole answer, a fresh writer's stream) for the scenario."""
-    tools = ToolPlan(allow_text_response=False) if scenario == "called" else None
+    tools = {"called": ToolPlan(allow_text_response=False),
+             "replied": ToolPlan(allow_text_response=True),
+             "prose_calls": ToolPlan(allow_text_response=True, native=HERMES)}.get(scenario)
     thinks = scenario == "thought"
     n = 2 if scenario == "plain" else 1
     logprobs = {"logprobs": True, "top_logprobs": 2} if scenario == "logprobs" else {}

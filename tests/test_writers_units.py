@@ -7,7 +7,7 @@ import json
 
 from fakes import ScriptedChoices
 
-from localserve.api.answer import Timings, Usage, whole_answers, ChoiceReader
+from localserve.api.answer import ChoiceReader, Finish, Timings, Usage, whole_answers
 from localserve.api.message_reply import MessageReply
 from localserve.api.native_reply import NativeReply
 from localserve.api.ollama_reply import OllamaReply
@@ -15,7 +15,7 @@ from localserve.api.replies import Reply, usage
 from localserve.api.response_reply import ResponseReply
 from localserve.api.routes_native import NativeCompletion
 from localserve.api.routes_responses import ResponsesRequest
-from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
+from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
 
 HELLO = [7, 4, 11, 11, 14, 0]  # "hello", then end-of-generation (fakes.FakeVocab)
 HEY = [7, 4, 24, 0]  # "hey"
@@ -115,6 +115,21 @@ def test_native_final_object_says_stop_type_counts_and_tokens():
     assert whole(native().collect, ScriptedChoices({"a": HEY}))["tokens"] == []
 
 
+def test_native_timings_are_llama_servers_milliseconds_and_rate_from_the_end_piece():
+    """result_timings as llama-server writes them: prompt_n excludes cached tokens, times in
+    ms, the rate per second of decoding; no decode time or no tokens never divides by 0."""
+    end = Finish("stop", "eos", Usage(12, 10, 4), Timings(0.1, 0.25, 0.5), (1, 2))
+    timings = native()._final("hi", end)["timings"]
+    assert timings == {"prompt_n": 8, "prompt_ms": 250.0, "predicted_n": 10,
+                       "predicted_ms": 500.0, "predicted_per_second": 20.0}
+    instant = native()._final("", Finish("stop", "eos", Usage(3, 2, 0), Timings(0, 0, 0), ()))
+    assert instant["timings"]["predicted_ms"] < 1e-3 and instant["timings"]["predicted_per_second"] > 1e6
+    nothing = native()._final("", Finish("length", "limit", Usage(3, 0, 0), Timings(0, 0, 1), ()))
+    assert nothing["timings"]["predicted_per_second"] == 0.0
+    by_tokens = NativeReply("m", NativeCompletion(prompt=[1, 2]), lambda t: b"x")
+    assert by_tokens._final("", end)["prompt"] == ""  # llama-server echoes text prompts only
+
+
 def test_native_stream_sends_text_chunks_then_the_final_object():
     sent = [json.loads(e["data"]) for e in events(native().events(ScriptedChoices({"a": HEY})))]
     assert "".join(c["content"] for c in sent[:-1]) == "hey"
@@ -165,6 +180,22 @@ def test_a_response_cut_by_its_limit_is_incomplete_with_its_usage():
                                      "output_tokens": n_out,
                                      "output_tokens_details": {"reasoning_tokens": 0},
                                      "total_tokens": 5 + n_out}
+
+
+def test_a_streamed_response_the_store_refuses_ends_with_an_error_event_and_no_completion():
+    """The answer streamed, then the store refused it (its room is gone): the client is told
+    with Responses' `error` event, code and message, and never reads response.completed."""
+    reply = ResponseReply("m", ResponsesRequest(model="m", input="hi"), 5, None)
+
+    async def refuse(response, messages):
+        raise OpenAIError(413, "the response store is full", code="store_full")
+    reply.keep = refuse
+    sent = [(e["event"], json.loads(e["data"])) for e in events(
+        reply.events(ScriptedChoices({"a": HEY})))]
+    assert [kind for kind, _ in sent][-2:] == ["response.output_text.delta", "error"]
+    assert {k: v for k, v in sent[-1][1].items() if k != "sequence_number"} == {
+        "type": "error", "code": "store_full", "message": "the response store is full",
+        "param": None}
 
 
 def test_a_reply_is_one_json_body_or_an_event_stream_with_the_ignored_fields_named():

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api.admission import Admitted
+from localserve.api.chat_message import valid_text
 from localserve.api.prompt import check_size, check_token_ids
 from localserve.api.schemas import OpenAIError
 from localserve.engine.errors import DecodeError
@@ -51,7 +52,10 @@ def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
     out, most = [], host.n_ctx_embedding
     for i, item in enumerate(raw):
         if isinstance(item, str):
-            text = item.encode()
+            try:
+                text = valid_text(item, f"input[{i}]").encode()
+            except ValueError as exc:  # an unpaired surrogate
+                raise OpenAIError(400, str(exc), param="input") from None
             if body._truncate:  # no more than `most` tokens could spell, then `most` tokens
                 text = text[:(most + 1) * host.max_piece_bytes]
             check_size(host, 1, len(text), f"input[{i}]")

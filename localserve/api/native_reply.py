@@ -67,5 +67,4 @@ class NativeReply:
                 "timings": {"prompt_n": usage.prompt - usage.cached,
                             "prompt_ms": timings.prompt * 1000, "predicted_n": usage.completion,
                             "predicted_ms": decode_s * 1000,
-                            "predicted_per_second": usage.completion / decode_s
-                            if usage.completion else 0.0}}
+                            "predicted_per_second": usage.completion / decode_s}}

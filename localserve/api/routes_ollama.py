@@ -135,6 +135,9 @@ def chat_messages(messages: list[dict]) -> list[dict]:
                 if not isinstance(function, dict):
                     raise OpenAIError(400, f"messages[{i}].tool_calls[{j}].function must be an "
                                       f"object", param=f"messages[{i}].tool_calls")
+                if not isinstance(function.get("name"), (str, type(None))):
+                    raise OpenAIError(400, f"messages[{i}].tool_calls[{j}].function.name must "
+                                      f"be a string", param=f"messages[{i}].tool_calls")
                 ids[function.get("name")] = call_id = f"call_{i}_{j}"
                 args = function.get("arguments", {})
                 turn["tool_calls"].append({"id": call_id, "type": "function", "function": {
@@ -245,8 +248,8 @@ async def generate(body: GenerateBody, request: Request,
             return loaded_or_unloaded(admitted, body, host, keep_alive, {"response": ""})
         if body.raw or body.suffix is not None:
             plan = None  # Ollama's default num_predict is no limit: max_tokens None, not 16
-            completion = CompletionRequest(prompt=body.prompt or " ",
-                                           **{"max_tokens": None, **fields})
+            completion = translated_chat({"prompt": body.prompt or " ", "max_tokens": None,
+                                          **fields}, CompletionRequest)
             completion._context_limit = num_ctx
             tokens, grammar = await raw_tokens(host, body), await grammar_of(host, completion)
             stream = submit(admitted, host, tokens, completion, grammar, "/api/generate")

@@ -306,11 +306,12 @@ class CompletionRequest(_Sampling):
         return self.max_tokens
 
 
-def translated_chat(fields: dict) -> ChatCompletionRequest:
-    """The chat completion request an adapter (Messages, Responses) translated its body into,
-    validated as one: a field that does not validate is a 400 naming it."""
+def translated_chat(fields: dict, kind: type[BaseModel] | None = None) -> ChatCompletionRequest:
+    """The chat (or `kind`: completion) request an adapter (Messages, Responses, Ollama)
+    translated its body into, validated as one: a field that does not validate is a 400
+    naming it."""
     try:
-        return ChatCompletionRequest(**fields)
+        return (kind or ChatCompletionRequest)(**fields)
     except ValidationError as exc:
         problem = exc.errors()[0]
         where = ".".join(str(p) for p in problem.get("loc", ()))

@@ -69,9 +69,15 @@ class EngineMetrics:
 
 class KeyUsageMetrics:
     """Per-key token counters (only with API keys: the key file bounds the label's values).
-    In their own registry, so /metrics shows them to admin keys only."""
+    In their own registry, so /metrics shows them to admin keys only. Colleagues named by a
+    trusted frontend (`frontend:colleague`, any number of them) get series of their own up to
+    MAX_COLLEAGUES; later ones are counted together as `frontend:other`, so a frontend sending
+    ever new names cannot grow /metrics without bound (counters never move between series)."""
+
+    MAX_COLLEAGUES = 100
 
     def __init__(self, registry: CollectorRegistry):
+        self._colleagues: set[str] = set()
         self.prompt = Counter(P + "key_prompt_tokens", "Prompt tokens by API key.", ["key"],
                               registry=registry)
         self.generated = Counter(P + "key_generation_tokens", "Generated tokens by API key.",
@@ -84,9 +90,19 @@ class KeyUsageMetrics:
 
     def on_event(self, request, event) -> None:
         if event.finished and request.user:
-            self.prompt.labels(request.user).inc(event.prompt_tokens)
-            self.generated.labels(request.user).inc(event.completion_tokens)
-            self.requests.labels(request.user).inc()
+            label = self._label(request.user)
+            self.prompt.labels(label).inc(event.prompt_tokens)
+            self.generated.labels(label).inc(event.completion_tokens)
+            self.requests.labels(label).inc()
+
+    def _label(self, user: str) -> str:
+        frontend, colleague, _ = user.partition(":")
+        if not colleague or user in self._colleagues:
+            return user
+        if len(self._colleagues) < self.MAX_COLLEAGUES:
+            self._colleagues.add(user)
+            return user
+        return f"{frontend}:other"
 
 
 class SnapshotCollector:

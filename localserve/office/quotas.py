@@ -59,6 +59,11 @@ class QuotaError(Exception):
         self.limit, self.retry_after_s = limit, retry_after_s
 
 
+def next_month(now: datetime) -> datetime:
+    """Midnight starting the month after `now`'s: when a monthly quota resets."""
+    return datetime(now.year + now.month // 12, now.month % 12 + 1, 1)
+
+
 def _until(moment: datetime) -> float:
     return max(1.0, (moment - datetime.now()).total_seconds())
 
@@ -86,6 +91,8 @@ class QuotaKeeper:
     """Checks and reservations are made under one lock, so a burst sent at once is counted
     request by request: it overshoots a token quota by at most one request's reservation and
     never exceeds max_concurrent."""
+
+    MAX_NAMES = 1024  # names in the minute window before the quiet ones are dropped
 
     def __init__(self, quotas: dict[str, Quota], clock=time.monotonic):
         self.quotas, self.clock = quotas, clock
@@ -129,6 +136,9 @@ class QuotaKeeper:
             held.released = True
             self._active[held.key] -= 1
             self._reserved[held.key] -= held.tokens
+            for counts in (self._active, self._reserved):  # a name done with leaves no entry
+                if counts[held.key] == 0:
+                    del counts[held.key]
             stamps = self._minute.get(held.key, [])
             if refused and held.stamp in stamps:
                 stamps.remove(held.stamp)
@@ -143,8 +153,7 @@ class QuotaKeeper:
                              f"held by its running requests); the quota resets at midnight "
                              f"(server time)", _until(midnight))
         if q.tokens_per_month is not None and month >= q.tokens_per_month:
-            first = (now.replace(day=1) + timedelta(days=32)).replace(day=1, hour=0, minute=0,
-                                                                     second=0, microsecond=0)
+            first = next_month(now)
             raise QuotaError("tokens_per_month", f"key '{key}' used {tokens_month} of its "
                              f"{q.tokens_per_month} tokens this month ({self._reserved[key]} more "
                              f"are held by its running requests); the quota resets on "
@@ -160,5 +169,13 @@ class QuotaKeeper:
                              f"{q.requests_per_minute:g})", math.ceil(60.0 - (self.clock() - stamps[0])))
         stamp = self.clock()
         stamps.append(stamp)
+        if key not in self._minute and len(self._minute) >= self.MAX_NAMES:
+            self._forget_quiet_names(stamp)
         self._minute[key] = stamps
         return stamp
+
+    def _forget_quiet_names(self, now: float) -> None:
+        """Names (a frontend's colleagues: any number) with no request in the last minute
+        hold nothing the minute window still counts: dropped, so the table stays bounded."""
+        for name in [k for k, v in self._minute.items() if not v or now - v[-1] >= 60.0]:
+            del self._minute[name]
