@@ -304,3 +304,34 @@ def test_the_state_folder_is_systemds_else_the_users_data_folder(tmp_path, monke
     assert default_state_dir() == tmp_path / "home" / ".local" / "share" / "localserve"
     assert state_dir(SimpleNamespace(state_dir=str(tmp_path / "s"))) == tmp_path / "s"
     assert state_dir(SimpleNamespace(state_dir=None)) == default_state_dir()
+
+
+@pytest.mark.parametrize("room, max_output, n_predict, expected", [
+    (1024 + 200 + 24 * 50, None, None, 50),  # held to the 50 tokens the store can take
+    (1024 + 200 + 24 * 50, None, 20, None),  # the server's -n holds it to less already
+    (1024 + 200 + 24 * 50, 50, None, None),  # max_output_tokens fits: as asked
+    (1024 + 200 + 24 * 50, 51, None, 413),  # does not fit: refused before it runs
+    (1024 + 200 + 23, None, None, 413),  # not one token fits
+])
+def test_a_stored_answer_without_a_limit_is_held_to_what_the_store_can_take(
+        room, max_output, n_predict, expected):
+    """Round 5: an answer that overflowed the store once made was refused with a 413 and
+    billed. Now it never runs past what can be stored (pure: a store with `room` bytes)."""
+    from types import SimpleNamespace
+
+    from localserve.api import routes_responses
+    from localserve.api.routes_responses import ResponsesRequest
+    from localserve.api.schemas import OpenAIError
+
+    input_text = "x" * (200 - len('[[], "", null, null, null, null, null, null]'))
+    body = ResponsesRequest(model="m", input=input_text, max_output_tokens=max_output)
+    store = SimpleNamespace(room=lambda owner: room)
+    office = SimpleNamespace(responses=store, settings=SimpleNamespace(n_predict=n_predict))
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace(office=office)),
+                              state=SimpleNamespace())
+    if expected == 413:
+        with pytest.raises(OpenAIError) as refused:
+            routes_responses._stored_answer_limit(request, body, [])
+        assert refused.value.status == 413 and refused.value.code == "response_too_large"
+    else:
+        assert routes_responses._stored_answer_limit(request, body, []) == expected

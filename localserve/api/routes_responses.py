@@ -197,8 +197,8 @@ async def create_response(body: ResponsesRequest, request: Request,
                           admitted: Admitted = Depends(admit)):
     earlier = await run_in_threadpool(_earlier, request, body)
     chat = as_chat(body, earlier)
-    if body.store:
-        _fits_the_store(request, body, earlier)
+    if body.store and (limit := _stored_answer_limit(request, body, earlier)) is not None:
+        chat.max_tokens = limit
     host, stream, plan = await start_chat(admitted, chat, "/v1/responses")
     reply = ResponseReply(host.model_id, body, stream.n_prompt_tokens, plan,
                           reasons(host))
@@ -211,23 +211,38 @@ async def create_response(body: ResponsesRequest, request: Request,
 # What one answer token takes in the store at most, written twice (the turns and the
 # response object), JSON-escaped: room reserved for max_output_tokens before generating.
 STORED_BYTES_PER_TOKEN = 2 * 12
+STORED_OVERHEAD = 1024  # a response object's own fields (ids, status, usage, settings)
 
 
-def _fits_the_store(request: Request, body: ResponsesRequest, earlier: list[dict]) -> None:
+def _fits_the_store(request: Request, body: ResponsesRequest, earlier: list[dict]) -> int:
     """Refused before any work (and billed nothing) when what is known to be stored already
     cannot fit: the chain so far, the input, the instructions and metadata, and room for an
-    answer of max_output_tokens when it is given."""
-    known = len(json.dumps([earlier, body.input, body.instructions, body.metadata]))
-    answer = (body.max_output_tokens or 0) * STORED_BYTES_PER_TOKEN
+    answer of max_output_tokens (of one token when none is given). Else the tokens an answer
+    may take and still be stored: one sent without max_output_tokens is held to them, so a
+    store never refuses an answer after it was made (and billed)."""
+    known = STORED_OVERHEAD + len(json.dumps([  # what the stored turns and response echo
+        earlier, body.input, body.instructions, body.metadata, body.tools, body.text,
+        body.tool_choice, body.user]))
+    answer = (body.max_output_tokens or 1) * STORED_BYTES_PER_TOKEN
     room = min(_store(request).room(_owner(request)), MAX_CONVERSATION_BYTES)
     if known + answer > room:
         raise OpenAIError(413, f"this response could not be stored: its input, instructions "
                           f"and chain take {known} bytes"
                           + (f", and an answer of up to {body.max_output_tokens} tokens up to "
-                             f"{answer} more," if answer else "")
+                             f"{answer} more," if body.max_output_tokens else "")
                           + f" and the store has {room} left for this key; send store: false, "
                           f"lower max_output_tokens, or start a new chain",
                           code="response_too_large")
+    return (room - known) // STORED_BYTES_PER_TOKEN
+
+
+def _stored_answer_limit(request: Request, body: ResponsesRequest, earlier: list) -> int | None:
+    """An answer to store, sent without max_output_tokens, is held to what the store can
+    still take (it then ends "incomplete", as one cut by max_output_tokens), unless the
+    server's -n holds it to less already. None: as asked."""
+    room = _fits_the_store(request, body, earlier)
+    default = request.app.state.office.settings.n_predict
+    return room if body.max_output_tokens is None and room < (default or room + 1) else None
 
 
 async def _save(request: Request, response: dict, messages: list[dict]) -> None:
