@@ -257,3 +257,36 @@ def test_nothing_is_kept_back_without_a_request_or_a_free_slot():
     assert cells.reclaim_guarantee(cells.carried_over([]), asking(10)) == 0  # no slot free
     idle_one = keeper(200, 2, 150)
     assert idle_one.reclaim_guarantee(idle_one.carried_over([]), None) == 0
+
+
+@pytest.mark.parametrize("n_prompt, dropped", [(59, []), (60, [0])])
+def test_an_idle_prefix_is_dropped_only_when_the_prompt_and_its_first_token_do_not_fit(
+        n_prompt, dropped):
+    """100 cells, an idle slot keeps a 40-token prefix: a new prompt needs its tokens and one
+    for its first answer token. 59 + 1 fit beside the prefix exactly; 60 + 1 take it."""
+    sched, runner = pool_scheduler(pool=100, slots=2, cache=False, budget=256), PositionalRunner(100)
+    run(sched, runner, {0: [request("kept", 40, 1, first=100)]})
+    assert [s.n_cached for s in sched.pool.slots] == [40, 0]
+    sched.add(request("new", n_prompt, 1))
+    plan = sched.schedule()
+    assert plan.dropped == dropped and [a.slot_id for a in plan.admitted] == [1]
+
+
+def test_a_sibling_choices_copied_prefix_takes_cells_of_its_own_in_the_pool():
+    """n > 1: the second choice copies the first's prompt from its slot. Its slot's own old
+    prefix goes, but the copy takes as many cells as it holds (the pool counts each slot's
+    cells): the room for it was once counted without them, the pool went 11 cells past full,
+    and the batch failed (CacheFull). Now an idle prefix makes room first."""
+    sched, runner = pool_scheduler(pool=100, slots=3, cache=False, budget=256), PositionalRunner(100)
+    run(sched, runner, {0: [request("c", 20, 1, first=200)]})
+    run(sched, runner, {0: [request("b", 30, 1, first=100)]})
+    first = request("a", 41, 5)
+    sibling = Request(list(first.prompt_tokens), SamplingParams(max_tokens=5), request_id="a2",
+                      prefix_of=first)
+    sched.add(first)
+    sched.add(sibling)
+    while sched.has_work():
+        plan = sched.schedule()
+        assert sched.pool.free >= 0
+        sched.update(plan, runner.decode(plan))  # CacheFull here before
+    assert len(sibling.output_tokens) == 5 and sibling.cached_tokens == 40

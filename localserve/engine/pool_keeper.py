@@ -54,7 +54,9 @@ class PoolKeeper:
     def room_to_admit(self, plan: StepPlan, slot: Slot, keep: int, need: int) -> bool:
         """Admit only if the whole remaining prompt fits: drop other idle slots' kept
         prefixes (least recently used first) if that makes room; never preempt to admit
-        (reclaim_guarantee did, before this step's chunks, when the request is owed it)."""
+        (reclaim_guarantee did, before this step's chunks, when the request is owed it).
+        `keep`: the prefix the slot holds once admitted, its own or copied or restored in;
+        `need`: the cells it takes beyond that."""
         freed_by_slot = slot.n_cached - keep  # the chosen slot's cache beyond the shared prefix
         while self.room(plan) + freed_by_slot < need:
             victim = self.pool.lru_idle_with_cache(exclude=slot)

@@ -229,8 +229,7 @@ class Scheduler:
         need = len(req.all_tokens) - where.keep + 1
         if where.restore is not None:  # its whole saved sequence is written, then cut back
             need = max(need, len(where.restore.tokens) - where.keep)
-        keep_in_pool = 0 if where.source else where.keep
-        if not self.cells.room_to_admit(plan, where.slot, keep_in_pool, need):
+        if not self.cells.room_to_admit(plan, where.slot, where.keep, need):
             return 0
         self._assign(plan, self.waiting.take(req), where)
         if req.background:
