@@ -147,3 +147,34 @@ def test_failed_decode_ends_only_that_batch():
     sched.add(req("b", 2))
     out, _ = run(sched, ScriptedRunner({"b": [3, EOS]}))
     assert out["b"] == ("d", "stop")
+
+
+def test_end_events_name_their_stop_type_and_the_token_that_ended_them():
+    """A stop string's last token is the answer's last token id (llama-server's `tokens`);
+    an abort has stop type none."""
+    sched = make(n_slots=2, budget=16)
+    runner = ScriptedRunner({"worded": [3, 4, 5, EOS], "aborted": [6] * 50})
+    sched.add(req("worded", 3, stop=("de",)))
+    sched.add(req("aborted", 3))
+    ends = {}
+    for _ in range(4):
+        for request, event in sched.update(plan := sched.schedule(), runner.decode(plan)):
+            if event.finished:
+                ends[request.request_id] = event
+    _, aborted = sched.abort("aborted")
+    assert (ends["worded"].stop_type, ends["worded"].token_ids) == ("word", (4,))
+    assert (aborted.stop_type, aborted.token_ids) == ("none", ())
+
+
+def test_a_first_choice_that_ends_before_its_first_token_lets_its_siblings_compute_the_prompt():
+    from localserve.engine.request import Request, RequestStatus, SamplingParams
+
+    sched = make(n_slots=2, budget=16)
+    first = req("a", 5)
+    sibling = Request(list(first.prompt_tokens), SamplingParams(max_tokens=3), request_id="a2",
+                      prefix_of=first)
+    sched.add(first)
+    sched.add(sibling)
+    assert sibling.status is RequestStatus.HELD
+    sched.abort("a")
+    assert sibling.status is RequestStatus.WAITING and list(sched.waiting) == [sibling]

@@ -193,3 +193,23 @@ def test_the_tables_slots_shows_are_named_by_class_and_size():
     cost.observe(1, 0.0156789)
     cost.observe(8, 0.0632)
     assert cost.view() == {1: 15.68, 8: 63.2}
+
+
+def test_a_request_that_cannot_be_admitted_leaves_the_whole_rest_of_the_budget_to_drafts():
+    """A waiting request too big for the free cells is not admitted; the step's budget left
+    after the decode row (3 of 4 tokens) all goes to the running answer's drafts."""
+    prompt, answer = copy_case()
+    sched = Scheduler(SlotPool(100, 2, n_ctx_seq=100), FakeVocab(), 4, speculative=True)
+    copying = req("copy", 0)
+    copying.prompt_tokens = list(prompt)
+    sched.add(copying)
+    runner = DraftingRunner({"copy": answer, "big": [1] * 10})
+    for _ in range(13):
+        sched.update(plan := sched.schedule(), runner.decode(plan))
+    sched.add(req("big", 70))  # 71 cells; about 55 are free
+    drafts, plan = [], sched.schedule()
+    while all(c.request.request_id == "copy" for c in plan.chunks):
+        drafts += [c.drafts for c in plan.chunks if c.drafts]
+        sched.update(plan, runner.decode(plan))
+        plan = sched.schedule()
+    assert drafts and max(drafts) == 3
