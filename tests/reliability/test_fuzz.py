@@ -138,7 +138,7 @@ def test_no_server_errors_for_generated_ollama_bodies(fuzz_server, route):
     fuzz could not reach: every field Ollama documents, with its own kind of value or any."""
     statuses = set()
 
-    @settings(max_examples=EXAMPLES * 4, deadline=None, database=None,
+    @settings(max_examples=EXAMPLES * 2, deadline=None, database=None,
               suppress_health_check=list(HealthCheck))
     @given(body=ollama_body(route))
     def check(body):
