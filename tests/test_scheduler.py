@@ -151,11 +151,12 @@ def test_failed_decode_ends_only_that_batch():
 
 def test_end_events_name_their_stop_type_and_the_token_that_ended_them():
     """A stop string's last token is the answer's last token id (llama-server's `tokens`);
-    an abort has stop type none."""
+    an abort has stop type none, and the text held back as a stop string's possible start
+    is not sent with it (the answer did not end there)."""
     sched = make(n_slots=2, budget=16)
     runner = ScriptedRunner({"worded": [3, 4, 5, EOS], "aborted": [6] * 50})
     sched.add(req("worded", 3, stop=("de",)))
-    sched.add(req("aborted", 3))
+    sched.add(req("aborted", 3, stop=("gh",)))  # every "g" is held back
     ends = {}
     for _ in range(4):
         for request, event in sched.update(plan := sched.schedule(), runner.decode(plan)):
@@ -163,7 +164,7 @@ def test_end_events_name_their_stop_type_and_the_token_that_ended_them():
                 ends[request.request_id] = event
     _, aborted = sched.abort("aborted")
     assert (ends["worded"].stop_type, ends["worded"].token_ids) == ("word", (4,))
-    assert (aborted.stop_type, aborted.token_ids) == ("none", ())
+    assert (aborted.stop_type, aborted.token_ids, aborted.text) == ("none", (), "")
 
 
 def test_a_first_choice_that_ends_before_its_first_token_lets_its_siblings_compute_the_prompt():

@@ -213,3 +213,50 @@ def test_a_request_that_cannot_be_admitted_leaves_the_whole_rest_of_the_budget_t
         sched.update(plan, runner.decode(plan))
         plan = sched.schedule()
     assert drafts and max(drafts) == 3
+
+
+def test_requests_held_back_by_their_shares_leave_the_whole_rest_of_the_budget_to_drafts():
+    """Alice and Bob each hold their one-slot share and each has a second request waiting:
+    neither is admitted (a slot stays idle), and the 6 tokens of the step's 8 left after the
+    two decode rows are all the running answers' drafts may use."""
+    prompt, answer = copy_case()
+    sched = Scheduler(SlotPool(512, 3, n_ctx_seq=512), FakeVocab(), 8, speculative=True,
+                      slot_share=1)
+    runner = DraftingRunner({name: answer for name in ("a", "b", "a2", "b2")})
+
+    def add(rid, user):
+        request = req(rid, 0)
+        request.prompt_tokens, request.user = list(prompt), user
+        sched.add(request)
+    add("a", "alice")
+    add("b", "bob")
+    for _ in range(14):
+        sched.update(plan := sched.schedule(), runner.decode(plan))
+    add("a2", "alice")
+    add("b2", "bob")
+    drafted = []
+    while len(sched.waiting) == 2:
+        plan = sched.schedule()
+        drafted.append(sum(c.drafts for c in plan.chunks))
+        sched.update(plan, runner.decode(plan))
+    assert max(drafted) == 6
+
+
+def test_a_request_with_no_idle_slot_leaves_the_whole_rest_of_the_budget_to_drafts():
+    """--max-num-seqs above the slots: a waiting request finds no idle slot; the 3 tokens
+    left after the decode row still all go to the running answer's drafts."""
+    prompt, answer = copy_case()
+    sched = Scheduler(SlotPool(256, 1), FakeVocab(), 4, max_num_seqs=3, speculative=True)
+    copying = req("copy", 0)
+    copying.prompt_tokens = list(prompt)
+    sched.add(copying)
+    runner = DraftingRunner({"copy": answer, "next": [1]})
+    for _ in range(13):
+        sched.update(plan := sched.schedule(), runner.decode(plan))
+    sched.add(req("next", 5))
+    drafts = []
+    while copying.finish_reason is None:
+        plan = sched.schedule()
+        drafts += [c.drafts for c in plan.chunks if c.drafts]
+        sched.update(plan, runner.decode(plan))
+    assert drafts and max(drafts) == 3
