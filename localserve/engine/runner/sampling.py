@@ -92,15 +92,16 @@ class Sampling:
         with it is cheap enough, else why not. A grammar's cost is paid on the engine loop for
         every refused token, while everyone else's stream waits: one that costs more than
         grammar_budget() over the whole vocabulary (timed from its start, best of two) is
-        refused. A first pass over a sample of the vocabulary refuses a very costly one
-        without paying a whole pass for it. Runs on an HTTP worker thread, so it uses its own
+        refused. A first pass over a sample of the vocabulary (best of two too: one timing on a
+        busy machine can read several times too high) refuses a very costly one without
+        paying a whole pass for it. Runs on an HTTP worker thread, so it uses its own
         candidate array."""
         grammar = C.llama_sampler_init_grammar(self.vocab, gbnf.encode(), b"root")
         if not grammar:
             return "llama.cpp could not parse the grammar"
         try:
             step = max(1, self.n_vocab // SAMPLE_TOKENS)
-            cost = self._grammar_pass_seconds(grammar, step) * step
+            cost = min(self._grammar_pass_seconds(grammar, step) for _ in range(2)) * step
             if cost <= 4 * self.grammar_budget():
                 cost = min(self._grammar_pass_seconds(grammar, 1) for _ in range(2))
         finally:
