@@ -92,6 +92,7 @@ class QuotaKeeper:
     request by request: it overshoots a token quota by at most one request's reservation and
     never exceeds max_concurrent."""
 
+    WINDOW_S = 60.0  # requests_per_minute counts the stamps this recent
     MAX_NAMES = 1024  # names in the minute window before the quiet ones are dropped
 
     def __init__(self, quotas: dict[str, Quota], clock=time.monotonic):
@@ -162,11 +163,12 @@ class QuotaKeeper:
     def _count_minute(self, key: str, q: Quota) -> float | None:
         if q.requests_per_minute is None:
             return None
-        stamps = [t for t in self._minute.get(key, []) if self.clock() - t < 60.0]
+        stamps = [t for t in self._minute.get(key, []) if self.clock() - t < self.WINDOW_S]
         if len(stamps) >= q.requests_per_minute:
             raise QuotaError("requests_per_minute", f"key '{key}' sent {len(stamps)} "
                              f"requests in the last minute (requests_per_minute "
-                             f"{q.requests_per_minute:g})", math.ceil(60.0 - (self.clock() - stamps[0])))
+                             f"{q.requests_per_minute:g})",
+                             math.ceil(self.WINDOW_S - (self.clock() - stamps[0])))
         stamp = self.clock()
         stamps.append(stamp)
         if key not in self._minute and len(self._minute) >= self.MAX_NAMES:
@@ -177,5 +179,5 @@ class QuotaKeeper:
     def _forget_quiet_names(self, now: float) -> None:
         """Names (a frontend's colleagues: any number) with no request in the last minute
         hold nothing the minute window still counts: dropped, so the table stays bounded."""
-        for name in [k for k, v in self._minute.items() if not v or now - v[-1] >= 60.0]:
+        for name in [k for k, v in self._minute.items() if not v or now - v[-1] >= self.WINDOW_S]:
             del self._minute[name]
