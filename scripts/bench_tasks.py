@@ -37,10 +37,16 @@ CHAT = [{"role": "user", "content": "How do I keep basil alive on a windowsill?"
         {"role": "user", "content": "And how often should I pinch it back?"}]
 
 
+# One client made up front: making an httpx client (its SSL context) costs ~30 ms of the
+# bench's own CPU, and on 2 cores beside a busy server that cost doubles and was measured
+# as the server's (1.85x, of which most was the client's).
+CLIENT = httpx.Client(timeout=600)
+
+
 def first_token_s(url: str, messages: list[dict]) -> float:
-    started = time.monotonic()
     body = {"messages": messages, "max_tokens": 16, "stream": True, "temperature": 0}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=600) as r:
+    started = time.monotonic()
+    with CLIENT.stream("POST", url + "/v1/chat/completions", json=body) as r:
         for line in r.iter_lines():
             if line.startswith("data: {") and '"content":"' in line.replace(" ", "") \
                     and '"content":""' not in line.replace(" ", ""):
@@ -49,7 +55,7 @@ def first_token_s(url: str, messages: list[dict]) -> float:
 
 
 def task(url: str, prompt: str) -> None:
-    httpx.post(url + "/v1/chat/completions", timeout=600, json={
+    CLIENT.post(url + "/v1/chat/completions", json={
         "messages": [{"role": "user", "content": prompt}], "stream": False})
 
 

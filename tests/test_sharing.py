@@ -197,6 +197,20 @@ def test_a_running_background_task_sits_out_the_steps_of_a_chats_prompt():
     assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
 
 
+def test_a_waiting_background_task_is_not_admitted_in_the_step_of_a_chats_prompt():
+    """Open WebUI sends a title just before the chat: the chat's first step carries the chat
+    alone, even with a slot free for the title (before, the title came in the same step with
+    a 64-token chunk, and the chat's first token waited for it)."""
+    sched = make(n_slots=4, ctx=512, budget=256, slot_share=None, prefill_budget=512)
+    sched.add(task("t0", "bob", n_prompt=100))
+    sched.add(req("b0", "bob", n_prompt=40, first=200))
+    plan = step(sched)
+    assert [(c.request.request_id, len(c.tokens)) for c in plan.chunks] == [("b0", 40)]
+    assert [r.request_id for r in sched.waiting] == ["t0"]
+    plan = step(sched)  # the chat streams: now the title is admitted beside it
+    assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
+
+
 def test_a_step_of_background_tasks_only_is_small_and_beside_a_chat_they_get_more():
     """A chat that arrives while only tasks run waits for a step of BACKGROUND_STEP_TOKENS at
     most (prompts, decode rows and drafts together), never for a whole title prompt."""

@@ -148,10 +148,10 @@ class Scheduler:
         8. The exceptions to 1: a user over their share of grammar time (grammar_shares.py)
            has their constrained requests sit out steps that serve someone else, and a
            background task (9) sits out the steps in which a chat waits or computes its prompt.
-        9. A frontend's background task (Request.background) is admitted only when no other
-           request waits, its prompt chunks come after every other request's (admissions
-           included), and it claims no slot share. A step of tasks only carries at most
-           BACKGROUND_STEP_TOKENS tokens, drafts included.
+        9. A frontend's background task (Request.background) is admitted only when no chat
+           waits or computes its prompt (nor in the step that admits one), its prompt chunks
+           come after every other request's, and it claims no slot share. A step of tasks
+           only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -159,7 +159,8 @@ class Scheduler:
         reserved = self.cells.reclaim_guarantee(plan, self._next_admissible() if self.waiting else None)
         self._admit_batch(plan)
         running = self.running
-        resting = self._background_waits(running)  # nobody watches them: full-speed prefill
+        chat_starting = self._chat_starting(running)  # then tasks sit out the step (9)
+        resting = [s for s in running if s.request.background] if chat_starting else []
         decoding = any(s.state is SlotState.DECODE and s not in resting for s in running)
         budget = self.budget if decoding else self.prefill_budget
         waits = self._grammar_waits(running) + resting
@@ -172,7 +173,7 @@ class Scheduler:
         budget = self._chunks(plan, chats, SlotState.PREFILL, budget, reserved)
         n_running = len(running)
         while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
-            admitted = self._admit_next(plan, budget)
+            admitted = self._admit_next(plan, budget, tasks_too=not chat_starting)
             if not admitted:
                 break
             n_running += 1
@@ -182,12 +183,11 @@ class Scheduler:
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
-    def _background_waits(self, running: list[Slot]) -> list[Slot]:
-        """Background tasks sit out the steps in which a chat waits or computes its prompt, so
-        that its first token comes as soon as if they were not there (invariant 9)."""
-        chat_starting = self.waiting.has_foreground() or any(
+    def _chat_starting(self, running: list[Slot]) -> bool:
+        """A chat waits or computes its prompt: background tasks sit this step out, running
+        or waiting, so that its first token comes as soon as if they were not there (9)."""
+        return self.waiting.has_foreground() or any(
             s.state is SlotState.PREFILL and not s.request.background for s in running)
-        return [s for s in running if s.request.background] if chat_starting else []
 
     def _chunks(self, plan: StepPlan, slots: list[Slot], state: SlotState, budget: int,
                 kept_back: int) -> int:
@@ -217,11 +217,12 @@ class Scheduler:
                                     sample=len(tokens) == len(pending)))
         return len(tokens)
 
-    def _admit_next(self, plan: StepPlan, budget: int) -> int:
+    def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool = True) -> int:
         """Admit the first waiting request whose user is within their share, if a slot (and,
-        when shared, cache room) is free. Returns the tokens its first chunk took, 0 if none."""
+        when shared, cache room) is free, and a background task only with `tasks_too`.
+        Returns the tokens its first chunk took, 0 if none."""
         req = self._next_admissible()
-        if req is None or id(req) in self.cells.preempted:
+        if req is None or id(req) in self.cells.preempted or (req.background and not tasks_too):
             return 0
         where = self.prefixes.place(req)
         if where is None:
