@@ -68,6 +68,10 @@ class ModelRegistry:
         # How long a busy model keeps serving after its load before a switch may take it
         # away (_residency): a third of the switch timeout, so a switch still fits in it.
         self.residency = s.model_switch_timeout / 3
+        # A switch that took busy models away is charged to the key that asked for it
+        # (_key_spacing): key -> when it ended. Entries older than the spacing are dropped.
+        self.key_spacing = 2 * self.residency
+        self.key_switched: dict[str | None, float] = {}
         self._switch_lock: asyncio.Lock | None = None  # one load or unload at a time
 
     @property
@@ -162,6 +166,9 @@ class ModelRegistry:
                                   f"GiB with its cache, but only {free_after / GIB:.2f} GiB would "
                                   f"be free; the loaded models keep running.",
                                   code="insufficient_memory")
+        displaces_busy = any(v.busy for v in victims)
+        if displaces_busy:
+            await self._key_spacing(user, entry)
         await self._residency(victims, entry)
         for victim in victims:
             victim.yielding += 1
@@ -173,20 +180,37 @@ class ModelRegistry:
         log.info("loading %s on demand", entry.spec.name)
         started = time.monotonic()
         await asyncio.to_thread(entry.host.load)
-        self._charge_switch(user, entry, victims, time.monotonic() - started)
+        self._charge_switch(user, entry, victims, time.monotonic() - started, displaces_busy)
         if entry.host.load_error:
             raise ModelUnavailable(f"the model '{entry.spec.name}' failed to load: "
                                    f"{entry.host.load_error}")
         entry.last_busy = entry.loaded_at = time.monotonic()
 
     def _charge_switch(self, user: str | None, entry: Entry, victims: list[Entry],
-                       seconds: float) -> None:
+                       seconds: float, displaced_busy: bool) -> None:
         """A switch's cost goes on the record of the key whose request caused it (the audit
-        log, `localserve usage --audit`): who makes everyone on the loaded model wait."""
+        log, `localserve usage --audit`): who makes everyone on the loaded model wait. One
+        that took busy models away also counts against that key's next one (_key_spacing)."""
+        now = time.monotonic()
+        if displaced_busy:
+            self.key_switched = {k: t for k, t in self.key_switched.items()
+                                 if now - t < self.key_spacing}
+            self.key_switched[user] = now
         if victims and self.office.ledger is not None:
             unloaded = ", ".join(v.spec.name for v in victims)
             self.office.ledger.audit("model_switch", user, f"{unloaded} -> {entry.spec.name}: "
                                      f"loaded in {seconds:.1f} s")
+
+    async def _key_spacing(self, user: str | None, entry: Entry) -> None:
+        """A key whose switch took busy models away waits `key_spacing` (two residencies)
+        after it before its next such switch; another key waits only for the residency. So
+        one colleague alternating models costs those on the loaded one a switch per two
+        residencies at most, and their own requests wait for it, not everyone's."""
+        while (left := self.key_switched.get(user, -self.key_spacing)
+               + self.key_spacing - time.monotonic()) > 0:
+            log.info("%s waits %.1f s: this key switched models %.1f s ago", entry.spec.name,
+                     left, self.key_spacing - left)
+            await asyncio.sleep(min(left, 0.25))
 
     async def _residency(self, victims: list[Entry], entry: Entry) -> None:
         """A busy model keeps taking requests for `residency` seconds after its load before

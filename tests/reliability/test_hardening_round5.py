@@ -103,6 +103,27 @@ def test_a_busy_model_keeps_its_residency_before_a_switch_and_an_idle_one_does_n
     assert time.monotonic() - started < 0.3
 
 
+def test_a_switch_that_took_a_busy_model_away_is_charged_to_the_key_that_asked():
+    """The rule alone (registry._charge_switch, _key_spacing): after bob's switch took a busy
+    model away, bob's next switch waits the key spacing, and carol's does not; a switch of
+    an idle model charges nobody; what is remembered stays bounded by the spacing."""
+    registry = SimpleNamespace(key_spacing=0.4, key_switched={"old": time.monotonic() - 1.0},
+                               office=SimpleNamespace(ledger=None))
+    wanted = SimpleNamespace(spec=SimpleNamespace(name="b"))
+
+    def waited(user: str) -> float:
+        started = time.monotonic()
+        asyncio.run(ModelRegistry._key_spacing(registry, user, wanted))
+        return time.monotonic() - started
+
+    ModelRegistry._charge_switch(registry, "dave", wanted, [], 2.0, displaced_busy=False)
+    assert "dave" not in registry.key_switched and waited("dave") < 0.3
+    ModelRegistry._charge_switch(registry, "bob", wanted, [], 2.0, displaced_busy=True)
+    assert set(registry.key_switched) == {"bob"}  # "old" was past the spacing: dropped
+    assert waited("carol") < 0.3
+    assert waited("bob") >= 0.35
+
+
 @pytest.mark.parametrize("path, body, param", [
     ("/api/chat", {"model": "a", "messages": [{"role": "user", "content": "x"}],
                    "options": {"num_ctx": "abc"}}, "num_ctx"),
