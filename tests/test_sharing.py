@@ -211,6 +211,22 @@ def test_a_waiting_background_task_is_not_admitted_in_the_step_of_a_chats_prompt
     assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
 
 
+def test_tasks_beside_a_streaming_chat_share_one_prompt_share_admissions_included():
+    """A running title and a tags task admitted in the same step take BACKGROUND_PREFILL_TOKENS
+    between them, not each (two 64-token chunks held a chat's next token 465 ms)."""
+    from localserve.engine.scheduler import BACKGROUND_PREFILL_TOKENS
+
+    sched = make(n_slots=4, ctx=1024, budget=256, slot_share=None, prefill_budget=512)
+    sched.add(req("b0", "bob", n_prompt=4, first=200))
+    step(sched)  # the chat streams from now on
+    sched.add(task("t0", "bob", n_prompt=3 * BACKGROUND_PREFILL_TOKENS))
+    step(sched)  # the title's first chunk
+    sched.add(task("t1", "bob", n_prompt=3 * BACKGROUND_PREFILL_TOKENS, first=300))
+    plan = step(sched)
+    chunks = {c.request.request_id: len(c.tokens) for c in plan.chunks}
+    assert chunks["b0"] == 1 and chunks["t0"] + chunks.get("t1", 0) == BACKGROUND_PREFILL_TOKENS
+
+
 def test_a_step_of_background_tasks_only_is_small_and_beside_a_chat_they_get_more():
     """A chat that arrives while only tasks run waits for a step of BACKGROUND_STEP_TOKENS at
     most (prompts, decode rows and drafts together), never for a whole title prompt."""

@@ -171,21 +171,15 @@ class Scheduler:
             budget = min(budget, BACKGROUND_STEP_TOKENS)
         budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
         budget = self._chunks(plan, chats, SlotState.PREFILL, budget, reserved)
-        n_running = len(running)
-        while self.waiting and budget > 0 and n_running < self.max_num_seqs and self.admits_midway:
-            admitted = self._admit_next(plan, budget, tasks_too=not chat_starting)
-            if not admitted:
-                break
-            n_running += 1
-            budget -= admitted
-        for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)
-        budget -= for_tasks - self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
+        budget = self._admit_waiting(plan, budget, tasks_too=False)
+        for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)  # the tasks' share, admissions too
+        left = self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
+        budget -= for_tasks - (left if chat_starting else self._admit_waiting(plan, left, True))
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
     def _chat_starting(self, running: list[Slot]) -> bool:
-        """A chat waits or computes its prompt: background tasks sit this step out, running
-        or waiting, so that its first token comes as soon as if they were not there (9)."""
+        """A chat waits or computes its prompt: background tasks sit this step out (9)."""
         return self.waiting.has_foreground() or any(
             s.state is SlotState.PREFILL and not s.request.background for s in running)
 
@@ -217,10 +211,18 @@ class Scheduler:
                                     sample=len(tokens) == len(pending)))
         return len(tokens)
 
+    def _admit_waiting(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
+        """Admit while budget and slots last (tasks only `tasks_too`); the budget left."""
+        while self.admits_midway and budget > 0 and len(self.running) < self.max_num_seqs:
+            admitted = self.waiting and self._admit_next(plan, budget, tasks_too)
+            if not admitted:
+                return budget
+            budget -= admitted
+        return budget
+
     def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool = True) -> int:
-        """Admit the first waiting request whose user is within their share, if a slot (and,
-        when shared, cache room) is free, and a background task only with `tasks_too`.
-        Returns the tokens its first chunk took, 0 if none."""
+        """Admit the first waiting request whose user is within their share (a background task
+        only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
         req = self._next_admissible()
         if req is None or id(req) in self.cells.preempted or (req.background and not tasks_too):
             return 0
@@ -233,8 +235,6 @@ class Scheduler:
         if not self.cells.room_to_admit(plan, where.slot, where.keep, need):
             return 0
         self._assign(plan, self.waiting.take(req), where)
-        if req.background:
-            budget = min(budget, BACKGROUND_PREFILL_TOKENS)
         return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
 
     def _release_siblings(self, first: Request) -> None:
