@@ -227,6 +227,19 @@ def test_tasks_beside_a_streaming_chat_share_one_prompt_share_admissions_include
     assert chunks["b0"] == 1 and chunks["t0"] + chunks.get("t1", 0) == BACKGROUND_PREFILL_TOKENS
 
 
+def test_nothing_is_admitted_once_the_steps_budget_is_spent():
+    sched = make(n_slots=4, ctx=256, budget=2, slot_share=None)
+    sched.add(req("a0", "alice"))
+    sched.add(req("b0", "bob", first=100))
+    step(sched)
+    step(sched)
+    step(sched)  # both decode now: their two rows are the whole budget
+    sched.add(req("c0", "carol", first=200))
+    plan = step(sched)
+    assert sorted(c.request.request_id for c in plan.chunks) == ["a0", "b0"]
+    assert [r.request_id for r in sched.waiting] == ["c0"]  # not admitted with an empty chunk
+
+
 def test_a_step_of_background_tasks_only_is_small_and_beside_a_chat_they_get_more():
     """A chat that arrives while only tasks run waits for a step of BACKGROUND_STEP_TOKENS at
     most (prompts, decode rows and drafts together), never for a whole title prompt."""

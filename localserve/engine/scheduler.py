@@ -220,7 +220,7 @@ class Scheduler:
             budget -= admitted
         return budget
 
-    def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool = True) -> int:
+    def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
         """Admit the first waiting request whose user is within their share (a background task
         only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
         req = self._next_admissible()

@@ -205,12 +205,12 @@ class ModelRegistry:
         """A key whose switch took busy models away waits `key_spacing` (two residencies)
         after it before its next such switch; another key waits only for the residency. So
         one colleague alternating models costs those on the loaded one a switch per two
-        residencies at most, and their own requests wait for it, not everyone's."""
-        while (left := self.key_switched.get(user, -self.key_spacing)
-               + self.key_spacing - time.monotonic()) > 0:
+        residencies at most; requests for the loaded model go on being served meanwhile."""
+        left = self.key_switched.get(user, -self.key_spacing) + self.key_spacing - time.monotonic()
+        if left > 0:
             log.info("%s waits %.1f s: this key switched models %.1f s ago", entry.spec.name,
                      left, self.key_spacing - left)
-            await asyncio.sleep(min(left, 0.25))
+            await asyncio.sleep(left)
 
     async def _residency(self, victims: list[Entry], entry: Entry) -> None:
         """A busy model keeps taking requests for `residency` seconds after its load before
