@@ -7,6 +7,8 @@ import time
 import httpx
 import pytest
 
+from counting_prompts import assert_certain
+
 PROMPTS = [
     "Write a short story about a robot who learns to paint.",
     "Explain why the sky is blue.",
@@ -60,24 +62,28 @@ def test_late_short_request_finishes_before_earlier_long_ones(server, make_aclie
     assert done[0] == "short", done
 
 
-# Counting prompts (as in test_scheduler_live): the greedy continuation is certain, so the
-# float noise of a different batch composition, or of a prefix another test left cached,
-# cannot flip a token, while a lost, repeated or crossed-over token would break the count.
+# Counting prompts (counting_prompts.py): the greedy continuation is certain, so the float
+# noise of a different batch composition, or of a prefix another test left cached, cannot
+# flip a token, while a lost, repeated or crossed-over token would break the count.
 # (Prose prompts failed here when earlier tests had cached the chat template's system turn.)
 COUNTING = ["1, 2, 3, 4, 5,", "10, 11, 12, 13,", "100, 101, 102, 103,", "40, 41, 42,",
-            "7, 8, 9,", "200, 201, 202,", "55, 56, 57,", "1000, 1001, 1002,"]
+            "7, 8, 9,", "500, 501, 502,", "80, 81, 82,", "1000, 1001, 1002,"]
 
 
-async def count(aclient, prompt):
+async def count(aclient, prompt, reference=False):
+    """The greedy text; the reference run asserts its certainty (counting_prompts.py)."""
     reply = await aclient.completions.create(model="default", prompt=prompt, max_tokens=48,
-                                             temperature=0, extra_body={"ignore_eos": True})
+                                             temperature=0, extra_body={"ignore_eos": True},
+                                             **({"logprobs": 2} if reference else {}))
+    if reference:
+        assert_certain(prompt, reply.choices[0].logprobs.top_logprobs)
     return reply.choices[0].text
 
 
 def test_greedy_output_is_the_same_alone_and_batched(make_aclient):
     async def alone():
         aclient = make_aclient()
-        return [await count(aclient, p) for p in COUNTING]
+        return [await count(aclient, p, reference=True) for p in COUNTING]
 
     async def together():
         aclient = make_aclient()

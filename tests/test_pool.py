@@ -10,16 +10,7 @@ import httpx
 import pytest
 
 from conftest import running, wait_for
-
-
-def counting(first: int, n: int) -> str:
-    """A prompt whose greedy continuation is certain: a batch's float noise cannot flip it."""
-    return ", ".join(str(i) for i in range(first, first + n)) + ","
-
-
-def is_counting(prompt: str, text: str) -> bool:
-    numbers = [int(n) for n in (prompt + text).replace(",", " ").split()[:-1]]
-    return numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+from counting_prompts import assert_certain, counting, is_counting
 
 
 def complete(srv, prompt, max_tokens=24, **extra):
@@ -90,7 +81,9 @@ def small_pool():
 @pytest.mark.timeout(1200)  # thousands of prompt tokens on 2 cores: work, not a clock
 def test_a_borrower_gives_cells_back_to_a_request_within_its_guarantee_and_resumes_from_ram(small_pool):
     borrower, newcomer = counting(1, 540), counting(7000, 290)  # ~2,900 and ~1,900 tokens
-    alone = complete(small_pool, borrower, max_tokens=120).json()["choices"][0]["text"]
+    reference = complete(small_pool, borrower, max_tokens=120, logprobs=2).json()["choices"][0]
+    assert_certain(borrower, reference["logprobs"]["top_logprobs"])
+    alone = reference["text"]
     assert is_counting(borrower, alone)
     streamed, done = [], {}
 

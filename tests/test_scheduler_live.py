@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from conftest import running
+from counting_prompts import assert_certain, is_counting
 
 SYSTEM = ("You are the help desk of a small architecture office. Answer briefly and politely. "
           "The office opens at nine and closes at five. The printer is on the second floor. "
@@ -21,31 +22,28 @@ def tight_server():
         yield srv
 
 
-# Counting prompts: the model's continuation is so certain that the float noise of a shared
-# cache (see README, "One pool") cannot flip a greedy choice, and a lost or repeated
-# token would show as a broken sequence.
-PROMPTS = ["1, 2, 3, 4, 5,", "10, 11, 12, 13,", "100, 101, 102, 103,", "40, 41, 42,"]
+# Counting prompts (counting_prompts.py): certain enough that the float noise of a shared
+# cache cannot flip a greedy choice, while a lost or repeated token would break the count.
+PROMPTS = ["1, 2, 3, 4, 5,", "10, 11, 12, 13,", "500, 501, 502, 503,", "20, 21, 22, 23,"]
 
 
 async def complete(url, prompt, stream=False):
+    """The greedy text; not streamed, it is the reference, whose certainty is asserted."""
     body = {"prompt": prompt, "max_tokens": 150, "temperature": 0, "ignore_eos": True,
             "stream": stream}
     async with httpx.AsyncClient(timeout=300) as client:
         if not stream:
-            r = await client.post(url + "/v1/completions", json=body)
+            r = await client.post(url + "/v1/completions", json={**body, "logprobs": 2})
             r.raise_for_status()
-            return r.json()["choices"][0]["text"]
+            choice = r.json()["choices"][0]
+            assert_certain(prompt, choice["logprobs"]["top_logprobs"])
+            return choice["text"]
         text = ""
         async with client.stream("POST", url + "/v1/completions", json=body) as r:
             async for line in r.aiter_lines():
                 if line.startswith("data: {"):
                     text += json.loads(line[6:])["choices"][0]["text"]
         return text
-
-
-def is_counting(prompt: str, text: str) -> bool:
-    numbers = [int(n) for n in (prompt + text).replace(",", " ").split()[:-1]]
-    return numbers == list(range(numbers[0], numbers[0] + len(numbers)))
 
 
 def test_small_pool_preempts_yet_every_greedy_stream_is_unchanged(tight_server):
