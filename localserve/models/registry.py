@@ -150,6 +150,8 @@ class ModelRegistry:
                 continue
             if entry.state is ModelState.FAILED:
                 ready(entry)  # the 503 naming why it failed to load
+            if await self._key_spacing(user, entry):
+                continue  # waited outside the switch lock: other keys' switches went on
             async with self._switch:
                 if not entry.loaded:
                     await self._switch_to(entry, deadline, user)
@@ -167,8 +169,8 @@ class ModelRegistry:
                                   f"be free; the loaded models keep running.",
                                   code="insufficient_memory")
         displaces_busy = any(v.busy for v in victims)
-        if displaces_busy:
-            await self._key_spacing(user, entry)
+        if displaces_busy and self._spacing_left(user) > 0:
+            return  # a victim became busy since _ensure_loaded looked: it waits there
         await self._residency(victims, entry)
         for victim in victims:
             victim.yielding += 1
@@ -201,16 +203,23 @@ class ModelRegistry:
             self.office.ledger.audit("model_switch", user, f"{unloaded} -> {entry.spec.name}: "
                                      f"loaded in {seconds:.1f} s")
 
-    async def _key_spacing(self, user: str | None, entry: Entry) -> None:
+    async def _key_spacing(self, user: str | None, entry: Entry) -> bool:
         """A key whose switch took busy models away waits `key_spacing` (two residencies)
         after it before its next such switch; another key waits only for the residency. So
         one colleague alternating models costs those on the loaded one a switch per two
-        residencies at most; requests for the loaded model go on being served meanwhile."""
-        left = self.key_switched.get(user, -self.key_spacing) + self.key_spacing - time.monotonic()
-        if left > 0:
-            log.info("%s waits %.1f s: this key switched models %.1f s ago", entry.spec.name,
-                     left, self.key_spacing - left)
-            await asyncio.sleep(left)
+        residencies at most; requests for the loaded model go on being served meanwhile.
+        Waited outside the switch lock: another key's switch to a third model does not wait
+        behind it. True when it waited."""
+        left = self._spacing_left(user)
+        if left <= 0 or not any(v.busy for v in self._victims(entry, await self._need(entry))):
+            return False
+        log.info("%s waits %.1f s: this key switched models %.1f s ago", entry.spec.name,
+                 left, self.key_spacing - left)
+        await asyncio.sleep(left)
+        return True
+
+    def _spacing_left(self, user: str | None) -> float:
+        return self.key_switched.get(user, -self.key_spacing) + self.key_spacing - time.monotonic()
 
     async def _residency(self, victims: list[Entry], entry: Entry) -> None:
         """A busy model keeps taking requests for `residency` seconds after its load before

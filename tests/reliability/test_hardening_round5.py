@@ -6,6 +6,7 @@ nothing; a colleague's load call with no prompt never switches models."""
 import asyncio
 import time
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ import pytest
 
 from conftest import ledger_rows, running, wait_for
 from localserve.common.config import default_model_path
+from localserve.models.model_entry import Entry
 from localserve.models.registry import ModelRegistry
 from reliability.conftest import ALICE, BOB, LATE_COSTLY, ROOT_KEY, auth, office_keys, post
 
@@ -104,24 +106,64 @@ def test_a_busy_model_keeps_its_residency_before_a_switch_and_an_idle_one_does_n
 
 
 def test_a_switch_that_took_a_busy_model_away_is_charged_to_the_key_that_asked():
-    """The rule alone (registry._charge_switch, _key_spacing): after bob's switch took a busy
-    model away, bob's next switch waits the key spacing, and carol's does not; a switch of
-    an idle model charges nobody; what is remembered stays bounded by the spacing."""
-    registry = SimpleNamespace(key_spacing=0.4, key_switched={"old": time.monotonic() - 1.0},
+    """The rule alone (registry._charge_switch, _spacing_left): after bob's switch took a busy
+    model away, bob's next switch has the key spacing to wait, and carol's has none; a switch
+    of an idle model charges nobody; what is remembered stays bounded by the spacing."""
+    registry = SimpleNamespace(key_spacing=30.0, key_switched={"old": time.monotonic() - 31.0},
                                office=SimpleNamespace(ledger=None))
     wanted = SimpleNamespace(spec=SimpleNamespace(name="b"))
-
-    def waited(user: str) -> float:
-        started = time.monotonic()
-        asyncio.run(ModelRegistry._key_spacing(registry, user, wanted))
-        return time.monotonic() - started
+    left = partial(ModelRegistry._spacing_left, registry)
 
     ModelRegistry._charge_switch(registry, "dave", wanted, [], 2.0, displaced_busy=False)
-    assert "dave" not in registry.key_switched and waited("dave") < 0.3
+    assert "dave" not in registry.key_switched and left("dave") <= 0
     ModelRegistry._charge_switch(registry, "bob", wanted, [], 2.0, displaced_busy=True)
     assert set(registry.key_switched) == {"bob"}  # "old" was past the spacing: dropped
-    assert waited("carol") < 0.3
-    assert waited("bob") >= 0.35
+    assert left("carol") <= 0 and 25 < left("bob") <= 30
+
+
+class FakeHost:
+    """What the registry reads of a ModelHost: loaded or not, requests in flight."""
+
+    def __init__(self, loaded: bool, in_flight: int = 0):
+        self.engine = object() if loaded else None
+        self.unloaded, self.load_error, self.ready = not loaded, None, True
+        self.loop = SimpleNamespace(in_flight=in_flight)
+
+    def load(self):
+        self.engine, self.unloaded = object(), False
+
+    def unload(self):
+        self.engine, self.unloaded = None, True
+
+
+def test_a_key_waiting_out_its_switch_spacing_does_not_hold_up_another_keys_switch():
+    """Bob switched models a moment ago and asks for b while a is busy: he waits his spacing.
+    Alice asks for c meanwhile: her switch goes on (a's requests finish, a is unloaded, c
+    loaded) without waiting behind bob's spacing, which is his alone."""
+    registry = ModelRegistry.__new__(ModelRegistry)
+    entries = {name: Entry(SimpleNamespace(name=name, pin=False), FakeHost(name == "a", 1))
+               for name in "abc"}
+    for entry in entries.values():
+        entry.need_bytes = 1
+    entries["a"].loaded_at = time.monotonic() - 60  # its residency is over
+    registry.__dict__.update(
+        entries=entries, office=SimpleNamespace(ledger=None), max_loaded=1, budget=None,
+        primary=SimpleNamespace(settings=SimpleNamespace(memory_check=False)),
+        switch_timeout=120.0, residency=20.0, key_spacing=40.0,
+        key_switched={"bob": time.monotonic()}, _switch_lock=None)
+
+    async def both():
+        bob = asyncio.create_task(registry._ensure_loaded(entries["b"], "bob"))
+        await asyncio.sleep(0.1)
+        alice = asyncio.create_task(registry._ensure_loaded(entries["c"], "alice"))
+        await asyncio.sleep(0.1)
+        entries["a"].host.loop.in_flight = 0  # a's requests finish
+        await asyncio.wait_for(alice, timeout=20)  # far below bob's 40 s spacing
+        assert not bob.done() and not entries["b"].loaded
+        bob.cancel()
+
+    asyncio.run(both())
+    assert entries["c"].loaded and not entries["a"].loaded
 
 
 @pytest.mark.parametrize("path, body, param", [
