@@ -7,6 +7,7 @@ import dataclasses
 from localserve.engine.drafts import (FIRST_DRAFT, MAX_DRAFT, Acceptance, NgramDrafter, Proposal,
                                      StepCost, matched_length)
 from localserve.engine.plan import StepOutput
+from localserve.engine.request import RequestStatus
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
 
@@ -260,3 +261,27 @@ def test_a_request_with_no_idle_slot_leaves_the_whole_rest_of_the_budget_to_draf
         drafts += [c.drafts for c in plan.chunks if c.drafts]
         sched.update(plan, runner.decode(plan))
     assert drafts and max(drafts) == 3
+
+
+def test_drafts_beside_a_background_tasks_prompt_take_only_what_the_task_left():
+    """A copying answer beside a title's prompt: the task's share comes out of the step's
+    budget before drafts get the rest, so no step carries more than the budget."""
+    prompt, answer = copy_case()
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 16, speculative=True)
+    copying = req("copy", 0)
+    copying.prompt_tokens = list(prompt)
+    sched.add(copying)
+    runner = DraftingRunner({"copy": answer, "title": [1] * 10})
+    for _ in range(3):  # the prompt, then decoding
+        sched.update(plan := sched.schedule(), runner.decode(plan))
+    title = req("title", 100, max_tokens=5, first=200)
+    title.background = True
+    sched.add(title)
+    steps, drafted = 0, 0
+    while copying.status is not RequestStatus.FINISHED and steps < 100:
+        plan = sched.schedule()
+        assert plan.num_tokens <= 16
+        drafted += sum(c.drafts for c in plan.chunks)
+        sched.update(plan, runner.decode(plan))
+        steps += 1
+    assert copying.output_tokens == answer and drafted > 0
