@@ -20,12 +20,12 @@ import json
 
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from localserve.api.admission import Admitted, admit
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.serving import chat_tokens, reasons, start_chat
+from localserve.api.store_threads import in_store_thread
 from localserve.api.auth import caller
 from localserve.api.schemas import (EXTENSIONS, ChatCompletionRequest, OpenAIError, extensions,
                                     translated_chat)
@@ -195,7 +195,7 @@ def _not_stored(response_id: str, param: str | None = None) -> OpenAIError:
 @bare_router.post("/responses")
 async def create_response(body: ResponsesRequest, request: Request,
                           admitted: Admitted = Depends(admit)):
-    earlier = await run_in_threadpool(_earlier, request, body)
+    earlier = await in_store_thread(request, _earlier, request, body)
     chat = as_chat(body, earlier)
     if body.store and (limit := _stored_answer_limit(request, body, earlier)) is not None:
         chat.max_tokens = limit
@@ -247,8 +247,8 @@ def _stored_answer_limit(request: Request, body: ResponsesRequest, earlier: list
 
 async def _save(request: Request, response: dict, messages: list[dict]) -> None:
     try:
-        await run_in_threadpool(_store(request).save, _owner(request), response["id"], "",
-                                {"messages": messages, "response": response})
+        await in_store_thread(request, _store(request).save, _owner(request), response["id"], "",
+                              {"messages": messages, "response": response})
     except TooLarge as exc:
         raise OpenAIError(413, f"the response could not be stored: {exc}; send store: false, "
                           f"or start a new chain", code="response_too_large") from None
@@ -257,7 +257,7 @@ async def _save(request: Request, response: dict, messages: list[dict]) -> None:
 @stored_router.get("/v1/responses/{response_id}")
 @stored_router.get("/responses/{response_id}", include_in_schema=False)
 async def get_response(response_id: str, request: Request):
-    found = await run_in_threadpool(_store(request).get, _owner(request), response_id)
+    found = await in_store_thread(request, _store(request).get, _owner(request), response_id)
     if found is None:
         raise _not_stored(response_id)
     return found["response"]
@@ -266,7 +266,7 @@ async def get_response(response_id: str, request: Request):
 @stored_router.delete("/v1/responses/{response_id}")
 @stored_router.delete("/responses/{response_id}", include_in_schema=False)
 async def delete_response(response_id: str, request: Request):
-    if not await run_in_threadpool(_store(request).delete, _owner(request), response_id):
+    if not await in_store_thread(request, _store(request).delete, _owner(request), response_id):
         raise _not_stored(response_id)
     return {"id": response_id, "object": "response", "deleted": True}
 
@@ -274,7 +274,7 @@ async def delete_response(response_id: str, request: Request):
 @router.post("/responses/input_tokens")
 async def input_tokens(body: ResponsesRequest, request: Request,
                        admitted: Admitted = Depends(admit)):
-    chat = as_chat(body, await run_in_threadpool(_earlier, request, body))
+    chat = as_chat(body, await in_store_thread(request, _earlier, request, body))
     async with admitted.lease(chat.model) as host:
         tokens, _, _ = await chat_tokens(host, chat)
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}

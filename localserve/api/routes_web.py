@@ -8,11 +8,11 @@ from __future__ import annotations
 from importlib.resources import files
 
 from fastapi import APIRouter, Request, Response
-from starlette.concurrency import run_in_threadpool
 from pydantic import BaseModel, Field
 
 from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError
+from localserve.api.store_threads import in_store_thread
 from localserve.office.conversations import TooLarge
 
 page_router = APIRouter()  # the page and its assets: open
@@ -76,19 +76,19 @@ async def whoami(request: Request):
 
 @api_router.get("/conversations")
 async def list_conversations(request: Request):
-    return {"data": await run_in_threadpool(_store(request).list, _owner(request))}
+    return {"data": await in_store_thread(request, _store(request).list, _owner(request))}
 
 
 @api_router.get("/conversations/export")
 async def export_conversations(request: Request):
-    text = await run_in_threadpool(_store(request).export, _owner(request))
+    text = await in_store_thread(request, _store(request).export, _owner(request))
     return Response(text, media_type="application/json",
                     headers={"Content-Disposition": 'attachment; filename="conversations.json"'})
 
 
 @api_router.get("/conversations/{conversation_id}")
 async def get_conversation(conversation_id: str, request: Request):
-    found = await run_in_threadpool(_store(request).get, _owner(request), conversation_id)
+    found = await in_store_thread(request, _store(request).get, _owner(request), conversation_id)
     if found is None:
         raise OpenAIError(404, "no such conversation", "not_found_error")
     return found
@@ -97,9 +97,9 @@ async def get_conversation(conversation_id: str, request: Request):
 @api_router.put("/conversations/{conversation_id}")
 async def save_conversation(conversation_id: str, body: ConversationBody, request: Request):
     try:
-        saved = await run_in_threadpool(_store(request).save, _owner(request), conversation_id,
-                                        body.title, {"messages": body.messages,
-                                                     "settings": body.settings})
+        saved = await in_store_thread(request, _store(request).save, _owner(request),
+                                      conversation_id, body.title,
+                                      {"messages": body.messages, "settings": body.settings})
     except TooLarge as exc:
         raise OpenAIError(413, str(exc), code="request_too_large") from None
     return {"id": saved}
@@ -107,6 +107,6 @@ async def save_conversation(conversation_id: str, body: ConversationBody, reques
 
 @api_router.delete("/conversations/{conversation_id}")
 async def delete_conversation(conversation_id: str, request: Request):
-    if not await run_in_threadpool(_store(request).delete, _owner(request), conversation_id):
+    if not await in_store_thread(request, _store(request).delete, _owner(request), conversation_id):
         raise OpenAIError(404, "no such conversation", "not_found_error")
     return {"deleted": conversation_id}

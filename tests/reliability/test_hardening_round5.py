@@ -4,6 +4,7 @@ keep_alive cannot unload a model others use (an admin's can), a refused request 
 nothing; a colleague's load call with no prompt never switches models."""
 
 import asyncio
+import threading
 import time
 from datetime import datetime, timezone
 from functools import partial
@@ -233,3 +234,36 @@ def test_ollamas_load_call_with_keep_alive_0_unloads_for_an_admin_and_says_so(of
     wait_for(lambda: states(office)["a"] == "unloaded", timeout=60, what="the admin's unload")
     tags = httpx.get(office.url + "/api/tags", headers=auth(ROOT_KEY), timeout=10).json()
     assert all(isinstance(m["details"]["families"], list) for m in tags["models"])
+
+
+def test_a_flood_of_store_calls_leaves_the_worker_threads_to_everyone_else():
+    """Round 4's stored-responses flood (bob's worst chat 3.28 s): 60 store calls held up at
+    once (each waits for the store's lock and a disk write) run STORE_THREADS at a time, within
+    a bound of their own; a prompt's tokenizing (the shared bound) still runs at once. With
+    run_in_threadpool, as before, the tokenizing waited behind 40 of them: it timed out."""
+    from starlette.concurrency import run_in_threadpool
+
+    from localserve.api.store_threads import STORE_THREADS, in_store_thread
+
+    request = SimpleNamespace(app=SimpleNamespace(state=SimpleNamespace()))
+    release, inside, most = threading.Event(), [0], [0]
+    count = threading.Lock()
+
+    def held_up_save():
+        with count:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+        release.wait(30)
+        with count:
+            inside[0] -= 1
+
+    async def flood_then_tokenize():
+        saves = [asyncio.create_task(in_store_thread(request, held_up_save)) for _ in range(60)]
+        await asyncio.sleep(0.2)
+        tokens = await asyncio.wait_for(run_in_threadpool(lambda: [1, 2, 3]), timeout=10)
+        release.set()
+        await asyncio.gather(*saves)
+        return tokens
+
+    assert asyncio.run(flood_then_tokenize()) == [1, 2, 3]
+    assert most[0] == STORE_THREADS
