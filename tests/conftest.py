@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -111,6 +112,16 @@ def wait_for(condition, timeout: float = 30.0, what: str = "condition", interval
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(interval)
+
+
+async def until(condition, timeout: float = 30.0, what: str = "condition", interval: float = 0.01):
+    """wait_for inside an event loop: the loop's other tasks run while it polls."""
+    deadline = time.monotonic() + timeout
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
+    return value
 
 
 @contextlib.contextmanager

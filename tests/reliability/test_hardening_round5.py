@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 
-from conftest import ledger_rows, running, wait_for
+from conftest import ledger_rows, running, until, wait_for
 from localserve.common.config import default_model_path
 from localserve.models.model_entry import Entry
 from localserve.models.registry import ModelRegistry
@@ -155,9 +155,9 @@ def test_a_key_waiting_out_its_switch_spacing_does_not_hold_up_another_keys_swit
 
     async def both():
         bob = asyncio.create_task(registry._ensure_loaded(entries["b"], "bob"))
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0)  # bob runs up to his first wait: his spacing, a being busy
         alice = asyncio.create_task(registry._ensure_loaded(entries["c"], "alice"))
-        await asyncio.sleep(0.1)
+        await until(lambda: entries["a"].yielding, timeout=20, what="alice's switch to wait for a")
         entries["a"].host.loop.in_flight = 0  # a's requests finish
         await asyncio.wait_for(alice, timeout=20)  # far below bob's 40 s spacing
         assert not bob.done() and not entries["b"].loaded
@@ -240,7 +240,8 @@ def test_a_flood_of_store_calls_leaves_the_worker_threads_to_everyone_else():
     """Round 4's stored-responses flood (bob's worst chat 3.28 s): 60 store calls held up at
     once (each waits for the store's lock and a disk write) run STORE_THREADS at a time, within
     a bound of their own; a prompt's tokenizing (the shared bound) still runs at once. With
-    run_in_threadpool, as before, the tokenizing waited behind 40 of them: it timed out."""
+    run_in_threadpool, as before, 40 of them held the shared bound and the tokenizing timed
+    out (this test's first version, which then waited a fixed 0.2 s, showed it)."""
     from starlette.concurrency import run_in_threadpool
 
     from localserve.api.store_threads import STORE_THREADS, in_store_thread
@@ -259,7 +260,10 @@ def test_a_flood_of_store_calls_leaves_the_worker_threads_to_everyone_else():
 
     async def flood_then_tokenize():
         saves = [asyncio.create_task(in_store_thread(request, held_up_save)) for _ in range(60)]
-        await asyncio.sleep(0.2)
+        limiter = lambda: getattr(request.app.state, "store_limiter", None)  # noqa: E731
+        await until(lambda: inside[0] == STORE_THREADS and limiter()
+                    and limiter().statistics().tasks_waiting == 60 - STORE_THREADS,
+                    timeout=10, what="two store calls inside, the other 58 waiting")
         tokens = await asyncio.wait_for(run_in_threadpool(lambda: [1, 2, 3]), timeout=10)
         release.set()
         await asyncio.gather(*saves)
