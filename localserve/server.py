@@ -7,6 +7,7 @@ Ctrl-C exits at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -21,7 +22,8 @@ from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
 from localserve.common.net import is_loopback, lan_address
 from localserve.common.config import Settings, SettingsError
-from localserve.api.connections import connection_cap, guarded_protocol, raise_open_files_limit
+from localserve.api.connections import (connection_cap, guarded_protocol, install_loop_error_throttle,
+                                        raise_open_files_limit)
 from localserve.common.private_state import private_dir
 from localserve.office.quotas import QuotaKeeper
 from localserve.settings_loader import from_toml
@@ -58,6 +60,11 @@ class DrainingServer(uvicorn.Server):
             self.exit_code = 2
             self.should_exit = True
         return await super().on_tick(counter)
+
+    async def startup(self, sockets=None) -> None:
+        """Serving, and out of open files the guarded protocol sheds its slowest connections."""
+        await super().startup(sockets)
+        install_loop_error_throttle(asyncio.get_running_loop(), self.config.http.shed_slowest)
 
     def handle_exit(self, sig, frame) -> None:
         if self.office.draining:
@@ -249,6 +256,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
                                 connection_cap(settings.max_connections, open_files))
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol,
+                            loop="asyncio",  # the connection guard is asyncio's (connections.py)
                             **({} if plain_uvicorn_logs else {"log_config": None}))
     say_what_runs(settings, office)
     if office.keys_enabled and hasattr(signal, "SIGHUP"):

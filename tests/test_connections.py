@@ -31,12 +31,12 @@ def own_open_files_at_least(n: int) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (n, hard))
 
 
-def trickle(port: int, stop: threading.Event, opened: list):
-    """Open N_SLOW sockets and send each one's headers a byte at a time, until stopped."""
+def trickle(port: int, stop: threading.Event, opened: list, n: int = N_SLOW):
+    """Open n sockets and send each one's headers a byte at a time, until stopped."""
     request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"z" * 200
     socks = []
     try:
-        for _ in range(N_SLOW):
+        for _ in range(n):
             if stop.is_set():
                 return
             s = socket.socket()
@@ -89,6 +89,37 @@ def test_slow_header_senders_cannot_crowd_out_a_normal_client():
     assert log.count("Traceback") == 0, log[-3000:]
     assert "out of system resource" not in log  # the open-files limit was raised to the hard one
     assert "closed the connection waiting longest" in log or "--header-timeout" in log
+
+
+def only_1024_open_files():
+    """In the server's child process: a hard limit of 1,024 files, which it cannot raise."""
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))
+
+
+def test_a_burst_past_the_open_files_limit_does_not_hold_a_normal_client_until_the_deadline():
+    """3,000 slow sockets at once against a server that may open 1,024 files: asyncio accepts
+    its whole backlog in one turn, runs out of files and used to pause accepting for 1 s at
+    every try, so a normal client queued behind the burst was answered only once the header
+    deadline closed the slow sockets (10.7 s with the 10 s default). Out of files, the server
+    now sheds the connections waiting longest and accepts again at once."""
+    burst = 3000
+    own_open_files_at_least(burst + 200)
+    with running("-c", "512", "-np", "1", "-t", "2", "--header-timeout", "120",
+                 preexec_fn=only_1024_open_files, log_name="fd-burst") as srv:
+        stop, opened = threading.Event(), []
+        slow = threading.Thread(target=trickle, args=(srv.port, stop, opened, burst))
+        slow.start()
+        try:
+            wait_for(lambda: opened, timeout=60, what="the slow sockets to open")
+            assert httpx.get(srv.url + "/health", timeout=100).status_code == 200
+            log = srv.log()
+        finally:
+            stop.set()
+            slow.join(timeout=30)
+    assert "out of system resource" in log  # the burst did run the server out of files
+    assert "no complete headers within" not in log  # answered before any header deadline
+    assert "closed the connections waiting longest for their headers or body" in log
+    assert log.count("Traceback") == 0, log[-3000:]
 
 
 def test_a_client_that_never_finishes_its_headers_is_closed():

@@ -11,21 +11,32 @@
 - The open-files soft limit is raised to the hard limit at start-up (a common default of
   1,024 is less than a busy office needs), and repeated accept() failures are logged once
   per interval with a count, not once per event.
+- Out of files all the same (a burst larger than the files left: asyncio accepts a whole
+  backlog in one go, before any connection is counted against the cap), the connections
+  waiting longest for their headers are shed at once and accepting resumes within
+  ACCEPT_RETRY_S, not asyncio's 1 s, which a burst would otherwise hit again and again: a
+  normal client behind thousands of slow sockets was answered only at the header deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import resource
 import time
+from typing import Callable
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("localserve")
 
+OUT_OF_FILES = (errno.EMFILE, errno.ENFILE)
+
 FD_RESERVE = 64  # files kept for the model, logs and the engine besides client sockets
+ACCEPT_RETRY_S = 0.05  # asyncio's pause after accept() ran out of files (its own: 1 s)
+SHED_AT_LEAST = 64  # connections shed when out of files: this many, or a quarter of those waiting
 
 
 def raise_open_files_limit() -> int:
@@ -51,12 +62,26 @@ def connection_cap(requested: int, open_files: int) -> int:
 
 def guarded_protocol(header_timeout: float, body_timeout: float,
                      max_connections: int) -> type[H11Protocol]:
-    """An h11 protocol class for uvicorn with header and body deadlines and a connection cap."""
+    """An h11 protocol class for uvicorn with header and body deadlines and a connection cap.
+    Its `shed_slowest` is what the loop's error handler calls when accept() runs out of files."""
     awaiting: dict[GuardedH11Protocol, float] = {}  # connections mid-headers, oldest first
+    asyncio.constants.ACCEPT_RETRY_DELAY = ACCEPT_RETRY_S  # read by asyncio at each failure
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None  # the deadline of the current phase
         _for_body = False
+
+        @staticmethod
+        def shed_slowest() -> int:
+            """Close the connections waiting longest for their headers or body: SHED_AT_LEAST,
+            or a quarter of them; how many were closed."""
+            victims = list(awaiting)[:max(SHED_AT_LEAST, len(awaiting) // 4)]
+            for victim in victims:
+                victim._close()
+            if victims:
+                log_throttled("out of open files: closed the connections waiting longest for "
+                              "their headers or body")
+            return len(victims)
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
@@ -95,6 +120,10 @@ def guarded_protocol(header_timeout: float, body_timeout: float,
                 self._header_timer = None
             awaiting.pop(self, None)
 
+        def _close(self) -> None:
+            self._disarm()
+            self.transport.close()
+
         def _too_slow(self) -> None:
             self._header_timer = None
             awaiting.pop(self, None)
@@ -109,8 +138,7 @@ def guarded_protocol(header_timeout: float, body_timeout: float,
             victim = next((c for c in awaiting if c is not self), None)
             if victim is None:
                 return False
-            victim._disarm()
-            victim.transport.close()
+            victim._close()
             log_throttled("at --max-connections %d: closed the connection waiting longest for "
                           "its headers" % max_connections)
             return True
@@ -139,12 +167,26 @@ class _Throttle:
 log_throttled = _Throttle()
 
 
-def install_loop_error_throttle(loop: asyncio.AbstractEventLoop) -> None:
+def install_loop_error_throttle(loop: asyncio.AbstractEventLoop,
+                                shed: Callable[[], int] | None = None) -> None:
     """asyncio reports every failed accept() (EMFILE when out of file descriptors) with a
-    traceback; under a flood that is thousands a second. Report each kind once per interval."""
+    traceback; under a flood that is thousands a second. Report each kind once per interval.
+    Out of files, `shed` (the guarded protocol's) frees some, once per turn of the loop:
+    asyncio goes on calling accept() for the rest of its backlog in the same turn."""
+    shed_this_turn = False
+
+    def allow_shedding() -> None:
+        nonlocal shed_this_turn
+        shed_this_turn = False
+
     def handler(_loop, context: dict) -> None:
+        nonlocal shed_this_turn
         exc = context.get("exception")
         what = context.get("message", "event loop error")
         log_throttled(f"{what}: {exc!r}" if exc else what, logging.ERROR)
+        if shed and not shed_this_turn and isinstance(exc, OSError) and exc.errno in OUT_OF_FILES:
+            shed_this_turn = True
+            shed()
+            loop.call_soon(allow_shedding)
 
     loop.set_exception_handler(handler)
