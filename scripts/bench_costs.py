@@ -10,14 +10,18 @@ four keys: what one colleague's grammars or model switches cost another's answer
    on model a (median seconds) alone, beside alice's stream on a (no switch: the base), then
    (a) while alice streams on a and bob asks for b every 4 s, (b) while dave alternates Ollama
    load calls for a and b (no prompt). Bob's longest wait for b is reported too.
+3. flood (`-c 4096 -t 2`, `--rate-limit` at its default): bob's 4-token chats (median and
+   worst seconds) alone, then while alice loops GETs of a stored response on 120 connections
+   (most of them refused as over her rate), with the count of alice's answers by status.
 
-    .venv/bin/python scripts/bench_costs.py [--seconds 40] [--only grammars|switches]
+    .venv/bin/python scripts/bench_costs.py [--chats 20] [--only grammars|switches|flood]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import statistics
 import sys
 import tempfile
@@ -149,17 +153,60 @@ def switches(folder: Path, chats: int) -> None:
               f"alternating load calls {loading:.2f} s ({loading / alone:.2f}x)", flush=True)
 
 
+def flood(folder: Path, chats: int) -> None:
+    keys = key_file(folder, *(f"{n}:{k}" for n, k in KEYS.items()))
+    with running("-t", "2", "-c", "4096", "--api-key-file", str(keys), "--state-dir",
+                 str(folder / "flood-state"), log_name="bench-costs-flood") as srv:
+        asyncio.run(_flood(srv.url, chats))
+
+
+async def _flood(url: str, chats: int) -> None:
+    statuses: dict[int, int] = {}
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=200)) as c:
+        stored = await c.post(url + "/v1/responses", headers=auth("alice"), json={
+            "input": "word " * 1500, "max_output_tokens": 200, "store": True})
+        path = f"{url}/v1/responses/{stored.raise_for_status().json()['id']}"
+
+        async def bob() -> list[float]:
+            times = []
+            for i in range(chats):
+                started = time.monotonic()
+                r = await c.post(url + "/v1/chat/completions", headers=auth("bob"), json={
+                    "messages": [{"role": "user", "content": f"Say hi {i}"}], "max_tokens": 4})
+                r.raise_for_status()
+                times.append(time.monotonic() - started)
+                await asyncio.sleep(0.2)
+            return times
+
+        async def alice(stop: asyncio.Event) -> None:
+            while not stop.is_set():
+                status = (await c.get(path, headers=auth("alice"))).status_code
+                statuses[status] = statuses.get(status, 0) + 1
+
+        alone, stop = await bob(), asyncio.Event()
+        flooding = [asyncio.create_task(alice(stop)) for _ in range(120)]
+        await asyncio.sleep(1)
+        crowded = await bob()
+        stop.set()
+        await asyncio.gather(*flooding)
+    print(f"flood: bob alone median {statistics.median(alone):.3f} s, worst {max(alone):.3f} s; "
+          f"beside alice's flood median {statistics.median(crowded):.3f} s, worst "
+          f"{max(crowded):.3f} s; alice's answers by status {statuses}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3, help="grammar rounds (alone, a, b)")
     parser.add_argument("--chats", type=int, default=20, help="carol's chats per condition")
-    parser.add_argument("--only", choices=("grammars", "switches"))
+    parser.add_argument("--only", choices=("grammars", "switches", "flood"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
-        if args.only != "switches":
+        if args.only in (None, "grammars"):
             grammars(Path(folder), args.rounds)
-        if args.only != "grammars":
+        if args.only in (None, "switches"):
             switches(Path(folder), args.chats)
+        if args.only in (None, "flood"):
+            flood(Path(folder), args.chats)
 
 
 if __name__ == "__main__":

@@ -261,3 +261,46 @@ def test_a_monthly_quota_resets_at_midnight_starting_the_next_month():
     assert next_month(datetime(2026, 12, 31, 23, 59, 59, 999)) == datetime(2027, 1, 1)
     assert next_month(datetime(2026, 1, 31, 12, 30, 5, 7)) == datetime(2026, 2, 1)
     assert next_month(datetime(2026, 11, 1)) == datetime(2026, 12, 1)
+
+
+def test_a_keys_refusals_are_paced_apart_and_held_no_longer_than_the_bound():
+    """A key's refusals are answered REFUSAL_PACE_S apart (a flood on many connections gets
+    that rate of answers, not one per connection per round trip), never held past
+    MAX_REFUSAL_HOLD_S; another key's refusal does not queue behind them, and a frontend as a
+    whole is paced `scale` times faster."""
+    from localserve.api.rate_limit import MAX_REFUSAL_HOLD_S, REFUSAL_PACE_S, RateLimiter
+
+    now = [0.0]
+    limiter = RateLimiter(rate=10.0, burst=1, clock=lambda: now[0])
+    flood = [limiter.refusal_delay("alice") for _ in range(400)]
+    assert flood[:3] == pytest.approx([REFUSAL_PACE_S, 2 * REFUSAL_PACE_S, 3 * REFUSAL_PACE_S])
+    assert max(flood) == pytest.approx(MAX_REFUSAL_HOLD_S)
+    assert flood[-1] == pytest.approx(MAX_REFUSAL_HOLD_S)
+    assert limiter.refusal_delay("bob") == pytest.approx(REFUSAL_PACE_S)
+    assert limiter.refusal_delay("webui", scale=8) == pytest.approx(REFUSAL_PACE_S / 8)
+    now[0] = 60.0  # the line has long been answered: a lone refusal is quick again
+    assert limiter.refusal_delay("alice") == pytest.approx(REFUSAL_PACE_S)
+
+
+def test_an_over_rate_refusal_is_answered_paced():
+    """limit_rate's 429 carries the pacing as delay_s (the error handler sleeps it, free)."""
+    from types import SimpleNamespace
+
+    from localserve.api.admission import limit_rate
+    from localserve.api.auth import Caller
+    from localserve.api.rate_limit import REFUSAL_PACE_S, RateLimiter
+    from localserve.api.schemas import OpenAIError
+
+    limiter = RateLimiter(rate=1.0, burst=1, clock=lambda: 0.0)
+    request = SimpleNamespace(
+        state=SimpleNamespace(caller=Caller("alice", "user", None)),
+        app=SimpleNamespace(state=SimpleNamespace(rate_limiter=limiter)),
+        url=SimpleNamespace(path="/v1/chat/completions"))
+    asyncio.run(limit_rate(request))
+    delays = []
+    for _ in range(3):
+        with pytest.raises(OpenAIError) as refused:
+            asyncio.run(limit_rate(request))
+        assert refused.value.status == 429
+        delays.append(refused.value.delay_s)
+    assert delays == pytest.approx([REFUSAL_PACE_S * n for n in (1, 2, 3)])

@@ -89,8 +89,9 @@ FRONTEND_SCALE = 8
 
 async def limit_rate(request: Request) -> None:
     """After the key check and before the body is validated: a key over its
-    request rate (--rate-limit) gets 429 on every route it can reach, before any work;
-    embeddings wait their turn (up to MAX_RATE_WAIT_S) instead."""
+    request rate (--rate-limit) gets 429 on every route it can reach, before any work, paced
+    (rate_limit.py: a flood's refusals cost no more than its rate); embeddings wait their turn
+    (up to MAX_RATE_WAIT_S) instead."""
     who = caller(request)
     limiter = request.app.state.rate_limiter
     if who.key is None or limiter is None:
@@ -107,7 +108,8 @@ async def limit_rate(request: Request) -> None:
                               f"{limiter.rate * scale:g} per second (burst "
                               f"{limiter.burst * scale}). Retry in {waited:.1f} s.",
                               code="rate_limit_exceeded",
-                              headers={"Retry-After": str(max(1, math.ceil(waited)))})
+                              headers={"Retry-After": str(max(1, math.ceil(waited)))},
+                              delay_s=limiter.refusal_delay(name, scale))
         wait = max(wait, waited)
     if wait > 0:
         await asyncio.sleep(wait)

@@ -1,7 +1,13 @@
 """Per-key request rate: a token bucket each, refilled at --rate-limit per second up to
 --rate-burst. A key over its rate gets 429 with the seconds until its next request is allowed;
 a request that may wait its turn (embeddings: a frontend sends one per document chunk, all at
-once) takes a place in line instead, up to `max_wait` seconds ahead."""
+once) takes a place in line instead, up to `max_wait` seconds ahead.
+
+Refusals are paced too: each costs the server a parse, and a client looping on a hundred
+connections got ~250 of them a second, which took the CPU everyone's streams need. A key's
+refusals are answered one per REFUSAL_PACE_S (held up to MAX_REFUSAL_HOLD_S, for free on the
+event loop), so a flood gets about that rate of answers whatever its number of connections,
+while one request over the rate is answered within REFUSAL_PACE_S."""
 
 from __future__ import annotations
 
@@ -10,12 +16,15 @@ import time
 from collections import OrderedDict
 
 MAX_BUCKETS = 10_000  # names kept; the least recently seen go first (a full bucket anyway)
+REFUSAL_PACE_S = 0.05  # a key's refusals are answered no faster than this apart (20 a second)
+MAX_REFUSAL_HOLD_S = 10.0  # the longest a refusal is held; past that, answered at this delay
 
 
 class RateLimiter:
     def __init__(self, rate: float, burst: int, clock=time.monotonic):
         self.rate, self.burst, self.clock = rate, burst, clock
         self._buckets: OrderedDict[str, tuple[float, float]] = OrderedDict()  # name -> (tokens, at)
+        self._refusals: OrderedDict[str, float] = OrderedDict()  # name -> when its last is answered
         self._lock = threading.Lock()
 
     @property
@@ -39,3 +48,16 @@ class RateLimiter:
             while len(self._buckets) > MAX_BUCKETS:
                 self._buckets.popitem(last=False)
             return taken, wait
+
+    def refusal_delay(self, key: str, scale: int = 1) -> float:
+        """Seconds to hold `key`'s refusal before answering it: one REFUSAL_PACE_S (divided
+        by `scale`) after the key's previous refusal, at most MAX_REFUSAL_HOLD_S from now."""
+        now, pace = self.clock(), REFUSAL_PACE_S / scale
+        with self._lock:
+            at = max(now, self._refusals.pop(key, now)) + pace
+            if at - now > MAX_REFUSAL_HOLD_S:  # held as long as may be: the line stays put
+                at = now + MAX_REFUSAL_HOLD_S
+            self._refusals[key] = at
+            while len(self._refusals) > MAX_BUCKETS:
+                self._refusals.popitem(last=False)
+            return at - now
