@@ -4,7 +4,7 @@ a request that may wait its turn (embeddings: a frontend sends one per document 
 once) takes a place in line instead, up to `max_wait` seconds ahead.
 
 Refusals are paced too: each costs the server a parse, and a client looping on a hundred
-connections got ~250 of them a second, which took the CPU everyone's streams need. A key's
+connections got ~900 of them a second, which took the CPU everyone's streams need. A key's
 refusals are answered one per REFUSAL_PACE_S (held up to MAX_REFUSAL_HOLD_S, for free on the
 event loop), so a flood gets about that rate of answers whatever its number of connections,
 while one request over the rate is answered within REFUSAL_PACE_S."""
