@@ -65,7 +65,6 @@ def guarded_protocol(header_timeout: float, body_timeout: float,
     """An h11 protocol class for uvicorn with header and body deadlines and a connection cap.
     Its `shed_slowest` is what the loop's error handler calls when accept() runs out of files."""
     awaiting: dict[GuardedH11Protocol, float] = {}  # connections mid-headers, oldest first
-    asyncio.constants.ACCEPT_RETRY_DELAY = ACCEPT_RETRY_S  # read by asyncio at each failure
 
     class GuardedH11Protocol(H11Protocol):
         _header_timer: asyncio.TimerHandle | None = None  # the deadline of the current phase
@@ -172,7 +171,10 @@ def install_loop_error_throttle(loop: asyncio.AbstractEventLoop,
     """asyncio reports every failed accept() (EMFILE when out of file descriptors) with a
     traceback; under a flood that is thousands a second. Report each kind once per interval.
     Out of files, `shed` (the guarded protocol's) frees some, once per turn of the loop:
-    asyncio goes on calling accept() for the rest of its backlog in the same turn."""
+    asyncio goes on calling accept() for the rest of its backlog in the same turn. With files
+    shed, accepting may resume after ACCEPT_RETRY_S (asyncio reads it at each failure)."""
+    if shed:
+        asyncio.constants.ACCEPT_RETRY_DELAY = ACCEPT_RETRY_S
     shed_this_turn = False
 
     def allow_shedding() -> None:

@@ -44,9 +44,7 @@ class RateLimiter:
             tokens = min(burst, tokens + (now - updated) * rate)
             wait = max(0.0, (1.0 - tokens) / rate)
             taken = wait <= max_wait
-            self._buckets[key] = (tokens - 1.0 if taken else tokens, now)
-            while len(self._buckets) > MAX_BUCKETS:
-                self._buckets.popitem(last=False)
+            _keep(self._buckets, key, (tokens - 1.0 if taken else tokens, now))
             return taken, wait
 
     def refusal_delay(self, key: str, scale: int = 1) -> float:
@@ -57,7 +55,13 @@ class RateLimiter:
             at = max(now, self._refusals.pop(key, now)) + pace
             if at - now > MAX_REFUSAL_HOLD_S:  # held as long as may be: the line stays put
                 at = now + MAX_REFUSAL_HOLD_S
-            self._refusals[key] = at
-            while len(self._refusals) > MAX_BUCKETS:
-                self._refusals.popitem(last=False)
+            _keep(self._refusals, key, at)
             return at - now
+
+
+def _keep(table: OrderedDict, key: str, value) -> None:
+    """`table[key] = value` as the most recent name, the least recent ones dropped past
+    MAX_BUCKETS (callers pop `key` first, so that it moves to the end)."""
+    table[key] = value
+    while len(table) > MAX_BUCKETS:
+        table.popitem(last=False)
