@@ -2,7 +2,7 @@
 runners, and helpers to build a scheduler, requests, and run it until idle. Integration tests
 use the real model through the real server instead."""
 
-from localserve.engine.errors import CacheFull, RestoreFailed
+from localserve.engine.errors import CacheFull, Interrupted, RestoreFailed
 from localserve.engine.plan import StepOutput
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
@@ -71,7 +71,9 @@ class PositionalRunner:
     saves (the sequence read out for the prompt cache), drops, admissions (a copy from another
     sequence, or a restore of a saved state, then cut to the kept prefix), then the batch. A
     batch that needs more cells than the pool has fails as llama_decode does (CacheFull) and
-    leaves every sequence as it was. The next token depends on the whole sequence the slot's
+    leaves every sequence as it was; so does an interrupted one (Interrupted, with its saves),
+    after interrupt(): synchronous, it stops the next decode where llama_decode would. The
+    next token depends on the whole sequence the slot's
     cache holds, so any lost, duplicated or misplaced token changes the output."""
 
     def __init__(self, pool_size: int):
@@ -79,6 +81,10 @@ class PositionalRunner:
         self.cache: dict[int, list[int]] = {}
         self.max_used = 0
         self.restored = 0  # tokens put back from the prompt cache
+        self.interrupting = False
+
+    def interrupt(self):
+        self.interrupting = True
 
     def decode(self, plan):
         for slot_id, kept in plan.trims:
@@ -103,6 +109,9 @@ class PositionalRunner:
         used = sum(len(s) for s in self.cache.values()) + plan.num_tokens
         if used > self.pool_size:
             raise CacheFull(f"no free cache cells for a batch of {plan.num_tokens} tokens")
+        if self.interrupting:
+            self.interrupting = False
+            raise Interrupted("interrupted", saved)
         sampled = {}
         for c in plan.chunks:
             seq = self.cache.setdefault(c.slot_id, [])

@@ -33,7 +33,7 @@ from localserve.api.ollama_model import show, tags_entry
 from localserve.api.ollama_reply import OllamaReply, now_iso
 from localserve.api.replies import ignored_header
 from localserve.api.schemas import CompletionRequest, OpenAIError, translated_chat
-from localserve.api.serving import chat_tokens, reasons, submit
+from localserve.api.serving import chat_tokens, reasons, submit, task_message
 
 router = APIRouter(prefix="/api")  # runs a model: admitted (app.py)
 catalog_router = APIRouter(prefix="/api")  # what is served, and model management's 501s
@@ -217,9 +217,11 @@ async def chat(body: ChatBody, request: Request,
         if not body.messages:  # Ollama's way to load a model: an empty chat
             return loaded_or_unloaded(admitted, body, host, keep_alive, {"message": {
                 "role": "assistant", "content": ""}})
-        chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
-        tokens, grammar, plan = await chat_tokens(host, chat_request)
-        stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
+        with host.chat_on_its_way(task_message(body.messages[-1].get("role"),
+                                               body.messages[-1].get("content"))):
+            chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
+            tokens, grammar, plan = await chat_tokens(host, chat_request)
+            stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
     ignored += admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)

@@ -44,10 +44,14 @@ def background_task(body: _Sampling) -> bool:
     nothing else of it). A client that dresses a request so only gets it served after every
     chat, with a small default answer: nothing to gain."""
     messages = getattr(body, "messages", None)
-    if not messages or messages[-1].role != "user":
-        return False
-    text = messages[-1].text
-    return text.lstrip().startswith(TASK_OPENING) and TASK_QUOTE in text
+    return bool(messages) and task_message(messages[-1].role, messages[-1].text)
+
+
+def task_message(role: object, text: object) -> bool:
+    """A last message shaped as Open WebUI's task prompts are (Ollama's chat asks with its own
+    message dicts)."""
+    return role == "user" and isinstance(text, str) and text.lstrip().startswith(TASK_OPENING) \
+        and TASK_QUOTE in text
 
 
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
@@ -172,5 +176,6 @@ async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: 
     """Admit and queue a chat request: (its model's host, its streams, its tool plan). The
     one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
     async with admitted.lease(body.model) as host:
-        tokens, grammar, plan = await chat_tokens(host, body)
-        return host, submit(admitted, host, tokens, body, grammar, endpoint), plan
+        with host.chat_on_its_way(background_task(body)):
+            tokens, grammar, plan = await chat_tokens(host, body)
+            return host, submit(admitted, host, tokens, body, grammar, endpoint), plan

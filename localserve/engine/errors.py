@@ -19,6 +19,16 @@ class CacheFull(DecodeError):
     written, so the batch can be planned again after evicting a sequence."""
 
 
+class Interrupted(DecodeError):
+    """The step was stopped midway (Runner.interrupt: a chat arrived during a step of
+    background tasks). Its cells were removed again, so the same rows are planned again; the
+    states saved before it (`saved`, as in StepOutput) still go to the prompt cache."""
+
+    def __init__(self, message: str, saved: list):
+        super().__init__(message)
+        self.saved = saved
+
+
 class EngineFailed(BaseException):
     """llama.cpp failed fatally (runner/aborts.py): the engine loop ends. A BaseException so
     that no per-request handler in the step catches it."""

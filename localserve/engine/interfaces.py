@@ -23,9 +23,11 @@ class Vocab(Protocol):
 class Runner(Vocab, Protocol):
     """Runs one StepPlan as one batch. decode() returns a StepOutput (a token for every chunk
     with sample=True), or raises errors.DecodeError (errors.CacheFull: retry after evicting a
-    sequence)."""
+    sequence; errors.Interrupted: plan the same rows again). interrupt(), from any thread,
+    stops the decode in flight, or else the next one."""
 
     def decode(self, plan: StepPlan) -> StepOutput: ...
+    def interrupt(self) -> None: ...
 
 
 class StepScheduler(Protocol):
@@ -35,7 +37,8 @@ class StepScheduler(Protocol):
     timings, grammar costs) and returns the events. When the decode raises instead, one of:
     restore_failed (a restored state did not fit: its admissions are placed again),
     cache_full (no cache room: one sequence evicted, the plan made again; False when none can
-    be), or fail (the batch's requests end with an error). Between steps: add, abort,
+    be), interrupted (the step was stopped: its saves kept, its rows planned again), or fail
+    (the batch's requests end with an error). Between steps: add, abort,
     drop_scope, expire_waiting. The loop reads nothing else (tests/test_layers.py checks)."""
 
     def add(self, request: Request) -> None: ...
@@ -49,6 +52,7 @@ class StepScheduler(Protocol):
     def update(self, plan: StepPlan, out: StepOutput) -> Delivery: ...
     def restore_failed(self, plan: StepPlan, entry: object) -> None: ...
     def cache_full(self) -> bool: ...
+    def interrupted(self, plan: StepPlan, saved: list) -> None: ...
     def fail(self, plan: StepPlan, message: str) -> Delivery: ...
 
 

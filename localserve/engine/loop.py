@@ -14,13 +14,15 @@ import queue
 import threading
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from localserve.engine.finish import FinishReason
 from localserve.engine.grammar_shares import GrammarRefused
 from localserve.engine.request import Request, TokenEvent
-from localserve.engine.errors import CacheFull, DecodeError, EngineFailed, RestoreFailed
+from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Interrupted,
+                                      RestoreFailed)
 from localserve.engine.interfaces import EngineObserver, Runner, StepScheduler
 from localserve.engine.plan import StepPlan
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
@@ -84,6 +86,8 @@ class EngineLoop(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.decoding = False  # inside runner.decode (llama_decode): no request is touched
+        self.interruptible = False  # the step in flight serves background tasks only (submit)
+        self.chats_on_their_way = 0  # accepted over HTTP, not yet submitted (chat_on_its_way)
         self.stopping = False
         self.last_step_s = 0.0
         self.busy_seconds = 0.0  # wall time of all steps: schedule, decode, update, deliver
@@ -112,6 +116,22 @@ class EngineLoop(threading.Thread):
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(Add(request))
+        if self.interruptible and not request.background:
+            self.runner.interrupt()  # a chat never waits for a step of background tasks
+
+    @contextmanager
+    def chat_on_its_way(self):
+        """A colleague's chat, accepted over HTTP, is being tokenized (on the event loop's
+        thread). A step of background tasks in flight stops, and none starts until it is
+        submitted (_wait_for_chats): on a CPU its tokenizing would otherwise share the cores
+        with that step's threads, and its first token wait for the step."""
+        self.chats_on_their_way += 1
+        if self.interruptible:
+            self.runner.interrupt()
+        try:
+            yield
+        finally:
+            self.chats_on_their_way -= 1
 
     def abort(self, request_id: str) -> None:
         self.inbox.put(Abort(request_id))
@@ -170,11 +190,13 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            self.decoding = True
+            self.decoding, self.interruptible = True, plan.background_only
+            if self.interruptible and self.chats_on_their_way:
+                self.runner.interrupt()  # planned just as a chat came: it stops at once
             try:
                 out = self.runner.decode(plan)
             finally:
-                self.decoding = False
+                self.decoding = self.interruptible = False
             if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s
@@ -182,7 +204,12 @@ class EngineLoop(threading.Thread):
             events = self.scheduler.update(plan, out)
             self._attach_logprobs(plan, events, out.logprobs)
         except DecodeError as exc:
-            if isinstance(exc, RestoreFailed):
+            if isinstance(exc, Interrupted):
+                self.scheduler.interrupted(plan, exc.saved)
+                events = []
+                if plan.background_only:
+                    self._wait_for_chats()
+            elif isinstance(exc, RestoreFailed):
                 log.warning("%s; its requests are placed again without it", exc)
                 self.scheduler.restore_failed(plan, exc.entry)
                 events = []
@@ -224,6 +251,13 @@ class EngineLoop(threading.Thread):
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return self._gather_arrivals() if block else True
+
+    def _wait_for_chats(self) -> None:
+        """A step of tasks stopped for a chat: let the chat reach the inbox before the next
+        plan (bounded, like _gather_arrivals; the wait sleeps, leaving the cores to it)."""
+        deadline = time.monotonic() + self.arrival_window_s
+        while self.chats_on_their_way > 0 and time.monotonic() < deadline:
+            time.sleep(ARRIVAL_POLL_S)
 
     def _gather_arrivals(self) -> bool:
         """Woken from idle by a request: the ones the HTTP side accepted with it (a colleague's

@@ -66,6 +66,11 @@ class StepPlan:
         return sum(1 for c in self.chunks if len(c.tokens) - c.drafts == 1 and c.sample
                    and c.start_pos >= c.request.num_prompt_tokens)
 
+    @property
+    def background_only(self) -> bool:
+        """Every row serves a frontend's background task: a chat that arrives may interrupt it."""
+        return bool(self.chunks) and all(c.request.background for c in self.chunks)
+
     def __bool__(self) -> bool:
         return bool(self.chunks)
 

@@ -347,6 +347,13 @@ class Scheduler:
             if slot.request is admission.request:
                 self.cells.unadmit(slot)
 
+    def interrupted(self, plan: StepPlan, saved: list) -> None:
+        """The step stopped before its tokens were computed (a chat arrived during a step of
+        background tasks): the states it saved go to the prompt cache; nothing else moved, so
+        the next plan carries the same rows, or the chat first (9)."""
+        self.prefixes.keep(saved)
+        self.stats.interrupted_steps += 1
+
     def cache_full(self) -> bool:
         """No cache room for the batch: evict one sequence for the next plan (False: none left)."""
         return self.cells.preempt_newest()

@@ -10,7 +10,7 @@ import gc
 import re
 import logging
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -99,6 +99,12 @@ class ModelHost(HostFace):
             yield
         finally:
             self._embeddings_running -= 1
+
+    def chat_on_its_way(self, background: bool):
+        """Around a chat's tokenizing: the engine's steps of background tasks make way for it
+        (EngineLoop.chat_on_its_way); a frontend's own task makes no other task wait."""
+        return self.loop.chat_on_its_way() if self.loop is not None and not background \
+            else nullcontext()
 
     @property
     def model_file(self) -> Path:

@@ -16,13 +16,14 @@ import time
 import llama_cpp as C
 import numpy as np
 
-from localserve.engine.errors import CacheFull, DecodeError, RestoreFailed
+from localserve.engine.errors import CacheFull, DecodeError, Interrupted, RestoreFailed
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
+from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 
@@ -66,6 +67,7 @@ class LlamaRunner(Sampling):
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
+        self._interrupt = StepInterrupt(self.ctx)
         self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)  # unified: the whole pool
         # an embedding context of one slot's share: its cache is a second one, beside the pool
         self.n_ctx_embedding = max(64, self.n_ctx_per_slot // config.n_slots)
@@ -186,7 +188,8 @@ class LlamaRunner(Sampling):
         """Run one llama_decode over the whole plan; return what it sampled.
         Before it: last step's failed drafts leave their sequences, sequences the plan
         overwrites are saved to the prompt cache, dropped ones cleared, admitted ones copied
-        from a sibling or restored from the cache, then trimmed to the prefix they keep."""
+        from a sibling or restored from the cache, then trimmed to the prefix they keep.
+        An interrupt() from before llama_decode until it ends stops the step (Interrupted)."""
         for slot_id, kept in plan.trims:
             C.llama_memory_seq_rm(self.memory, slot_id, kept, -1)
         saved = [(save, *read_sequence(self.ctx, save.slot_id)) for save in plan.saves]
@@ -225,9 +228,14 @@ class LlamaRunner(Sampling):
         batch.n_tokens = i
         started = time.perf_counter()
         rc = C.llama_decode(self.ctx, batch)
+        self._interrupt.clear()
         decoded = time.perf_counter()
         if rc == 1:
             raise CacheFull(f"no free cache cells for a batch of {i} tokens")
+        if rc == 2:  # llama.cpp removed the cells of the ubatch it stopped in; earlier ones go
+            for chunk in plan.chunks:
+                C.llama_memory_seq_rm(self.memory, chunk.slot_id, chunk.start_pos, -1)
+            raise Interrupted(f"a step of {i} tokens was interrupted", saved)
         if rc != 0:
             for chunk in plan.chunks:
                 C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
@@ -242,6 +250,11 @@ class LlamaRunner(Sampling):
                           sample_s=time.perf_counter() - decoded,
                           costly_grammars=frozenset(self.costly_grammars),
                           grammar_s=self.grammar_seconds)
+
+    def interrupt(self) -> None:
+        """Any thread: stop the decode in flight at its next graph node (CPU backend), or the
+        next one when none is in flight."""
+        self._interrupt.request()
 
     def read_sequence(self, slot_id: int) -> tuple[object, int]:
         """A slot's sequence serialized (state, bytes), for the prompt cache."""

@@ -16,11 +16,20 @@ log = logging.getLogger("localserve.llama")
 _LOG_LEVEL_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
 
 
+# What llama.cpp says when a step is interrupted: the graph stopped (ggml status 1: aborted),
+# twice, the stopped ubatch's cells removed, llama_decode's return code 2.
+_INTERRUPTED_STEP = ("failed with error 1", "compute status: 1", "removing memory module entries",
+                     "ret = 2")
+
+
 @C.llama_log_callback
 def _llama_log(level, text, _user_data):
-    """Keep llama.cpp's chatter out of the console; pass on its warnings and errors."""
-    if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and text:
-        log.warning(text.decode("utf-8", "replace").rstrip())
+    """Keep llama.cpp's chatter out of the console; pass on its warnings and errors, except
+    those of an interrupted step (runner/interrupt.py), which the engine expects."""
+    message = text.decode("utf-8", "replace").rstrip() if text else ""
+    if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and message \
+            and not any(part in message for part in _INTERRUPTED_STEP):
+        log.warning(message)
 
 
 def supports_gpu_offload() -> bool:

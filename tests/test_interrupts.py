@@ -1,0 +1,158 @@
+"""A chat never waits for a step of background tasks: a chat that arrives while a step serves
+tasks only stops it (Runner.interrupt), and the step's rows are planned again after the chat's
+prompt. Pure tests (fake runner with llama.cpp's sequences, the real loop thread); the real
+model's side is in tests/test_interrupts_model.py."""
+
+import threading
+import time
+
+from localserve.engine.errors import Interrupted
+from localserve.engine.loop import EngineLoop
+from localserve.engine.prompt_cache import PromptCache
+from localserve.engine.request import Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+from fakes import FakeVocab, PositionalRunner
+
+
+def request(rid, first, n_prompt=12, max_tokens=8, background=False, scope=None):
+    r = Request(list(range(first, first + n_prompt)), SamplingParams(max_tokens=max_tokens,
+                ignore_eos=True), request_id=rid, user="bob", cache_scope=scope)
+    r.background = background
+    return r
+
+
+def scheduler(prompt_cache=None):
+    return Scheduler(SlotPool(1024, 2, n_ctx_seq=512), FakeVocab(), 64, prompt_cache=prompt_cache)
+
+
+def run(sched, runner, requests, interrupting=False):
+    """Until idle; `interrupting`: the 1st, 3rd, 5th... step of tasks only is stopped midway."""
+    for r in requests:
+        sched.add(r)
+    out, tasks_only = {r.request_id: [] for r in requests}, 0
+    for _ in range(1000):
+        if not sched.has_work():
+            return out
+        plan = sched.schedule()
+        tasks_only += plan.background_only
+        if interrupting and plan.background_only and tasks_only % 2:
+            runner.interrupt()
+        try:
+            result = runner.decode(plan)
+        except Interrupted as stopped:
+            sched.interrupted(plan, stopped.saved)
+            continue
+        for r, event in sched.update(plan, result):
+            out[r.request_id].extend(event.token_ids)
+    raise AssertionError("did not finish")
+
+
+def test_interrupted_steps_of_tasks_change_no_answer_and_keep_their_saves():
+    def requests():
+        return [request("chat", 1, n_prompt=20, scope="bob"), request("title", 100, background=True),
+                request("tags", 200, n_prompt=40, background=True)]
+
+    alone = run(scheduler(), PositionalRunner(1024), requests())
+    cache = PromptCache(10**6)
+    sched, runner = scheduler(cache), PositionalRunner(1024)
+    first = run(sched, runner, requests()[:1])  # the chat's turn ends
+    assert first["chat"] == alone["chat"]
+    stopped = run(sched, runner, requests()[1:], interrupting=True)
+    assert stopped == {k: alone[k] for k in ("title", "tags")}
+    assert sched.stats.interrupted_steps >= 1
+    # the step that took the chat's idle slot saved it first; interrupted, the save is kept
+    assert cache.stats.saves >= 1 and cache.holds(list(range(1, 21)), "bob")
+
+
+class ColleagueArrives(PositionalRunner):
+    """While it decodes the n-th step, `arrival` is submitted (as the HTTP thread would), or,
+    `tokenizing`, announced first (chat_on_its_way) and submitted 10 ms later from another
+    thread; the steps it runs are recorded as (request ids, interrupted)."""
+
+    def __init__(self, arrival, at_step, tokenizing):
+        super().__init__(1024)
+        self.arrival, self.at_step, self.tokenizing = arrival, at_step, tokenizing
+        self.steps, self.loop = [], None
+
+    def decode(self, plan):
+        if len(self.steps) == self.at_step:
+            if self.tokenizing:
+                threading.Thread(target=self._tokenize, args=(self.loop.chat_on_its_way(),)).start()
+                while not self.loop.chats_on_their_way:
+                    pass
+            else:
+                self.loop.submit(self.arrival)
+        ids = sorted(c.request.request_id for c in plan.chunks)
+        try:
+            out = super().decode(plan)
+        except Interrupted:
+            self.steps.append((ids, True))
+            raise
+        self.steps.append((ids, False))
+        return out
+
+    def _tokenize(self, way):
+        with way:
+            time.sleep(0.01)
+            self.loop.submit(self.arrival)
+
+
+def serve(arrival, running, at_step=2, tokenizing=False, wait_s=None):
+    """The real loop thread, one request running, `arrival` submitted during step `at_step`;
+    the steps it ran and the tokens each request got. `wait_s`: the loop's arrival window."""
+    runner = ColleagueArrives(arrival, at_step, tokenizing)
+    loop = runner.loop = EngineLoop(scheduler(), runner)
+    loop.arrival_window_s = loop.arrival_window_s if wait_s is None else wait_s
+    got, finished, done = {}, set(), threading.Event()
+    for r in (running, arrival):
+        def emit(event, rid=r.request_id):
+            got.setdefault(rid, []).extend(event.token_ids)
+            if event.finished:
+                finished.add(rid)
+                if len(finished) == 2:
+                    done.set()
+        r.emit = emit
+    loop.start()
+    try:
+        loop.submit(running)
+        assert done.wait(30), f"not finished: {runner.steps}"
+    finally:
+        loop.stop()
+        loop.join(10)
+    return runner.steps, got
+
+
+def test_a_chat_that_arrives_during_a_step_of_tasks_stops_it_and_goes_first():
+    title = request("title", 100, n_prompt=4, background=True)
+    steps, got = serve(request("chat", 1, n_prompt=20), title)
+    assert steps[2] == (["title"], True)  # the title's row, stopped for the chat
+    assert steps[3] == (["chat"], False)  # the chat's prompt alone (the title sits it out)
+    assert sum(stopped for _, stopped in steps) == 1
+    assert len(got["title"]) == 8 and len(got["chat"]) == 8
+
+
+def test_a_task_or_a_step_with_a_chat_in_it_is_never_stopped():
+    title = request("title", 100, n_prompt=4, background=True)
+    steps, got = serve(request("tags", 200, n_prompt=4, background=True), title)
+    assert not any(stopped for _, stopped in steps) and len(got["tags"]) == 8
+    chat = request("chat", 1, n_prompt=4)
+    steps, got = serve(request("chat2", 300, n_prompt=4), chat)
+    assert not any(stopped for _, stopped in steps) and len(got["chat2"]) == 8
+
+
+def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():
+    """From the moment a chat is accepted (before its prompt is tokenized) the tasks' steps
+    stop, each at once however often the loop plans one (here it waits for nothing), until
+    the chat's prompt goes first."""
+    title = request("title", 100, n_prompt=4, background=True)
+    steps, got = serve(request("chat", 1, n_prompt=20), title, tokenizing=True, wait_s=0)
+    chat_first = steps.index((["chat"], False))
+    assert steps[2:chat_first] and all(s == (["title"], True) for s in steps[2:chat_first])
+    assert len(got["title"]) == 8 and len(got["chat"]) == 8
+
+
+def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_again():
+    title = request("title", 100, n_prompt=4, background=True)
+    steps, _ = serve(request("chat", 1, n_prompt=20), title, tokenizing=True)
+    assert steps.index((["chat"], False)) - 2 < 20  # a 10 ms tokenizing: ~100 without the wait
