@@ -151,7 +151,7 @@ def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
     for _ in range(4):
         plan = sched.schedule()
         sched.update(plan, runner.decode(plan))
-    assert sched._slots_held()["alice"] == 2
+    assert sched.shares.held()["alice"] == 2
     sched.add(request("bob", 20, 5, first=40, user="bob"))
     plan = sched.schedule()
     assert [a.request.request_id for a in plan.admitted] == ["bob"]

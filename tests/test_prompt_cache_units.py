@@ -107,7 +107,7 @@ def test_a_preempted_sequence_is_swapped_to_the_cache_and_restored():
     """alice holds both slots while nobody waits; bob arrives, alice's newest is preempted: its
     prompt and output so far are saved, and restored when it gets a slot again."""
     sched, cache = make_cached(n_slots=2)
-    sched.slot_share = 1
+    sched.shares.share = 1
     runner = SavingRunner({"a1": [5] * 40 + [EOS], "a2": [6] * 40 + [EOS], "b": [9] * 3 + [EOS]},
                           cache)
     mine = [req(rid, 30, first=first) for rid, first in (("a1", 1), ("a2", 100))]

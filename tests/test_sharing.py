@@ -257,3 +257,59 @@ def test_a_step_of_background_tasks_only_is_small_and_beside_a_chat_they_get_mor
     plan = step(sched)  # the chat streams; beside it a task's prompt gets the larger share
     chunks = {c.request.request_id: len(c.tokens) for c in plan.chunks}
     assert chunks["b0"] == 1 and chunks["t2"] == BACKGROUND_PREFILL_TOKENS
+
+
+def test_a_chat_that_finds_every_slot_taken_by_tasks_takes_the_newest_tasks_slot():
+    """Open WebUI's title, tags and follow-ups held all 4 slots while a colleague's chat
+    waited; the tasks rested for the chat and the chat waited for a slot: nothing ran again
+    (its page test hung at Regenerate)."""
+    sched = make(n_slots=2, ctx=256, budget=64, slot_share=None)
+    sched.add(task("t0", "bob"))
+    sched.add(task("t1", "bob", first=50))
+    step(sched)
+    step(sched)  # both tasks decode: every slot is taken
+    sched.add(req("b0", "bob", first=100))
+    plan = step(sched)
+    assert [c.request.request_id for c in plan.chunks] == ["b0"]
+    assert [r.request_id for r in sched.waiting] == ["t1"]
+    plan = step(sched)  # the chat streams; beside it, the task comes back
+    assert sorted(c.request.request_id for c in plan.chunks) == ["b0", "t0"]
+
+
+def test_tasks_go_on_while_a_waiting_chat_cannot_start_yet():
+    """The chat needs more cells than are free (it must borrow, so it is not owed them): the
+    running task holding them runs on instead of resting for a chat that cannot start, and
+    the chat starts once it ends. Nothing is kept back from the chat's prompt for a task that
+    waits (both once hung the scheduler: everyone waiting for someone)."""
+    from fakes import FakeVocab, PositionalRunner
+    from localserve.engine.scheduler import Scheduler
+
+    sched = Scheduler(SlotPool(128, 2, n_ctx_seq=128), FakeVocab(), 64)  # 64 guaranteed each
+    runner, tokens = PositionalRunner(128), {}
+    title = task("t0", "bob", n_prompt=60)
+    title.params = SamplingParams(max_tokens=3)
+    sched.add(title)
+    plan = sched.schedule()  # the title's prompt, alone
+    sched.update(plan, runner.decode(plan))
+    sched.add(req("b0", "bob", n_prompt=100, first=100, max_tokens=3))
+    for _ in range(50):
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        for r, event in sched.update(plan, runner.decode(plan)):
+            tokens.setdefault(r.request_id, []).extend(event.token_ids)
+    assert not sched.has_work() and {k: len(v) for k, v in tokens.items()} == {"t0": 3, "b0": 3}
+
+
+def test_no_cells_are_kept_back_from_a_chats_prompt_for_a_task_that_waits_for_it():
+    """A task fits its guarantee but not the cells the chat's prompt will take: keeping them
+    back for it starved the chat's prompt, while the task waited for the chat's prompt."""
+    from fakes import FakeVocab, PositionalRunner, run_all
+    from localserve.engine.scheduler import Scheduler
+
+    sched = Scheduler(SlotPool(128, 2, n_ctx_seq=128), FakeVocab(), 64)
+    title = task("t0", "bob", n_prompt=60)
+    title.params = SamplingParams(max_tokens=3)
+    chat = req("b0", "bob", n_prompt=100, first=100, max_tokens=3)
+    out, finish = run_all(sched, PositionalRunner(128), [title, chat], steps=50)
+    assert finish == {"t0": "length", "b0": "length"}

@@ -191,7 +191,7 @@ class EngineLoop(threading.Thread):
         started = time.perf_counter()
         try:
             self.decoding, self.interruptible = True, plan.background_only
-            if self.interruptible and self.chats_on_their_way:
+            if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
             try:
                 out = self.runner.decode(plan)

@@ -11,7 +11,9 @@ is saved to the prompt cache before its cells are cleared, so it resumes by rest
   - "guarantee": a waiting request within its guarantee finds the pool lent out: borrowers
     give their cells back, the one borrowing most first, and wait behind it;
   - "share": a user over their slot share gives a slot back to a waiting colleague
-    (scheduler._enforce_slot_share).
+    (slot_shares.py);
+  - "task": a chat waits and every slot is taken: the newest background task gives its slot
+    back, and waits at the head of the tasks' lane.
 """
 
 from __future__ import annotations
@@ -85,6 +87,15 @@ class PoolKeeper:
                 return 0
             self.preempt_slot(plan, borrower, "guarantee", req)
         return need
+
+    def make_way_for_chat(self, plan: StepPlan, max_running: int) -> None:
+        """A chat waits and the slots are all taken, some by background tasks: the newest
+        task steps aside (else the chat would wait for it, or, tasks resting while a chat
+        waits, everyone would)."""
+        running = self.running
+        tasks = [s for s in running if s.request.background]
+        if tasks and len(running) >= max_running and self.waiting.has_foreground():
+            self.preempt_slot(plan, max(tasks, key=lambda s: s.admitted_seq), "task")
 
     def make_room_for_decode(self, plan: StepPlan) -> None:
         """Every decoding slot needs one free cell this step; find them or preempt."""

@@ -12,11 +12,9 @@ beyond it. Room is checked first: idle slots' kept prefixes are dropped, then a 
 the most recently admitted sequence) is preempted: saved to the prompt cache, put back in the
 queue, restored later. A waiting request within its guarantee takes borrowed cells back.
 
-Shares between identities (API keys), when `slot_share` is set: while another user waits, one
-user holds at most `slot_share` slots. Admission skips a user at their share; a user who took
-every slot while nobody else waited gives their newest one back (preempted, first in their own
-queue, behind the waiting user) as soon as someone else arrives. So a newcomer waits at most
-one step for a slot whatever one colleague has running.
+Shares between identities (API keys), `slot_share`: while another user waits, one user holds
+at most that many slots; admission skips a user at their share, and one above it gives their
+newest slot back (preempted) when someone else arrives: a newcomer waits one step at most.
 
 The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten by an
 admission, dropped for room, or preempted) is saved first (StepPlan.saves); an admission whose
@@ -29,7 +27,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares
 from localserve.engine.interfaces import Vocab
@@ -38,6 +35,7 @@ from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.reuse import DraftBook, Placement, PrefixBook
 from localserve.engine.scheduler_stats import SchedulerStats
+from localserve.engine.slot_shares import SlotShares
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
@@ -64,13 +62,13 @@ class Scheduler:
         # prompt tokens instead (llama-server's prefill speed), never fewer than the budget.
         self.prefill_budget = max(prefill_budget or max_num_batched_tokens, max_num_batched_tokens)
         self.max_num_seqs = max_num_seqs or len(pool.slots)
-        self.slot_share = slot_share  # most slots one user holds while others wait; None: no cap
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
         self._admissions = 0
         self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
+        self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
         self.drafts = DraftBook(pool, self.stats, speculative)
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
@@ -151,12 +149,18 @@ class Scheduler:
         9. A frontend's background task (Request.background) is admitted only when no chat
            waits or computes its prompt (nor in the step that admits one), its prompt chunks
            come after every other request's, and it claims no slot share. A step of tasks
-           only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included.
+           only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included. A chat that
+           finds every slot taken takes the newest task's (saved, resumed later); and when a
+           waiting chat still cannot start, the tasks go on rather than nobody.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
-        self._enforce_slot_share(plan)
-        reserved = self.cells.reclaim_guarantee(plan, self._next_admissible() if self.waiting else None)
+        self.shares.enforce(plan)
+        self.cells.make_way_for_chat(plan, self.max_num_seqs)
+        owed = self.shares.next_admissible() if self.waiting else None
+        if owed is not None and owed.background and self._chat_starting(self.running):
+            owed = None  # a task waits for the chat (9): no cells are kept back for it
+        reserved = self.cells.reclaim_guarantee(plan, owed)
         self._admit_batch(plan)
         running = self.running
         chat_starting = self._chat_starting(running)  # then tasks sit out the step (9)
@@ -175,6 +179,9 @@ class Scheduler:
         for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)  # the tasks' share, admissions too
         left = self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
         budget -= for_tasks - (left if chat_starting else self._admit_waiting(plan, left, True))
+        if not plan and resting:  # the waiting chat cannot start yet: the tasks go on (9)
+            budget = self._chunks(plan, resting, SlotState.DECODE, BACKGROUND_STEP_TOKENS, 0)
+            budget = self._chunks(plan, resting, SlotState.PREFILL, budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         return plan
 
@@ -223,7 +230,7 @@ class Scheduler:
     def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
         """Admit the first waiting request whose user is within their share (a background task
         only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
-        req = self._next_admissible()
+        req = self.shares.next_admissible()
         if req is None or id(req) in self.cells.preempted or (req.background and not tasks_too):
             return 0
         where = self.prefixes.place(req)
@@ -243,36 +250,6 @@ class Scheduler:
             self.held.remove(sibling)
             sibling.status = RequestStatus.WAITING
             self.waiting.follow(sibling)
-
-    def _slots_held(self) -> Counter:
-        """What each user holds in slots' worth of cells (borrowing 3 guarantees weighs 3 slots)."""
-        held: Counter = Counter()
-        for slot in self.running:
-            if not slot.request.background:  # a frontend's task claims no share
-                held[slot.request.user] += max(1, -(-slot.n_cached // self.pool.guarantee))
-        return held
-
-    def _next_admissible(self) -> Request | None:
-        """The queue's head, unless its user is at their slot share while others wait: then
-        the first request of a user below it."""
-        if self.slot_share is None:
-            return self.waiting.peek()
-        held, waiting_users = self._slots_held(), self.waiting.users()
-        for req in self.waiting:
-            if held[req.user] < self.slot_share or not waiting_users - {req.user}:
-                return req
-        return None
-
-    def _enforce_slot_share(self, plan: StepPlan) -> None:
-        """A user above their share while someone else waits gives back their newest slot."""
-        if self.slot_share is None or not self.waiting:
-            return
-        waiting_users = self.waiting.users()
-        for user, n in self._slots_held().items():
-            if n > self.slot_share and waiting_users - {user}:
-                newest = max((s for s in self.running if s.request.user == user),
-                             key=lambda s: s.admitted_seq)
-                self.cells.preempt_slot(plan, newest, "share")
 
     def _assign(self, plan: StepPlan, req: Request, where: Placement) -> None:
         slot, keep, source, restore = where.slot, where.keep, where.source, where.restore
@@ -349,8 +326,7 @@ class Scheduler:
 
     def interrupted(self, plan: StepPlan, saved: list) -> None:
         """The step stopped before its tokens were computed (a chat arrived during a step of
-        background tasks): the states it saved go to the prompt cache; nothing else moved, so
-        the next plan carries the same rows, or the chat first (9)."""
+        tasks): its saves are kept; nothing else moved, so its rows are planned again."""
         self.prefixes.keep(saved)
         self.stats.interrupted_steps += 1
 

@@ -46,6 +46,7 @@ class SchedulerStats:
 def log_preemption(slot, why: str, pool_tokens: int, running: int,
                    waiting: int) -> None:  # pragma: no mutate block
     because = {"share": "to share slots with a waiting user",
+               "task": "a background task, to give its slot to a waiting chat",
                "guarantee": "to give borrowed cells back to a request within its guarantee",
                }.get(why, f"cache pool of {pool_tokens} tokens short")
     log.info("preempted %s (slot %d, %d cached tokens saved to the prompt cache or dropped; "

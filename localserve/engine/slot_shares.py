@@ -1,0 +1,48 @@
+"""Slot shares between identities (API keys), the scheduler's invariant 6: while another user
+waits, one user holds at most `share` slots' worth of cells. Admission skips a user at their
+share; one above it gives their newest slot back. A frontend's background task claims none."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from localserve.engine.plan import StepPlan
+from localserve.engine.pool_keeper import PoolKeeper
+from localserve.engine.request import Request
+from localserve.engine.waiting import FairQueue
+
+
+class SlotShares:
+    def __init__(self, share: int | None, cells: PoolKeeper, waiting: FairQueue):
+        self.share = share  # None: no cap
+        self.cells, self.waiting = cells, waiting
+
+    def held(self) -> Counter:
+        """What each user holds in slots' worth of cells (borrowing 3 guarantees weighs 3 slots)."""
+        held: Counter = Counter()
+        for slot in self.cells.running:
+            if not slot.request.background:
+                held[slot.request.user] += max(1, -(-slot.n_cached // self.cells.pool.guarantee))
+        return held
+
+    def next_admissible(self) -> Request | None:
+        """The queue's head, unless its user is at their share while others wait: then the
+        first request of a user below it."""
+        if self.share is None:
+            return self.waiting.peek()
+        held, waiting_users = self.held(), self.waiting.users()
+        for req in self.waiting:
+            if held[req.user] < self.share or not waiting_users - {req.user}:
+                return req
+        return None
+
+    def enforce(self, plan: StepPlan) -> None:
+        """A user above their share while someone else waits gives back their newest slot."""
+        if self.share is None or not self.waiting:
+            return
+        waiting_users = self.waiting.users()
+        for user, n in self.held().items():
+            if n > self.share and waiting_users - {user}:
+                newest = max((s for s in self.cells.running if s.request.user == user),
+                             key=lambda s: s.admitted_seq)
+                self.cells.preempt_slot(plan, newest, "share")
