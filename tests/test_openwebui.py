@@ -5,6 +5,7 @@ where Open WebUI is not installed in .venv-openwebui: it is a heavy install,
 localserve's ledger then has each colleague under their own name and the document's
 embeddings; restarted with other settings, Open WebUI reads them again."""
 
+import json
 import os
 import subprocess
 
@@ -130,10 +131,14 @@ def chat_rows(state, who: str) -> list[tuple]:
 
 
 def open_webui_page(browser, url: str, who: dict):
-    """Open WebUI's own page, signed in as `who`, on a new chat, its release notes closed."""
-    page = browser.new_context(viewport={"width": 1280, "height": 900}).new_page()
-    page.goto(url + "/auth")
-    page.evaluate("token => localStorage.setItem('token', token)", who["Authorization"][7:])
+    """Open WebUI's own page, signed in as `who`, on a new chat, its release notes closed.
+    The token is in place before any of the page's scripts run: set once the sign-in page had
+    loaded, that page's own start-up could still send the browser back to sign in (twice in
+    ten runs the chat input never came)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script("try { localStorage.setItem('token', %s) } catch (e) {}"
+                            % json.dumps(who["Authorization"][7:]))
+    page = context.new_page()
     page.goto(url + "/")
     try:
         page.wait_for_selector("#chat-input", timeout=60_000)
