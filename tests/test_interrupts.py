@@ -158,3 +158,15 @@ def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_ag
     title = request("title", 100, n_prompt=4, background=True)
     steps, _ = serve(request("chat", 1, n_prompt=20), title, tokenizing=True)
     assert steps.index((["chat"], False)) - 2 < 20  # a 10 ms tokenizing: ~100 without the wait
+
+
+def test_a_task_is_told_by_its_last_message_in_openais_shape_and_in_ollamas():
+    """What makes way for nobody (a frontend's task) and what steps of tasks make way for (any
+    other chat); Ollama's /api/chat asks with its own message dicts, before translating them."""
+    from localserve.api.serving import task_message
+
+    title = "### Task:\nGenerate a title.\n### Chat History:\n<chat_history>\nUSER: hi\n</chat_history>"
+    assert task_message("user", title) and task_message("user", "\n" + title)
+    assert not task_message("assistant", title) and not task_message(None, title)
+    assert not task_message("user", "### Task:\nno chat quoted")
+    assert not task_message("user", None) and not task_message("user", [title])
