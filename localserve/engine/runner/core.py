@@ -190,6 +190,12 @@ class LlamaRunner(Sampling):
         overwrites are saved to the prompt cache, dropped ones cleared, admitted ones copied
         from a sibling or restored from the cache, then trimmed to the prefix they keep.
         An interrupt() from before llama_decode until it ends stops the step (Interrupted)."""
+        try:
+            return self._decode(plan)
+        finally:
+            self._interrupt.clear()  # one meant for this step never stops the next
+
+    def _decode(self, plan: StepPlan) -> StepOutput:
         for slot_id, kept in plan.trims:
             C.llama_memory_seq_rm(self.memory, slot_id, kept, -1)
         saved = [(save, *read_sequence(self.ctx, save.slot_id)) for save in plan.saves]
@@ -228,7 +234,6 @@ class LlamaRunner(Sampling):
         batch.n_tokens = i
         started = time.perf_counter()
         rc = C.llama_decode(self.ctx, batch)
-        self._interrupt.clear()
         decoded = time.perf_counter()
         if rc == 1:
             raise CacheFull(f"no free cache cells for a batch of {i} tokens")

@@ -27,7 +27,7 @@ class StepInterrupt:
         self._flag = ctypes.create_string_buffer(2)
         try:
             strlen = ctypes.cast(ctypes.CDLL(None).strlen, ctypes.c_void_p).value
-        except (OSError, AttributeError):  # no C library to borrow it from (Windows)
+        except (OSError, AttributeError, TypeError):  # no C library to borrow it from (Windows)
             log.info("steps of background tasks cannot be interrupted on this platform")
             return
         self._callback = ctypes.cast(strlen, _CALLBACK)  # kept alive with the context
