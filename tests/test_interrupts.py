@@ -4,7 +4,6 @@ prompt. Pure tests (fake runner with llama.cpp's sequences, the real loop thread
 model's side is in tests/test_interrupts_model.py."""
 
 import threading
-import time
 
 from localserve.engine.errors import Interrupted
 from localserve.engine.loop import EngineLoop
@@ -12,6 +11,7 @@ from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
+from conftest import wait_for
 from fakes import FakeVocab, PositionalRunner
 
 
@@ -68,21 +68,21 @@ def test_interrupted_steps_of_tasks_change_no_answer_and_keep_their_saves():
 
 
 class ColleagueArrives(PositionalRunner):
-    """While it decodes the n-th step, `arrival` is submitted (as the HTTP thread would), or,
-    `tokenizing`, announced first (chat_on_its_way) and submitted 10 ms later from another
-    thread; the steps it runs are recorded as (request ids, interrupted)."""
+    """While it decodes the `at_step`-th step, `arrival` is submitted (as the HTTP thread
+    would); or, with `held_for`, announced first (chat_on_its_way, from another thread) and
+    submitted once that many steps were stopped. The steps it runs are recorded as
+    (request ids, interrupted)."""
 
-    def __init__(self, arrival, at_step, tokenizing):
+    def __init__(self, arrival, at_step, held_for):
         super().__init__(1024)
-        self.arrival, self.at_step, self.tokenizing = arrival, at_step, tokenizing
-        self.steps, self.loop = [], None
+        self.arrival, self.at_step, self.held_for = arrival, at_step, held_for
+        self.steps, self.loop, self.on_its_way = [], None, threading.Event()
 
     def decode(self, plan):
         if len(self.steps) == self.at_step:
-            if self.tokenizing:
-                threading.Thread(target=self._tokenize, args=(self.loop.chat_on_its_way(),)).start()
-                while not self.loop.chats_on_their_way:
-                    pass
+            if self.held_for:
+                threading.Thread(target=self._tokenize, daemon=True).start()
+                assert self.on_its_way.wait(10), "the chat never came on its way"
             else:
                 self.loop.submit(self.arrival)
         ids = sorted(c.request.request_id for c in plan.chunks)
@@ -94,16 +94,19 @@ class ColleagueArrives(PositionalRunner):
         self.steps.append((ids, False))
         return out
 
-    def _tokenize(self, way):
-        with way:
-            time.sleep(0.01)
+    def _tokenize(self):
+        with self.loop.chat_on_its_way():
+            self.on_its_way.set()
+            wait_for(lambda: sum(stopped for _, stopped in self.steps) >= self.held_for, 10,
+                     "steps stopped while the chat is tokenized", interval=0.001)
             self.loop.submit(self.arrival)
 
 
-def serve(arrival, running, at_step=2, tokenizing=False, wait_s=None):
-    """The real loop thread, one request running, `arrival` submitted during step `at_step`;
-    the steps it ran and the tokens each request got. `wait_s`: the loop's arrival window."""
-    runner = ColleagueArrives(arrival, at_step, tokenizing)
+def serve(arrival, running, at_step=2, held_for=0, wait_s=None):
+    """The real loop thread, one request running, `arrival` submitted during step `at_step`
+    (or held: ColleagueArrives); the steps it ran and the tokens each request got. `wait_s`:
+    the loop's arrival window."""
+    runner = ColleagueArrives(arrival, at_step, held_for)
     loop = runner.loop = EngineLoop(scheduler(), runner)
     loop.arrival_window_s = loop.arrival_window_s if wait_s is None else wait_s
     got, finished, done = {}, set(), threading.Event()
@@ -148,16 +151,18 @@ def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():
     stop, each at once however often the loop plans one (here it waits for nothing), until
     the chat's prompt goes first."""
     title = request("title", 100, n_prompt=4, background=True)
-    steps, got = serve(request("chat", 1, n_prompt=20), title, tokenizing=True, wait_s=0)
+    steps, got = serve(request("chat", 1, n_prompt=20), title, held_for=3, wait_s=0)
     chat_first = steps.index((["chat"], False))
     assert steps[2:chat_first] and all(s == (["title"], True) for s in steps[2:chat_first])
     assert len(got["title"]) == 8 and len(got["chat"]) == 8
 
 
 def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_again():
+    """The chat is submitted once one step was stopped: the loop, waiting for it, stopped no
+    other (planning and stopping again, it stops dozens while the chat comes)."""
     title = request("title", 100, n_prompt=4, background=True)
-    steps, _ = serve(request("chat", 1, n_prompt=20), title, tokenizing=True)
-    assert steps.index((["chat"], False)) - 2 < 20  # a 10 ms tokenizing: ~100 without the wait
+    steps, _ = serve(request("chat", 1, n_prompt=20), title, held_for=1, wait_s=10)
+    assert steps[2:4] == [(["title"], True), (["chat"], False)]
 
 
 def test_a_task_is_told_by_its_last_message_in_openais_shape_and_in_ollamas():
