@@ -19,7 +19,6 @@ import llama_cpp as C
 
 log = logging.getLogger("localserve.engine")
 _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p)
-STOP = b"\x01"
 
 
 class StepInterrupt:
@@ -35,7 +34,7 @@ class StepInterrupt:
 
     def request(self) -> None:
         """Any thread: the decode in flight stops at its next graph node."""
-        ctypes.memmove(self._flag, STOP, 1)
+        self._flag[0] = b"\x01"
 
     def clear(self) -> None:
-        ctypes.memset(self._flag, 0, 1)
+        self._flag[0] = b"\x00"
