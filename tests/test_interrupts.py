@@ -159,9 +159,10 @@ def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():
 
 def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_again():
     """The chat is submitted once one step was stopped: the loop, waiting for it, stopped no
-    other (planning and stopping again, it stops dozens while the chat comes)."""
+    other (planning and stopping again, it stops dozens while the chat comes), and woke when
+    the chat was submitted, not at the end of its window (600 s here, past serve's deadline)."""
     title = request("title", 100, n_prompt=4, background=True)
-    steps, _ = serve(request("chat", 1, n_prompt=20), title, held_for=1, wait_s=10)
+    steps, _ = serve(request("chat", 1, n_prompt=20), title, held_for=1, wait_s=600)
     assert steps[2:4] == [(["title"], True), (["chat"], False)]
 
 
