@@ -19,10 +19,13 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         24 requests, different each round) at concurrency 8 (--concurrency for others).
   agents a coding agent's ~5,000-token system prompt with tools (different each round) shared
         by 4 colleagues, 4 turns each: turns per minute and follow-up time to first token.
+  office the office assistant's ~400-word system prompt (different each round) shared by 24
+        colleagues, 4 short questions each, 8 at a time: turns per minute and follow-up time
+        to first token.
 
 Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults.
 
-    .venv/bin/python scripts/bench_office.py --workload doc|copy|chat|mixed [--rounds 3] \
+    .venv/bin/python scripts/bench_office.py --workload doc|office|agents|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 
@@ -55,7 +58,8 @@ from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
-from localserve.bench.office import agents_workload, copy_workload, doc_workload  # noqa: E402
+from localserve.bench.office import (agents_workload, copy_workload, doc_workload,  # noqa: E402
+                                     office_workload)
 from localserve.common.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -93,8 +97,9 @@ def run_once(name, extra, args, seed: int) -> dict:
     (both sides of a round get the same)."""
     srv = start(name, extra, args)
     try:
-        if args.workload == "doc":
-            return asyncio.run(doc_workload(srv.url, seed=seed))
+        if args.workload in ("doc", "office"):
+            workload = doc_workload if args.workload == "doc" else office_workload
+            return asyncio.run(workload(srv.url, seed=seed))
         if args.workload == "agents":
             return asyncio.run(agents_workload(srv.url, seed=seed))
         if args.workload in CHAT_SHAPES:
@@ -168,7 +173,7 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["doc", "agents", "copy", *CHAT_SHAPES], default="doc")
+    ap.add_argument("--workload", choices=["doc", "office", "agents", "copy", *CHAT_SHAPES], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=None,
@@ -186,7 +191,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
-    if args.paired and args.workload in ("doc", "agents"):
+    if args.paired and args.workload in ("doc", "office", "agents"):
         ap.error("--paired is for --workload chat, mixed or copy")
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)

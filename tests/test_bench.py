@@ -63,6 +63,13 @@ def test_agents_prompts_are_seeded_and_past_a_slots_share():
     assert 15_000 <= len(agent_prompt(0)) <= 25_000  # about 5,000 tokens
 
 
+def test_office_prompts_are_seeded_and_about_400_words():
+    from localserve.bench.office import OFFICE_QUESTIONS, office_prompt
+
+    assert office_prompt(1) == office_prompt(1) != office_prompt(2)
+    assert 380 <= len(office_prompt(0).split()) <= 420 and len(OFFICE_QUESTIONS) == 4
+
+
 @pytest.fixture(scope="module")
 def second_server():
     with running("-c", "2048", "-np", "2", "-t", "2", log_name="second") as srv:

@@ -10,6 +10,9 @@ for scripts/bench_office.py's side-by-side rounds against llama-server:
   agents a coding agent's ~5,000-token system prompt (instructions and tool schemas, different
         per seed) shared by 4 colleagues, 4 turns each (what one pool and the prompt cache are
         for: it does not fit a slot's share of -c).
+  office the office's own assistant: one ~400-word system prompt (different per seed) shared
+        by 24 colleagues, 4 short questions each, 8 at a time (what prefix reuse across
+        colleagues and the prompt cache are for).
 
 Each reports what the engine did too, read from localserve's /slots (drafted tokens, the share
 kept, tokens per decode step, prompt tokens reused); another server reports speeds only.
@@ -84,6 +87,24 @@ async def agents_workload(url: str, colleagues: int = 4, headers: dict | None = 
     """4 colleagues on one agent's system prompt, 4 turns each, all at once."""
     return await conversations_workload(url, [agent_prompt(seed)] * colleagues, AGENT_QUESTIONS,
                                         colleagues, headers)
+
+
+OFFICE_QUESTIONS = ("Who do I ask about a late delivery?", "How do I book the meeting room?",
+                    "When is the quarterly budget due?", "Thanks. Anything else I should know?")
+
+
+def office_prompt(seed: int = 0) -> str:
+    """The office assistant's ~400-word system prompt, different for every seed."""
+    rng = random.Random(f"office:{seed}")
+    rules = [" ".join(rng.choice(WORDS) for _ in range(20)) + "." for _ in range(19)]
+    return "You are the office assistant. Answer briefly.\n" + "\n".join(f"- {r}" for r in rules)
+
+
+async def office_workload(url: str, colleagues: int = 24, concurrency: int = 8,
+                          headers: dict | None = None, seed: int = 0) -> dict:
+    """24 colleagues on the office assistant's system prompt, 4 turns each, 8 at a time."""
+    return await conversations_workload(url, [office_prompt(seed)] * colleagues,
+                                        OFFICE_QUESTIONS, concurrency, headers)
 
 
 async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
@@ -186,11 +207,13 @@ async def engine_counters(client, url: str) -> dict | None:
 
 def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | None,
         requests: int) -> dict:
-    """`localserve bench --workload doc|agents|copy`: one run against a server, printed."""
+    """`localserve bench --workload doc|office|agents|copy`: one run against a server, printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    if workload in ("doc", "agents"):
-        out = asyncio.run(doc_workload(url, min(requests, 24), headers=headers, seed=seed)
-                          if workload == "doc" else agents_workload(url, headers=headers, seed=seed))
+    conversations = {"doc": doc_workload, "office": office_workload}
+    if workload in ("doc", "office", "agents"):
+        out = asyncio.run(conversations[workload](url, min(requests, 24), headers=headers, seed=seed)
+                          if workload in conversations
+                          else agents_workload(url, headers=headers, seed=seed))
         print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
               f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns")
