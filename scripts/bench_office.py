@@ -208,6 +208,11 @@ def main() -> int:
     speeds = [k for k in results[first][0]
               if k in ("tok_s", "turns_per_min")
               or (k[0] == "c" and k[1:].split(":")[0].isdigit() and "_" not in k)]
+    for name, runs in results.items():
+        failed = [r.get("failed_turns", 0) for r in runs]
+        if any(failed):
+            print(f"  {name}: {sum(failed)} turns FAILED ({', '.join(map(str, failed))} a round): "
+                  f"its turns/min counts the answered ones only")
     for peer in [n for n in results if n != first]:
         for k in speeds:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]

@@ -1,5 +1,6 @@
 """localserve bench: the knee logic on synthetic curves, and the command against two servers."""
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -89,6 +90,20 @@ def test_bench_command_writes_json_and_png(which, request, tmp_path):
     assert all(lv["errors"] == 0 and lv["output_tok_s"] > 0 for lv in data["levels"])
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "operating limit" in run.stdout
+
+
+def test_conversations_count_a_refused_turn_as_failed_not_as_a_fast_one(second_server):
+    """An agent's ~4,100-token prompt on a 2,048-token server is refused: every turn is a
+    failed turn, in neither turns per minute nor the first-token time (llama-server fails a
+    full pool's requests inside a 200 stream; counted as turns, they read as a fast server).
+    The office's ~600-token prompt on the same server is answered."""
+    from localserve.bench.office import agents_workload, office_workload
+
+    refused = asyncio.run(agents_workload(second_server.url, colleagues=2))
+    assert refused["failed_turns"] == 8 and refused["turns_per_min"] == 0
+    answered = asyncio.run(office_workload(second_server.url, colleagues=2, concurrency=2))
+    assert answered["failed_turns"] == 0 and answered["turns_per_min"] > 0
+    assert answered["followup_ttft_p50_s"] > 0
 
 
 def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):

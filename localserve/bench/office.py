@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import statistics
 import time
@@ -44,16 +45,20 @@ def document(colleague: int, seed: int = 0) -> str:
     return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
 
 
-async def turn(client, url, messages) -> tuple[float, str, dict]:
-    """One streamed answer: (time to first token, text, usage)."""
+async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
+    """One streamed answer: (time to first token, text, usage, failed). A turn fails with an
+    error status or an error in its stream (llama-server's "Context size has been exceeded"
+    when its pool is full comes that way, after a 200)."""
     body = {"messages": messages, "max_tokens": 32, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
     start, first, text, usage = time.perf_counter(), None, [], {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        failed = r.status_code != 200
         async for line in r.aiter_lines():
             if not line.startswith("data: {"):
                 continue
             chunk = json.loads(line[6:])
+            failed = failed or "error" in chunk
             if chunk.get("usage"):
                 usage = chunk["usage"]
             for choice in chunk.get("choices") or []:
@@ -61,7 +66,7 @@ async def turn(client, url, messages) -> tuple[float, str, dict]:
                 if piece:
                     first = first or time.perf_counter() - start
                     text.append(piece)
-    return first or time.perf_counter() - start, "".join(text), usage
+    return first or time.perf_counter() - start, "".join(text), usage, failed
 
 
 AGENT_QUESTIONS = ("List the files of the project.", "Open README.md and summarise it.",
@@ -116,10 +121,10 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
 async def conversations_workload(url: str, systems: list[str], questions, concurrency: int,
                                  headers: dict | None) -> dict:
     """A conversation per system prompt; each turn's question goes to every conversation
-    before the next turn's. Turns per minute, follow-up time to first token (p50), prompt
-    tokens and those reused."""
+    before the next turn's. Turns answered per minute, follow-up time to first token (p50),
+    prompt tokens and those reused; failed turns are counted apart and in neither figure."""
     chats = [[{"role": "system", "content": system}] for system in systems]
-    followup_ttft, prompt, cached, turns = [], 0, 0, 0
+    followup_ttft, prompt, cached, turns, failed = [], 0, 0, 0, 0
     gate = asyncio.Semaphore(concurrency)
     # A fresh connection per turn (a turn takes seconds, a local connect well under one ms):
     # llama-server closes kept-alive connections on its own schedule, and a turn sent on one
@@ -129,11 +134,14 @@ async def conversations_workload(url: str, systems: list[str], questions, concur
         started = time.perf_counter()
         for round_no, question in enumerate(questions):
             async def one(chat):
-                nonlocal prompt, cached, turns
+                nonlocal prompt, cached, turns, failed
                 async with gate:
                     chat.append({"role": "user", "content": question})
-                    ttft, text, usage = await turn(client, url, chat)
+                    ttft, text, usage, refused = await turn(client, url, chat)
                     chat.append({"role": "assistant", "content": text})
+                    if refused:
+                        failed += 1
+                        return
                     turns += 1
                     prompt += usage.get("prompt_tokens", 0)
                     cached += (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -141,7 +149,8 @@ async def conversations_workload(url: str, systems: list[str], questions, concur
                         followup_ttft.append(ttft)
             await asyncio.gather(*(one(chat) for chat in chats))
         wall = time.perf_counter() - started
-    return {"turns_per_min": turns / wall * 60, "followup_ttft_p50_s": statistics.median(followup_ttft),
+    return {"turns_per_min": turns / wall * 60, "failed_turns": failed,
+            "followup_ttft_p50_s": statistics.median(followup_ttft) if followup_ttft else math.nan,
             "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
 
 
@@ -216,7 +225,8 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
                           else agents_workload(url, headers=headers, seed=seed))
         print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
               f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
-              f"{out['prompt_tokens']} prompt tokens reused from earlier turns")
+              f"{out['prompt_tokens']} prompt tokens reused from earlier turns"
+              + (f"; {out['failed_turns']} turns FAILED" if out["failed_turns"] else ""))
         return out
     out = {}
     for level in levels:
