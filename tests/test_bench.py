@@ -106,6 +106,16 @@ def test_conversations_count_a_refused_turn_as_failed_not_as_a_fast_one(second_s
     assert answered["followup_ttft_p50_s"] > 0
 
 
+def test_bench_command_says_how_many_turns_failed(second_server, tmp_path):
+    """`localserve bench --workload agents` on a server too small for the agent's prompt: the
+    admin reads that every turn failed, not a speed."""
+    run = subprocess.run([sys.executable, "-m", "localserve", "bench", "--url", second_server.url,
+                          "--workload", "agents", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "agents: 0.0 turns/min" in run.stdout and "16 turns FAILED" in run.stdout
+
+
 def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
     """`localserve bench --workload copy`: an admin sees on their own machine what speculative
     decoding does: drafted tokens, the share kept, and the measured step costs behind them."""

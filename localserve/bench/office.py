@@ -218,13 +218,12 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
         requests: int) -> dict:
     """`localserve bench --workload doc|office|agents|copy`: one run against a server, printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    conversations = {"doc": doc_workload, "office": office_workload}
-    if workload in ("doc", "office", "agents"):
-        out = asyncio.run(conversations[workload](url, min(requests, 24), headers=headers, seed=seed)
-                          if workload in conversations
-                          else agents_workload(url, headers=headers, seed=seed))
-        print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token p50 "
-              f"{out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
+    conversations = {"doc": doc_workload, "office": office_workload, "agents": agents_workload}
+    if workload in conversations:
+        colleagues = 4 if workload == "agents" else min(requests, 24)
+        out = asyncio.run(conversations[workload](url, colleagues, headers=headers, seed=seed))
+        print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token "
+              f"p50 {out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns"
               + (f"; {out['failed_turns']} turns FAILED" if out["failed_turns"] else ""))
         return out
