@@ -58,8 +58,7 @@ from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
-from localserve.bench.office import (agents_workload, copy_workload, doc_workload,  # noqa: E402
-                                     office_workload)
+from localserve.bench.office import CONVERSATIONS, copy_workload  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -97,11 +96,8 @@ def run_once(name, extra, args, seed: int) -> dict:
     (both sides of a round get the same)."""
     srv = start(name, extra, args)
     try:
-        if args.workload in ("doc", "office"):
-            workload = doc_workload if args.workload == "doc" else office_workload
-            return asyncio.run(workload(srv.url, seed=seed))
-        if args.workload == "agents":
-            return asyncio.run(agents_workload(srv.url, seed=seed))
+        if args.workload in CONVERSATIONS:
+            return asyncio.run(CONVERSATIONS[args.workload](srv.url, seed=seed))
         if args.workload in CHAT_SHAPES:
             jobs = bench.make_workload(24, seed, *CHAT_SHAPES[args.workload])
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
@@ -173,7 +169,7 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--workload", choices=["doc", "office", "agents", "copy", *CHAT_SHAPES], default="doc")
+    ap.add_argument("--workload", choices=[*CONVERSATIONS, "copy", *CHAT_SHAPES], default="doc")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--concurrency", type=int, nargs="+", default=None,
@@ -191,7 +187,7 @@ def main() -> int:
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
-    if args.paired and args.workload in ("doc", "office", "agents"):
+    if args.paired and args.workload in CONVERSATIONS:
         ap.error("--paired is for --workload chat, mixed or copy")
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)

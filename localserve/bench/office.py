@@ -203,6 +203,11 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
             "step_ms": after.get("step_ms") if after else None}
 
 
+# The workloads of colleagues in conversations, by name: each called as (url, colleagues,
+# headers=, seed=), its defaults the workload's own.
+CONVERSATIONS = {"doc": doc_workload, "office": office_workload, "agents": agents_workload}
+
+
 async def engine_counters(client, url: str) -> dict | None:
     """localserve's engine counters (None from a server that has none)."""
     try:
@@ -218,10 +223,9 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
         requests: int) -> dict:
     """`localserve bench --workload doc|office|agents|copy`: one run against a server, printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
-    conversations = {"doc": doc_workload, "office": office_workload, "agents": agents_workload}
-    if workload in conversations:
+    if workload in CONVERSATIONS:
         colleagues = 4 if workload == "agents" else min(requests, 24)
-        out = asyncio.run(conversations[workload](url, colleagues, headers=headers, seed=seed))
+        out = asyncio.run(CONVERSATIONS[workload](url, colleagues, headers=headers, seed=seed))
         print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token "
               f"p50 {out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns"
