@@ -32,10 +32,12 @@ Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defau
 Each --localserve-args adds a localserve side with those flags (leading NAME=value words set its
 environment); ratios are the first side's.
 
---paired (chat, mixed and copy): every side's server is up at once and works alone in turn, on
-the same jobs, the order rotated every round; a round is --waves (3) x concurrency jobs
+--paired: every side's server is up at once and works alone in turn, on the same jobs, the
+order rotated every round. For chat, mixed and copy a round is --waves (3) x concurrency jobs
 (seconds, not minutes), so the drift of a shared machine falls on every side alike and many
-more rounds fit. --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
+more rounds fit; --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
+For doc, office and agents a round is the whole workload (its own documents or prompts), each
+side's run minutes apart rather than a fresh server per side and round.
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
@@ -136,6 +138,8 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     the answers' tokens (llama-server's ngram-mod does not always answer what greedy decoding
     does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
+    if args.workload in CONVERSATIONS:  # the whole workload: a round's documents or prompts
+        return asyncio.run(CONVERSATIONS[args.workload](url, seed=round_no))
     if args.workload == "copy":
         texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
         run = asyncio.run(copy_workload(url, concurrency, texts))
@@ -188,7 +192,7 @@ def main() -> int:
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
     if args.paired and args.workload in CONVERSATIONS:
-        ap.error("--paired is for --workload chat, mixed or copy")
+        args.concurrency = [8]  # one whole workload per side and round, at its own concurrency
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)
     first = next(iter(results))
