@@ -99,7 +99,7 @@ def run_once(name, extra, args, seed: int) -> dict:
     srv = start(name, extra, args)
     try:
         if args.workload in CONVERSATIONS:
-            return asyncio.run(CONVERSATIONS[args.workload](srv.url, seed=seed))
+            return conversations(srv.url, args, seed)
         if args.workload in CHAT_SHAPES:
             jobs = bench.make_workload(24, seed, *CHAT_SHAPES[args.workload])
             asyncio.run(bench.run_level(srv.url, jobs[:2], 2))  # warm-up
@@ -121,6 +121,12 @@ def run_once(name, extra, args, seed: int) -> dict:
         srv.stop()
 
 
+def conversations(url: str, args, seed: int) -> dict:
+    """One side's whole conversation workload (doc, office, agents) on `seed`'s documents or
+    prompts: a fresh-server round, or a paired one."""
+    return asyncio.run(CONVERSATIONS[args.workload](url, seed=seed))
+
+
 def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
     """A fresh server per side and round, the order reversed every other round."""
     results: dict[str, list[dict]] = {name: [] for name in sides}
@@ -138,8 +144,6 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     the answers' tokens (llama-server's ngram-mod does not always answer what greedy decoding
     does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
-    if args.workload in CONVERSATIONS:  # the whole workload: a round's documents or prompts
-        return asyncio.run(CONVERSATIONS[args.workload](url, seed=round_no))
     if args.workload == "copy":
         texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
         run = asyncio.run(copy_workload(url, concurrency, texts))
@@ -148,9 +152,20 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
 
 
+def paired_round(url: str, args, round_no: int) -> dict:
+    """One side's share of a paired round: a conversation workload whole, or each level's
+    jobs (paired_level)."""
+    if args.workload in CONVERSATIONS:
+        return conversations(url, args, round_no)
+    row = {}
+    for c in args.concurrency:
+        row.update(paired_level(url, args, round_no, c))
+    return row
+
+
 def run_paired(sides: dict, args) -> dict[str, list[dict]]:
-    """Rounds of a few seconds each, every side in turn (rotated) on the same jobs, with all
-    servers up (an idle one waits without spinning)."""
+    """Rounds every side takes in turn (rotated) on the same jobs, with all servers up (an
+    idle one waits without spinning): a few seconds each, or a whole conversation workload."""
     up = {name: start(name, extra, args) for name, extra in sides.items()}
     try:
         for srv in up.values():  # warm-up
@@ -159,10 +174,7 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
         for round_no in range(args.rounds):
             names = list(up)[round_no % len(up):] + list(up)[:round_no % len(up)]
             for name in names:
-                row = {}
-                for c in args.concurrency:
-                    row.update(paired_level(up[name].url, args, round_no, c))
-                results[name].append(row)
+                results[name].append(paired_round(up[name].url, args, round_no))
             print(f"round {round_no + 1}: " + ", ".join(
                 f"{name} {results[name][-1]}" for name in up), flush=True)
         return results
@@ -191,8 +203,6 @@ def main() -> int:
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
-    if args.paired and args.workload in CONVERSATIONS:
-        args.concurrency = [8]  # one whole workload per side and round, at its own concurrency
     sides = servers(args)
     results = (run_paired if args.paired else run_rounds)(sides, args)
     first = next(iter(results))
