@@ -23,6 +23,7 @@ from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
+from localserve.engine.runner.calls import decode_calls
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
@@ -214,47 +215,59 @@ class LlamaRunner(Sampling):
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
         self.costly_grammars, self.grammar_seconds = set(), {}
-        batch = self.batch
-        rows: list[tuple[SeqChunk, int]] = []  # each sampled chunk and its first sampled row
-        i = 0
-        for chunk in plan.chunks:
-            pos = chunk.start_pos
-            for token in chunk.tokens:
-                batch.token[i] = token
-                batch.pos[i] = pos
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = chunk.slot_id
-                batch.logits[i] = 0
-                pos += 1
-                i += 1
-            if chunk.sample:  # the last token's row, and each draft's (drafts.py)
-                for row in range(i - 1 - chunk.drafts, i):
-                    batch.logits[row] = 1
-                rows.append((chunk, i - 1 - chunk.drafts))
-        batch.n_tokens = i
-        started = time.perf_counter()
-        rc = C.llama_decode(self.ctx, batch)
+        decode_s = 0.0
+        for call in decode_calls(plan):  # one, or two when that is cheaper (calls.py)
+            n, rows = self._fill(call)
+            started = time.perf_counter()
+            rc = C.llama_decode(self.ctx, self.batch)
+            decode_s += time.perf_counter() - started
+            if rc != 0:
+                self._undo(plan, rc, n, saved)
         decoded = time.perf_counter()
-        if rc == 1:
-            raise CacheFull(f"no free cache cells for a batch of {i} tokens")
-        if rc == 2:  # llama.cpp removed the cells of the ubatch it stopped in; earlier ones go
-            for chunk in plan.chunks:
-                C.llama_memory_seq_rm(self.memory, chunk.slot_id, chunk.start_pos, -1)
-            raise Interrupted(f"a step of {i} tokens was interrupted", saved)
-        if rc != 0:
-            for chunk in plan.chunks:
-                C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1, -1)
-            raise DecodeError(f"llama_decode returned {rc} for a batch of {i} tokens "
-                              f"from {len(plan.chunks)} sequences")
         sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
                    else [self._sample(chunk.slot_id, row)] for chunk, row in rows}
         logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id][0],
                                          self.logprob_n[c.slot_id])
                     for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
-        return StepOutput(sampled, saved, logprobs, decode_s=decoded - started,
+        return StepOutput(sampled, saved, logprobs, decode_s=decode_s,
                           sample_s=time.perf_counter() - decoded,
                           costly_grammars=frozenset(self.costly_grammars),
                           grammar_s=self.grammar_seconds)
+
+    def _fill(self, spans) -> tuple[int, list[tuple[SeqChunk, int]]]:
+        """Put the spans' tokens in the batch: its size, and each sampled chunk with its first
+        sampled row (a span that ends a sampled chunk holds its sampled rows: calls.py)."""
+        batch = self.batch
+        rows: list[tuple[SeqChunk, int]] = []
+        i = 0
+        for chunk, start, end in spans:
+            for offset in range(start, end):
+                batch.token[i] = chunk.tokens[offset]
+                batch.pos[i] = chunk.start_pos + offset
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = chunk.slot_id
+                batch.logits[i] = 0
+                i += 1
+            if chunk.sample and end == len(chunk.tokens):  # the last row, and each draft's
+                for row in range(i - 1 - chunk.drafts, i):
+                    batch.logits[row] = 1
+                rows.append((chunk, i - 1 - chunk.drafts))
+        batch.n_tokens = i
+        return i, rows
+
+    def _undo(self, plan: StepPlan, rc: int, n: int, saved) -> None:
+        """A call failed: the step's rows leave the cache (an earlier call's too), and the
+        error says why. llama.cpp places nothing when it finds no room (1) and removes the
+        ubatch it stopped in when interrupted (2); the rest is ours to remove."""
+        keep_none = rc not in (1, 2)
+        for chunk in plan.chunks:
+            C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1 if keep_none else chunk.start_pos, -1)
+        if rc == 1:
+            raise CacheFull(f"no free cache cells for a batch of {n} tokens")
+        if rc == 2:
+            raise Interrupted(f"a step of {n} tokens was interrupted", saved)
+        raise DecodeError(f"llama_decode returned {rc} for a batch of {n} tokens "
+                          f"from {len(plan.chunks)} sequences")
 
     def interrupt(self) -> None:
         """Any thread: stop the decode in flight at its next graph node (CPU backend), or the
