@@ -9,7 +9,7 @@ from localserve.common.config import resolve_model
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.runner import LlamaRunner, RunnerConfig
-from localserve.engine.runner.calls import decode_calls
+from localserve.engine.runner.calls import compacts, decode_calls
 
 
 def chunk(slot, n, start=0, sample=True, drafts=0):
@@ -103,3 +103,24 @@ def test_two_calls_sample_what_each_sequence_samples_alone(runner, monkeypatch):
     assert calls[:3] == [len(requests[1].prompt_tokens), n_prompt - 1, 2]  # the step in two
     assert len(calls) == 3 + 5  # and then one call a step
     assert together == alone
+
+
+def test_the_pool_is_compacted_before_a_new_prompt_of_a_query_tile_or_more():
+    def admitted(*chunks):
+        return StepPlan(list(chunks), [Admission(c.slot_id, c.request, 0) for c in chunks[-1:]])
+
+    assert compacts(admitted(chunk(1, 1, start=300), chunk(0, 64)))
+    assert not compacts(admitted(chunk(1, 1, start=300), chunk(0, 63)))  # a short turn
+    assert not compacts(StepPlan([chunk(1, 1, start=300), chunk(0, 200, start=256)]))  # its
+    # prompt's later chunks: the first one's cells already follow the compacted sequences
+
+
+def test_compacting_keeps_every_sequence_and_its_greedy_continuation(runner, monkeypatch):
+    requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
+    alone = generate(runner, requests, together=False)
+    clears = []
+    real_clear = C.llama_memory_clear
+    monkeypatch.setattr(C, "llama_memory_clear", lambda mem, data: clears.append(data)
+                        or real_clear(mem, data))
+    assert generate(runner, requests, together=True) == alone
+    assert clears == [False]  # the second prompt's step compacted the first's sequence

@@ -146,7 +146,7 @@ class SnapshotCollector:
              "Speculative drafts put into batches (--spec ngram)."),
             ("spec_decode_num_accepted_tokens", engine.draft_tokens_accepted,
              "Speculative drafts the model agreed with, kept without a step of their own."),
-            ("engine_steps", engine.steps, "Engine steps (one llama_decode each)."),
+            ("engine_steps", engine.steps, "Engine steps (one batch each)."),
             ("requests_aborted", engine.requests_aborted, "Requests aborted (client gone)."),
             ("requests_failed", engine.requests_failed,
              "Requests the server ended (decode error, queue timeout, shutdown)."),

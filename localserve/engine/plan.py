@@ -1,4 +1,4 @@
-"""What one engine step does: the scheduler's plan, handed to the runner as one llama.cpp batch."""
+"""What one engine step does: the scheduler's plan, handed to the runner as one batch."""
 
 from __future__ import annotations
 

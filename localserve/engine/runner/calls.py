@@ -15,6 +15,15 @@ row's own cells only.
 
 Rows that need no logits (prompt tokens before a chunk's last) go first, so every row that is
 sampled is in the last call and its logits are still in the context when sampling reads them.
+
+The same skipping is why the pool is compacted before a new prompt is computed. llama.cpp puts
+a batch's tokens in the first free cells from where it last wrote, so a long-running pool
+scatters each sequence over cells between the others' (a decode row a step for each stream,
+prompts restored into the holes that trimmed drafts and cut prefixes leave). A prompt tile then
+meets its own sequence in many more cell tiles: the doc workload's sequences touched 115, 151
+and 201 tiles of 64 cells in a server's first, second and third run, where 70 would hold them,
+and its prompt rows cost 4.35, 4.75 and 5.62 ms each. Compacting writes every sequence back in
+a row (its state out, the pool cleared, the states in): about 85 ms for 4,400 cells here.
 """
 
 from __future__ import annotations
@@ -24,6 +33,13 @@ from localserve.engine.plan import SeqChunk, StepPlan
 QUERY_TILE_ROWS = 64  # ggml-cpu's flash-attention query tile (a batch this large is tiled)
 
 Span = tuple[SeqChunk, int, int]  # a chunk's tokens[start:end] in one call
+
+
+def compacts(plan: StepPlan) -> bool:
+    """Compact the pool before this step: it starts computing a new prompt of a query tile or
+    more, whose cells then follow one another after the compacted sequences."""
+    admitted = {a.slot_id for a in plan.admitted}
+    return any(c.slot_id in admitted and len(c.tokens) >= QUERY_TILE_ROWS for c in plan.chunks)
 
 
 def decode_calls(plan: StepPlan) -> list[list[Span]]:

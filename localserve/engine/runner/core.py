@@ -1,6 +1,7 @@
 """LlamaRunner: one context whose cache holds `n_slots` sequences (slot id = sequence id).
-It turns a scheduler StepPlan into ONE llama_batch, runs llama_decode, and samples a token for
-every row that asked for logits, each with that slot's own sampler chain (and grammar).
+It turns a scheduler StepPlan into one llama_decode call (two when that is cheaper: calls.py)
+and samples a token for every row that asked for logits, each with that slot's own sampler
+chain (and grammar).
 ctypes releases the GIL inside llama_decode, so the HTTP side keeps serving during a step.
 """
 
@@ -16,14 +17,15 @@ import time
 import llama_cpp as C
 import numpy as np
 
-from localserve.engine.errors import CacheFull, DecodeError, Interrupted, RestoreFailed
+from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Interrupted,
+                                      RestoreFailed)
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
-from localserve.engine.runner.calls import decode_calls
+from localserve.engine.runner.calls import compacts, decode_calls
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
@@ -186,7 +188,7 @@ class LlamaRunner(Sampling):
 
     # ---- one step ---------------------------------------------------------------------
     def decode(self, plan: StepPlan) -> StepOutput:
-        """Run one llama_decode over the whole plan; return what it sampled.
+        """Run the whole plan through llama_decode (calls.py); return what it sampled.
         Before it: last step's failed drafts leave their sequences, sequences the plan
         overwrites are saved to the prompt cache, dropped ones cleared, admitted ones copied
         from a sibling or restored from the cache, then trimmed to the prefix they keep.
@@ -215,6 +217,8 @@ class LlamaRunner(Sampling):
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
         self.costly_grammars, self.grammar_seconds = set(), {}
+        if compacts(plan):
+            self._compact(plan.num_tokens)
         decode_s = 0.0
         for call in decode_calls(plan):  # one, or two when that is cheaper (calls.py)
             n, rows = self._fill(call)
@@ -254,6 +258,26 @@ class LlamaRunner(Sampling):
                 rows.append((chunk, i - 1 - chunk.drafts))
         batch.n_tokens = i
         return i, rows
+
+    def _compact(self, room_after: int) -> None:
+        """Write every sequence back in consecutive cells (calls.py says why). Skipped where a
+        sequence cannot be serialized, or where cells shared between sequences (a sibling's
+        copy) would, written once for each, not leave `room_after` cells free."""
+        held = [s for s in range(self.config.n_slots)
+                if C.llama_memory_seq_pos_max(self.memory, s) >= 0]
+        cells = sum(C.llama_memory_seq_pos_max(self.memory, s)
+                    - C.llama_memory_seq_pos_min(self.memory, s) + 1 for s in held)
+        if cells + room_after > C.llama_n_ctx(self.ctx):
+            return
+        states = [(s, *read_sequence(self.ctx, s)) for s in held]
+        if any(size == 0 for _, _, size in states):
+            return
+        C.llama_memory_clear(self.memory, False)
+        for slot_id, state, size in states:
+            if not write_sequence(self.ctx, slot_id, state, size):
+                C.llama_memory_clear(self.memory, False)
+                raise EngineFailed(f"the cache pool could not take back slot {slot_id}'s "
+                                   f"{size} bytes while compacting it")
 
     def _undo(self, plan: StepPlan, rc: int, n: int, saved) -> None:
         """A call failed: the step's rows leave the cache (an earlier call's too), and the
