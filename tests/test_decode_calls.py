@@ -90,18 +90,21 @@ def generate(runner, requests, together, n=6):
     return {slot: tokens[:n] for slot, tokens in out.items()}
 
 
-def test_two_calls_sample_what_each_sequence_samples_alone(runner, monkeypatch):
+def test_two_calls_and_compacting_sample_what_each_sequence_samples_alone(runner, monkeypatch):
     requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
-    assert len(requests[0].prompt_tokens) > 64  # a whole query tile: the split applies
+    assert len(requests[0].prompt_tokens) > 64  # a whole query tile: split and compaction apply
     alone = generate(runner, requests, together=False)
-    calls = []
-    real_decode = C.llama_decode
+    calls, clears = [], []
+    real_decode, real_clear = C.llama_decode, C.llama_memory_clear
     monkeypatch.setattr(C, "llama_decode", lambda ctx, batch: calls.append(batch.n_tokens)
                         or real_decode(ctx, batch))
+    monkeypatch.setattr(C, "llama_memory_clear", lambda mem, data: clears.append(data)
+                        or real_clear(mem, data))
     together = generate(runner, requests, together=True)
     n_prompt = len(requests[0].prompt_tokens)
     assert calls[:3] == [len(requests[1].prompt_tokens), n_prompt - 1, 2]  # the step in two
     assert len(calls) == 3 + 5  # and then one call a step
+    assert clears == [False]  # the second prompt's step compacted the first's sequence
     assert together == alone
 
 
@@ -114,13 +117,3 @@ def test_the_pool_is_compacted_before_a_new_prompt_of_a_query_tile_or_more():
     assert not compacts(StepPlan([chunk(1, 1, start=300), chunk(0, 200, start=256)]))  # its
     # prompt's later chunks: the first one's cells already follow the compacted sequences
 
-
-def test_compacting_keeps_every_sequence_and_its_greedy_continuation(runner, monkeypatch):
-    requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
-    alone = generate(runner, requests, together=False)
-    clears = []
-    real_clear = C.llama_memory_clear
-    monkeypatch.setattr(C, "llama_memory_clear", lambda mem, data: clears.append(data)
-                        or real_clear(mem, data))
-    assert generate(runner, requests, together=True) == alone
-    assert clears == [False]  # the second prompt's step compacted the first's sequence

@@ -263,10 +263,9 @@ class LlamaRunner(Sampling):
         """Write every sequence back in consecutive cells (calls.py says why). Skipped where a
         sequence cannot be serialized, or where cells shared between sequences (a sibling's
         copy) would, written once for each, not leave `room_after` cells free."""
-        held = [s for s in range(self.config.n_slots)
-                if C.llama_memory_seq_pos_max(self.memory, s) >= 0]
-        cells = sum(C.llama_memory_seq_pos_max(self.memory, s)
-                    - C.llama_memory_seq_pos_min(self.memory, s) + 1 for s in held)
+        last = {s: C.llama_memory_seq_pos_max(self.memory, s) for s in range(self.config.n_slots)}
+        held = [s for s, pos in last.items() if pos >= 0]
+        cells = sum(last[s] - C.llama_memory_seq_pos_min(self.memory, s) + 1 for s in held)
         if cells + room_after > C.llama_n_ctx(self.ctx):
             return
         states = [(s, *read_sequence(self.ctx, s)) for s in held]
@@ -285,7 +284,8 @@ class LlamaRunner(Sampling):
         ubatch it stopped in when interrupted (2); the rest is ours to remove."""
         keep_none = rc not in (1, 2)
         for chunk in plan.chunks:
-            C.llama_memory_seq_rm(self.memory, chunk.slot_id, -1 if keep_none else chunk.start_pos, -1)
+            first = -1 if keep_none else chunk.start_pos
+            C.llama_memory_seq_rm(self.memory, chunk.slot_id, first, -1)
         if rc == 1:
             raise CacheFull(f"no free cache cells for a batch of {n} tokens")
         if rc == 2:
