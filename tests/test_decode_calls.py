@@ -9,7 +9,7 @@ from localserve.common.config import resolve_model
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.runner import LlamaRunner, RunnerConfig
-from localserve.engine.runner.calls import compacts, decode_calls
+from localserve.engine.runner.calls import QUERY_TILE_ROWS, compacts, decode_calls
 
 
 def chunk(slot, n, start=0, sample=True, drafts=0):
@@ -90,30 +90,52 @@ def generate(runner, requests, together, n=6):
     return {slot: tokens[:n] for slot, tokens in out.items()}
 
 
-def test_two_calls_and_compacting_sample_what_each_sequence_samples_alone(runner, monkeypatch):
-    requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
-    assert len(requests[0].prompt_tokens) > 64  # a whole query tile: split and compaction apply
-    alone = generate(runner, requests, together=False)
+def watch(monkeypatch):
+    """The sizes of llama_decode's calls and llama_memory_clear's (compactions), as they come."""
     calls, clears = [], []
     real_decode, real_clear = C.llama_decode, C.llama_memory_clear
     monkeypatch.setattr(C, "llama_decode", lambda ctx, batch: calls.append(batch.n_tokens)
                         or real_decode(ctx, batch))
     monkeypatch.setattr(C, "llama_memory_clear", lambda mem, data: clears.append(data)
                         or real_clear(mem, data))
+    return calls, clears
+
+
+def test_two_calls_and_compacting_sample_what_each_sequence_samples_alone(runner, monkeypatch):
+    requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
+    assert len(requests[0].prompt_tokens) > 64  # a whole query tile: split and compaction apply
+    alone = generate(runner, requests, together=False)
+    calls, clears = watch(monkeypatch)
+    runner.interleaved_rows = QUERY_TILE_ROWS  # as if streams had decoded side by side
     together = generate(runner, requests, together=True)
     n_prompt = len(requests[0].prompt_tokens)
     assert calls[:3] == [len(requests[1].prompt_tokens), n_prompt - 1, 2]  # the step in two
     assert len(calls) == 3 + 5  # and then one call a step
     assert clears == [False]  # the second prompt's step compacted the first's sequence
     assert together == alone
+    assert runner.interleaved_rows == 2 + 5 * 2  # since then: the two-sequence calls' rows
+    assert generate(runner, requests, together=True) == alone
+    assert clears == [False]  # under a tile interleaved since: not compacted again
+
+
+def test_with_layers_offloaded_a_step_is_one_call_and_the_pool_is_left_as_it_is(runner,
+                                                                                 monkeypatch):
+    requests = {1: greedy(runner, 1, counting(500, 12)), 0: greedy(runner, 0, counting(100, 90))}
+    monkeypatch.setattr(runner, "cpu_tiles", False)
+    runner.interleaved_rows = QUERY_TILE_ROWS
+    calls, clears = watch(monkeypatch)
+    generate(runner, requests, together=True)
+    assert calls == [len(requests[1].prompt_tokens), len(requests[0].prompt_tokens) + 1] + [2] * 5
+    assert clears == []
 
 
 def test_the_pool_is_compacted_before_a_new_prompt_of_a_query_tile_or_more():
     def admitted(*chunks):
         return StepPlan(list(chunks), [Admission(c.slot_id, c.request, 0) for c in chunks[-1:]])
 
-    assert compacts(admitted(chunk(1, 1, start=300), chunk(0, 64)))
-    assert not compacts(admitted(chunk(1, 1, start=300), chunk(0, 63)))  # a short turn
-    assert not compacts(StepPlan([chunk(1, 1, start=300), chunk(0, 200, start=256)]))  # its
+    assert compacts(admitted(chunk(1, 1, start=300), chunk(0, 64)), QUERY_TILE_ROWS)
+    assert not compacts(admitted(chunk(1, 1, start=300), chunk(0, 63)), 500)  # a short turn
+    assert not compacts(StepPlan([chunk(1, 1, start=300), chunk(0, 200, start=256)]), 500)  # its
     # prompt's later chunks: the first one's cells already follow the compacted sequences
+    assert not compacts(admitted(chunk(0, 200)), QUERY_TILE_ROWS - 1)  # the pool is in order
 

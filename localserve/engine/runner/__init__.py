@@ -2,7 +2,8 @@
 this package imports llama_cpp.
 
     core.py        LlamaRunner: the generating context, one batch per step
-    calls.py       that batch in one llama_decode call or two (flash attention's query tiles)
+    calls.py       that batch in one llama_decode call or two, and when the pool is compacted
+                   (CPU flash attention's tiles)
     sampling.py    each row with its slot's sampler chain, grammars, drafted rows accepted
     states.py      a sequence's cache state out and back in (the prompt cache)
     embeddings.py  Embedder: a second context on the same model for /v1/embeddings

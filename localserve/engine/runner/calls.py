@@ -24,6 +24,14 @@ meets its own sequence in many more cell tiles: the doc workload's sequences tou
 and 201 tiles of 64 cells in a server's first, second and third run, where 70 would hold them,
 and its prompt rows cost 4.35, 4.75 and 5.62 ms each. Compacting writes every sequence back in
 a row (its state out, the pool cleared, the states in): about 85 ms for 4,400 cells here.
+Only rows written by calls that carry several sequences scatter them (a call of one
+sequence's rows fills the cells after its own, or holes that such calls left), so the pool is
+compacted only once those rows fill a tile: one stream alone, as in copying at concurrency 1,
+never pays for it.
+
+Both apply only where the model runs on the CPU (no layer offloaded): they answer the CPU
+kernel's tiling, and with offload neither the second call nor copying every sequence out of
+VRAM and back was measured (no GPU has run this project).
 """
 
 from __future__ import annotations
@@ -35,11 +43,26 @@ QUERY_TILE_ROWS = 64  # ggml-cpu's flash-attention query tile (a batch this larg
 Span = tuple[SeqChunk, int, int]  # a chunk's tokens[start:end] in one call
 
 
-def compacts(plan: StepPlan) -> bool:
+def compacts(plan: StepPlan, interleaved_rows: int) -> bool:
     """Compact the pool before this step: it starts computing a new prompt of a query tile or
-    more, whose cells then follow one another after the compacted sequences."""
+    more, whose cells then follow one another after the compacted sequences, and a tile's
+    worth of rows has been written interleaved with other sequences' since the last time."""
+    if interleaved_rows < QUERY_TILE_ROWS:
+        return False
     admitted = {a.slot_id for a in plan.admitted}
     return any(c.slot_id in admitted and len(c.tokens) >= QUERY_TILE_ROWS for c in plan.chunks)
+
+
+def interleaved(call: list[Span]) -> int:
+    """The rows a call writes between other sequences' (all of them, when it carries more
+    than one sequence)."""
+    if len({chunk.slot_id for chunk, _, _ in call}) < 2:
+        return 0
+    return sum(end - start for _, start, end in call)
+
+
+def one_call(plan: StepPlan) -> list[list[Span]]:
+    return [[(chunk, 0, len(chunk.tokens)) for chunk in plan.chunks]]
 
 
 def decode_calls(plan: StepPlan) -> list[list[Span]]:
@@ -56,5 +79,5 @@ def decode_calls(plan: StepPlan) -> list[list[Span]]:
     bulk_rows = sum(end - start for _, start, end in bulk)
     others = {c.slot_id for c, _, _ in sampled} - {c.slot_id for c, _, _ in bulk}
     if bulk_rows < QUERY_TILE_ROWS or not others:
-        return [[(chunk, 0, len(chunk.tokens)) for chunk in plan.chunks]]
+        return one_call(plan)
     return [bulk, sampled]

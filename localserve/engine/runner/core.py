@@ -25,7 +25,7 @@ from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_
                                                  _quiet_llama, reset_load_progress,
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
-from localserve.engine.runner.calls import compacts, decode_calls
+from localserve.engine.runner.calls import compacts, decode_calls, interleaved, one_call
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
@@ -70,6 +70,8 @@ class LlamaRunner(Sampling):
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
+        self.cpu_tiles = self.n_gpu_layers == 0  # CPU flash attention's tiles (calls.py)
+        self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted
         self._interrupt = StepInterrupt(self.ctx)
         self.n_ctx_per_slot = C.llama_n_ctx_seq(self.ctx)  # unified: the whole pool
         # an embedding context of one slot's share: its cache is a second one, beside the pool
@@ -217,16 +219,17 @@ class LlamaRunner(Sampling):
                               admission.request.output_tokens)
             self.logprob_n[admission.slot_id] = admission.request.params.logprobs
         self.costly_grammars, self.grammar_seconds = set(), {}
-        if compacts(plan):
+        if self.cpu_tiles and compacts(plan, self.interleaved_rows):
             self._compact(plan.num_tokens)
         decode_s = 0.0
-        for call in decode_calls(plan):  # one, or two when that is cheaper (calls.py)
+        for call in decode_calls(plan) if self.cpu_tiles else one_call(plan):  # calls.py
             n, rows = self._fill(call)
             started = time.perf_counter()
             rc = C.llama_decode(self.ctx, self.batch)
             decode_s += time.perf_counter() - started
             if rc != 0:
                 self._undo(plan, rc, n, saved)
+            self.interleaved_rows += interleaved(call)
         decoded = time.perf_counter()
         sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
                    else [self._sample(chunk.slot_id, row)] for chunk, row in rows}
@@ -272,6 +275,7 @@ class LlamaRunner(Sampling):
         if any(size == 0 for _, _, size in states):
             return
         C.llama_memory_clear(self.memory, False)
+        self.interleaved_rows = 0
         for slot_id, state, size in states:
             if not write_sequence(self.ctx, slot_id, state, size):
                 C.llama_memory_clear(self.memory, False)
