@@ -43,14 +43,15 @@ def _bench_parser(sub) -> None:
     bench.add_argument("--concurrency", default="1,4,16,32,64",
                        help="comma-separated levels (default 1,4,16,32,64)")
     bench.add_argument("--requests", type=int, default=64, help="requests per level (default 64; "
-                       "doc, office: colleagues, at most 24; copy: passages, at most 8)")
+                       "doc, office: colleagues, at most 24; longdoc: 16; copy: passages, at most 8)")
     bench.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     bench.add_argument("--out", default="bench-out", help="folder for bench.json and bench.png")
-    bench.add_argument("--workload", choices=["mixed", "doc", "office", "agents", "copy"],
+    bench.add_argument("--workload", choices=["mixed", "doc", "longdoc", "office", "agents", "copy"],
                        default="mixed",
                        help="mixed: the seeded chat workload per level (default); doc: colleagues "
                             "chatting with their documents (prompt tokens reused, follow-up "
-                            "time to first token); office: 24 colleagues on one ~400-word system "
+                            "time to first token); longdoc: the same, 16 colleagues with ~1,800-token "
+                            "documents; office: 24 colleagues on one ~400-word system "
                             "prompt, 4 turns each, 8 at a time; agents: 4 colleagues on one coding agent's "
                             "~5,000-token system prompt, 4 turns each; copy: answers that copy text, per level "
                             "(drafted tokens, the share kept, tokens per step)")

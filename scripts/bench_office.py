@@ -2,11 +2,13 @@
 """Office-shaped traffic against localserve and llama.cpp's llama-server (same llama.cpp, same
 model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
-  doc   "chat with my document": 24 colleagues, each with their own ~1,300-token document
+  doc   "chat with my document": 24 colleagues, each with their own ~1,050-token document
         (different each round), 8 at a time; each asks a question, then two follow-ups in the
         same conversation, every colleague's next turn coming after all the others have had
         theirs (more conversations than slots: what a cache beyond the slots is for). Turns
         per minute, follow-up time to first token (p50), prompt tokens reused.
+  longdoc the same with 16 colleagues and ~1,800-token documents (four still fit
+        llama-server's 8,192-token default pool).
   copy  "rewrite this exactly, adding a line at the top": 2 texts of each of six kinds, none
         of them this repository's (localserve/bench/corpus.py: Python, C, prose, JSON, CSV,
         Markdown), different each round, at concurrency 1 and 4: output tok/s, overall and per
@@ -25,7 +27,7 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
 
 Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults.
 
-    .venv/bin/python scripts/bench_office.py --workload doc|office|agents|copy|chat|mixed [--rounds 3] \
+    .venv/bin/python scripts/bench_office.py --workload doc|longdoc|office|agents|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 
@@ -36,7 +38,7 @@ environment); ratios are the first side's.
 order rotated every round. For chat, mixed and copy a round is --waves (3) x concurrency jobs
 (seconds, not minutes), so the drift of a shared machine falls on every side alike and many
 more rounds fit; --waves 1 at concurrency 1 pairs single answers: the finest pairing there is.
-For doc, office and agents a round is the whole workload (its own documents or prompts), each
+For doc, longdoc, office and agents a round is the whole workload (its own documents or prompts), each
 side's run minutes apart rather than a fresh server per side and round.
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
@@ -122,7 +124,7 @@ def run_once(name, extra, args, seed: int) -> dict:
 
 
 def conversations(url: str, args, seed: int) -> dict:
-    """One side's whole conversation workload (doc, office, agents) on `seed`'s documents or
+    """One side's whole conversation workload (doc, longdoc, office, agents) on `seed`'s documents or
     prompts: a fresh-server round, or a paired one."""
     return asyncio.run(CONVERSATIONS[args.workload](url, seed=seed))
 

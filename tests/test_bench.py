@@ -53,7 +53,9 @@ def test_doc_documents_differ_by_colleague_and_round():
     """Rounds of the doc workload measure different texts, not one prompt tuned on."""
     assert document(3, seed=1) == document(3, seed=1)
     assert len({document(c, seed) for c in range(3) for seed in range(3)}) == 9
-    assert 900 <= len(document(0).split()) <= 1100  # about 1,300 tokens
+    assert 900 <= len(document(0).split()) <= 1100  # about 1,050 tokens
+    longer = document(0, paragraphs=19)  # longdoc's: about 1,800 tokens
+    assert 1700 <= len(longer.split()) <= 1800 and longer[:200] != document(0)[:200]
 
 
 def test_agents_prompts_are_seeded_and_past_a_slots_share():
@@ -114,6 +116,20 @@ def test_bench_command_says_how_many_turns_failed(second_server, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     assert "agents: 0.0 turns/min" in run.stdout and "16 turns FAILED" in run.stdout
+
+
+def test_bench_longdoc_answers_every_turn_of_documents_longer_than_a_slots_share(server,
+                                                                                tmp_path):
+    """`localserve bench --workload longdoc`: ~1,800-token documents on 1,024-token shares of a
+    4,096-token pool, two colleagues at once: borrowed cells, every turn answered, reused."""
+    run = subprocess.run([sys.executable, "-m", "localserve", "bench", "--url", server.url,
+                          "--workload", "longdoc", "--requests", "2", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    assert "longdoc: " in run.stdout and "FAILED" not in run.stdout
+    result = json.loads((tmp_path / "bench-longdoc.json").read_text())["results"]
+    assert result["failed_turns"] == 0 and result["prompt_tokens"] > 3 * 2 * 1750
+    assert result["cached_tokens"] > 2 * 2 * 1750  # each follow-up reuses its document
 
 
 def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):

@@ -1,9 +1,11 @@
 """Office-shaped workloads, for `localserve bench --workload doc|copy` against any server and
 for scripts/bench_office.py's side-by-side rounds against llama-server:
 
-  doc   "chat with my document": colleagues each with their own ~1,300-token document, a
+  doc   "chat with my document": colleagues each with their own ~1,050-token document, a
         question then two follow-ups in the same conversation, every colleague's next turn
         after all the others' (more conversations than slots: what the prompt cache is for).
+  longdoc the same with fewer colleagues (16) and longer documents (~1,800 tokens: four of
+        them, the slots llama-server keeps by default, still fit its 8,192-token pool).
   copy  "rewrite this exactly, adding a line at the top": texts of several kinds, none of them
         this repository's (bench/corpus.py), a different set per seed, with figures per kind
         (what speculative decoding is for).
@@ -38,11 +40,12 @@ QUESTIONS = ("What is this document about?", "Which dates does it mention?",
              "Summarise the second paragraph.")
 
 
-def document(colleague: int, seed: int = 0) -> str:
-    """A colleague's ~1,300-token document, different for every seed (round)."""
-    rng = random.Random(f"{seed}:{colleague}")
-    paragraphs = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(11)]
-    return f"Document of colleague {colleague}.\n\n" + "\n\n".join(paragraphs)
+def document(colleague: int, seed: int = 0, paragraphs: int = 11) -> str:
+    """A colleague's document of `paragraphs` 90-word paragraphs (11: ~1,050 tokens),
+    different for every seed (round) and length."""
+    rng = random.Random(f"{seed}:{colleague}" + (f":{paragraphs}" if paragraphs != 11 else ""))
+    body = [" ".join(rng.choice(WORDS) for _ in range(90)) + "." for _ in range(paragraphs)]
+    return f"Document of colleague {colleague}.\n\n" + "\n\n".join(body)
 
 
 async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
@@ -116,6 +119,13 @@ async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
                        headers: dict | None = None, seed: int = 0) -> dict:
     return await conversations_workload(url, [document(c, seed) for c in range(colleagues)],
                                         QUESTIONS, concurrency, headers)
+
+
+async def longdoc_workload(url: str, colleagues: int = 16, concurrency: int = 8,
+                           headers: dict | None = None, seed: int = 0) -> dict:
+    return await conversations_workload(
+        url, [document(c, seed, paragraphs=19) for c in range(colleagues)], QUESTIONS,
+        concurrency, headers)
 
 
 async def conversations_workload(url: str, systems: list[str], questions, concurrency: int,
@@ -204,8 +214,10 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
 
 
 # The workloads of colleagues in conversations, by name: each called as (url, colleagues,
-# headers=, seed=), its defaults the workload's own.
-CONVERSATIONS = {"doc": doc_workload, "office": office_workload, "agents": agents_workload}
+# headers=, seed=), its defaults the workload's own; and how many colleagues at most.
+CONVERSATIONS = {"doc": doc_workload, "longdoc": longdoc_workload, "office": office_workload,
+                 "agents": agents_workload}
+COLLEAGUES = {"doc": 24, "longdoc": 16, "office": 24, "agents": 4}
 
 
 async def engine_counters(client, url: str) -> dict | None:
@@ -221,10 +233,11 @@ async def engine_counters(client, url: str) -> dict | None:
 
 def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | None,
         requests: int) -> dict:
-    """`localserve bench --workload doc|office|agents|copy`: one run against a server, printed."""
+    """`localserve bench --workload doc|longdoc|office|agents|copy`: one run against a server,
+    printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     if workload in CONVERSATIONS:
-        colleagues = 4 if workload == "agents" else min(requests, 24)
+        colleagues = min(requests, COLLEAGUES[workload])
         out = asyncio.run(CONVERSATIONS[workload](url, colleagues, headers=headers, seed=seed))
         print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token "
               f"p50 {out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
