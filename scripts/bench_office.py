@@ -25,7 +25,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         colleagues, 4 short questions each, 8 at a time: turns per minute and follow-up time
         to first token.
 
-Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults.
+Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults, and the
+embedded model unless --model names another .gguf file.
 
     .venv/bin/python scripts/bench_office.py --workload doc|longdoc|office|agents|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
@@ -83,14 +84,16 @@ def servers(args) -> dict[str, list[str] | None]:
 
 def start(name: str, extra: list[str], args) -> RunningServer:
     common = (*(() if args.defaults else SPLIT), "-t", str(args.threads))
+    model = ("-m", str(resolve_model(args.model)))
     if name.startswith("llama-server"):
-        return RunningServer("-m", str(resolve_model(None)), *common, *extra,
+        return RunningServer(*model, *common, *extra,
                              log_name="office-llama", program=[args.llama_server]).wait_ready(300)
     # Leading NAME=value words set the side's environment, as in a shell: e.g.
     # "LLAMA_CPP_LIB_PATH=/tmp/lib --spec off" runs that side on another build of llama.cpp.
     flags = extra[1:]
     env = list(itertools.takewhile(lambda flag: "=" in flag and not flag.startswith("-"), flags))
-    return RunningServer(*common, *flags[len(env):], log_name="office-local",
+    return RunningServer(*common, *(model if args.model else ()), *flags[len(env):],
+                         log_name="office-local",
                          program=["env", *env, sys.executable, "-m", "localserve", extra[0]]
                          ).wait_ready(300)
 
@@ -202,6 +205,7 @@ def main() -> int:
     ap.add_argument("--defaults", action="store_true",
                     help="no -c/-np on any side: each server's own defaults (both take the "
                          "context from the model)")
+    ap.add_argument("--model", help="a .gguf file for every side (default: the embedded model)")
     ap.add_argument("--out", default="bench-out/office.json")
     args = ap.parse_args()
     args.concurrency = args.concurrency or ([8] if args.workload in CHAT_SHAPES else [1, 4])
