@@ -31,6 +31,20 @@ def test_the_drafter_proposes_what_followed_the_latest_ngram_last_time():
     assert drafter.length == MAX_DRAFT
 
 
+def test_a_long_match_earns_a_draft_as_long_as_itself_even_right_after_a_miss():
+    passage = list(range(100, 200))
+    text = passage + [7] + passage[:40]  # the answer copies the passage, 40 tokens in
+    drafter = NgramDrafter()
+    drafter.feedback(8, 0)  # its last draft missed at once: its own length is 1
+    proposal = drafter.propose(text, 100)
+    assert proposal.match == 40 and proposal.tokens == passage[40:80]
+    assert drafter.propose(text, 10).tokens == passage[40:50]  # never past the limit
+    other = NgramDrafter()
+    other.feedback(8, 0)
+    short = [5, 6, 7, 8, 9, 1, 5, 6, 7]
+    assert other.propose(short, 100).tokens == [8]  # a 3-token match: its own length, 1
+
+
 def test_the_longest_ngram_wins_and_its_match_is_measured_back():
     passage = list(range(100, 140))
     text = passage[:20] + [1] + passage + [7] + passage[:30]  # copied twice; the tail is 30 in
