@@ -23,6 +23,7 @@ kept, tokens per decode step, prompt tokens reused); another server reports spee
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import math
 import random
@@ -214,10 +215,9 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
 
 
 # The workloads of colleagues in conversations, by name: each called as (url, colleagues,
-# headers=, seed=), its defaults the workload's own; and how many colleagues at most.
+# headers=, seed=), its defaults the workload's own (its default colleagues the most it takes).
 CONVERSATIONS = {"doc": doc_workload, "longdoc": longdoc_workload, "office": office_workload,
                  "agents": agents_workload}
-COLLEAGUES = {"doc": 24, "longdoc": 16, "office": 24, "agents": 4}
 
 
 async def engine_counters(client, url: str) -> dict | None:
@@ -237,8 +237,9 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
     printed."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     if workload in CONVERSATIONS:
-        colleagues = min(requests, COLLEAGUES[workload])
-        out = asyncio.run(CONVERSATIONS[workload](url, colleagues, headers=headers, seed=seed))
+        workload_fn = CONVERSATIONS[workload]
+        most = inspect.signature(workload_fn).parameters["colleagues"].default
+        out = asyncio.run(workload_fn(url, min(requests, most), headers=headers, seed=seed))
         print(f"{workload}: {out['turns_per_min']:.1f} turns/min, follow-up time to first token "
               f"p50 {out['followup_ttft_p50_s']:.2f} s, {out['cached_tokens']} of "
               f"{out['prompt_tokens']} prompt tokens reused from earlier turns"
