@@ -85,6 +85,31 @@ class ChatTemplateError(ValueError):
     """The messages could not be rendered (the template itself raised): a client error."""
 
 
+# A marker the template's `| trim` filter went through (Gemma's and Llama 3's templates trim
+# every message): its caller text is put back trimmed too, as llama.cpp and Transformers
+# render it.
+TRIMMED = "t"
+WHOLE_MARKER = re.compile("\ue000([0-9a-f]{16}-\\d{6})\ue001")
+
+
+def _trim(value, chars: str | None = None) -> str:
+    """Jinja's `trim`, for a caller's text hidden behind its marker as for any other string."""
+    text = str(value)
+    if chars is None and WHOLE_MARKER.fullmatch(text):
+        return text[:-1] + TRIMMED + "\ue001"
+    return text.strip(chars)
+
+
+def _caller_text(piece: str, contents: dict[str, str]) -> str | None:
+    """The caller's text a rendered piece stands for (trimmed where the template said so),
+    or None when the piece is the template's own."""
+    if piece in contents:
+        return contents[piece]
+    if piece.endswith(TRIMMED + "\ue001") and piece[:-2] + "\ue001" in contents:
+        return contents[piece[:-2] + "\ue001"].strip()
+    return None
+
+
 def _raise(message: str):
     raise ChatTemplateError(message)
 
@@ -145,6 +170,7 @@ class ChatTemplate:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
+        env.filters["trim"] = _trim
         # what llama.cpp's and Transformers' template environments give (Granite 3.3, Llama
         # 3.x write today's date with it)
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -175,19 +201,20 @@ class ChatTemplate:
         if continue_final:
             rendered = self._open_last(rendered, masked[-1]["content"])
         parts = []
-        pattern = re.compile("(\ue000" + nonce + r"-\d+\ue001|" + '"\\\\ue000' + nonce
-                             + r'-\d+\\ue001")')
+        pattern = re.compile("(\ue000" + nonce + r"-\d+" + TRIMMED + "?\ue001|" + '"\\\\ue000'
+                             + nonce + r'-\d+\\ue001")')
         for piece in pattern.split(rendered):
-            if piece in contents:
-                if contents[piece]:
-                    parts.append(PromptPart(contents[piece], trusted=False))
+            text = _caller_text(piece, contents)
+            if text is not None:
+                if text:
+                    parts.append(PromptPart(text, trusted=False))
             elif piece:
                 parts.append(PromptPart(piece, trusted=True))
         return parts
 
     @staticmethod
     def _open_last(rendered: str, marker: str) -> str:
-        at = rendered.rfind(marker)
+        at, marker = max((rendered.rfind(m), m) for m in (marker, marker[:-1] + TRIMMED + "\ue001"))
         if at < 0:
             raise ChatTemplateError("this model's chat template does not write a final "
                                     "assistant message to continue")
