@@ -5,7 +5,7 @@ only what held, the output is exactly what one token a step gives)."""
 import dataclasses
 
 from localserve.engine.drafts import (FIRST_DRAFT, MAX_DRAFT, Acceptance, NgramDrafter, Proposal,
-                                     StepCost, matched_length)
+                                     StepCost, continued, matched_length)
 from localserve.engine.plan import StepOutput
 from localserve.engine.request import RequestStatus
 from localserve.engine.scheduler import Scheduler
@@ -23,7 +23,7 @@ def test_the_drafter_proposes_what_followed_the_latest_ngram_last_time():
     drafter.feedback(3, 3)
     longer = text + [42, 5, 6, 7]  # the answer went on (tokens only ever grow)
     assert drafter.length == 2 * FIRST_DRAFT
-    assert drafter.propose(longer, 100).tokens == [42, 5, 6, 7]
+    assert drafter.propose(longer, 100).tokens == ([42, 5, 6, 7] * 8)[:2 * FIRST_DRAFT]  # round again
     drafter.feedback(8, 2)
     assert drafter.length == 3
     for _ in range(6):
@@ -43,6 +43,18 @@ def test_a_long_match_earns_a_draft_as_long_as_itself_even_right_after_a_miss():
     other.feedback(8, 0)
     short = [5, 6, 7, 8, 9, 1, 5, 6, 7]
     assert other.propose(short, 100).tokens == [8]  # a 3-token match: its own length, 1
+
+
+def test_text_repeating_itself_is_drafted_on_past_the_tail_with_its_period():
+    """A list, a table's rows, a loop: the match ends a period before the tail, and the draft
+    goes round the period again (ngram-mod's chained lookups do the same) instead of stopping
+    at the tail after one period's tokens."""
+    row = [11, 12, 13, 14, 15]
+    text = [1, 2] + row * 5  # 5-token period, the latest earlier occurrence 5 tokens back
+    proposal = NgramDrafter().propose(text, 12)
+    assert proposal.match == 20
+    assert proposal.tokens == (row * 3)[:12]
+    assert continued([1, 2, 3], 1, 5) == [2, 3, 2, 3, 2]
 
 
 def test_the_longest_ngram_wins_and_its_match_is_measured_back():

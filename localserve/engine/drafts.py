@@ -70,7 +70,7 @@ class NgramDrafter:
                     self.match = matched_length(tokens, end, n_total)
                     copied = self.match if self.match >= COPYING else 0
                     want = min(limit, max(self.length, copied))
-                    return Proposal(tokens[end:end + want], self.match)
+                    return Proposal(continued(tokens, end, want), self.match)
         return Proposal([], 0)
 
     def feedback(self, drafted: int, accepted: int) -> None:
@@ -78,6 +78,17 @@ class NgramDrafter:
         (Resting after misses was measured and dropped: it cost copying answers a quarter of
         their gain and saved ordinary chat nothing.)"""
         self.length = min(MAX_DRAFT, self.length * 2) if accepted == drafted else accepted + 1
+
+
+def continued(tokens: list[int], end: int, want: int) -> list[int]:
+    """`want` tokens from `end` on, past the tail too: a match that ends `period` tokens
+    before the tail is text repeating itself with that period (a list, a table's rows, a
+    loop), and drafts it on (as llama.cpp's ngram-mod, which chains its lookups)"""
+    draft = tokens[end:end + want]
+    period = len(tokens) - end
+    while len(draft) < want:
+        draft.append(draft[-period])
+    return draft
 
 
 def matched_length(tokens: list[int], earlier_end: int, tail_end: int) -> int:
