@@ -26,7 +26,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         to first token.
 
 Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults, and the
-embedded model unless --model names another .gguf file.
+embedded model unless --model names another .gguf file (one that carries no chat template:
+llama-server is given the one localserve falls back to, so that both answer the same prompts).
 
     .venv/bin/python scripts/bench_office.py --workload doc|longdoc|office|agents|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
@@ -51,8 +52,10 @@ import argparse
 import asyncio
 import itertools
 import json
+import os
 import statistics
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -63,6 +66,7 @@ from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
+from localserve.bench.gguf_meta import template_for_peer  # noqa: E402
 from localserve.bench.office import CONVERSATIONS, copy_workload  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 
@@ -86,7 +90,7 @@ def start(name: str, extra: list[str], args) -> RunningServer:
     common = (*(() if args.defaults else SPLIT), "-t", str(args.threads))
     model = ("-m", str(resolve_model(args.model)))
     if name.startswith("llama-server"):
-        return RunningServer(*model, *common, *extra,
+        return RunningServer(*model, *common, *peer_template(model[1]), *extra,
                              log_name="office-llama", program=[args.llama_server]).wait_ready(300)
     # Leading NAME=value words set the side's environment, as in a shell: e.g.
     # "LLAMA_CPP_LIB_PATH=/tmp/lib --spec off" runs that side on another build of llama.cpp.
@@ -96,6 +100,18 @@ def start(name: str, extra: list[str], args) -> RunningServer:
                          log_name="office-local",
                          program=["env", *env, sys.executable, "-m", "localserve", extra[0]]
                          ).wait_ready(300)
+
+
+def peer_template(model: str) -> tuple[str, ...]:
+    """--chat-template-file for llama-server where the model file carries no template: each
+    server falls back to its own otherwise (llama-server to ChatML, localserve to the model
+    family's, Gemma's for a Gemma file), and the two would answer different prompts."""
+    source = template_for_peer(model)
+    if source is None:
+        return ()
+    path = Path(tempfile.gettempdir()) / f"bench-template-{os.getpid()}.jinja"
+    path.write_text(source, encoding="utf-8")
+    return ("--chat-template-file", str(path))
 
 
 def run_once(name, extra, args, seed: int) -> dict:

@@ -158,3 +158,35 @@ def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_
     assert not any(t.text.strip() and t.text in ours for t in texts)
     assert [t.text for t in copy_corpus(seed=1)] == [t.text for t in texts]
     assert [t.text for t in copy_corpus(seed=2)] != [t.text for t in texts]
+
+
+def gguf_header(tmp_path: Path, strings: dict[str, str]) -> Path:
+    """A GGUF file's header: the given string keys, between an array and a number."""
+    import struct
+
+    def text(s: str) -> bytes:
+        return struct.pack("<Q", len(s.encode())) + s.encode()
+    body = text("tokenizer.ggml.tokens") + struct.pack("<IIQ", 9, 8, 2) + text("a") + text("bc")
+    for key, value in strings.items():
+        body += text(key) + struct.pack("<I", 8) + text(value)
+    body += text("general.alignment") + struct.pack("<II", 4, 32)
+    path = tmp_path / "model.gguf"
+    path.write_bytes(b"GGUF" + struct.pack("<IQQ", 3, 0, len(strings) + 2) + body)
+    return path
+
+
+def test_the_peer_gets_the_template_localserve_falls_back_to_where_the_file_has_none(tmp_path):
+    """scripts/bench_office.py hands llama-server this as --chat-template-file: a Gemma file
+    without a template is answered with Gemma's turns by localserve and with ChatML by
+    llama-server's own fallback, different prompts and so different answers."""
+    from localserve.bench.gguf_meta import string_metadata, template_for_peer
+    from localserve.common.config import resolve_model
+    from localserve.models.chat_template import BUILTIN
+    gemma = gguf_header(tmp_path, {"general.architecture": "gemma3"})
+    assert string_metadata(gemma) == {"general.architecture": "gemma3"}
+    assert template_for_peer(gemma) == BUILTIN["gemma"]
+    embedded = resolve_model(None)  # SmolLM2 carries its own: both servers use it
+    assert string_metadata(embedded)["general.architecture"] == "llama"
+    assert template_for_peer(embedded) is None
+    with pytest.raises(ValueError):
+        string_metadata(Path(__file__))
