@@ -128,18 +128,22 @@ def run_once(name, extra, args, seed: int) -> dict:
                     for c in args.concurrency}
         out = {}
         for c in args.concurrency:
-            run = asyncio.run(copy_workload(srv.url, c, copy_corpus(seed)))
-            out[f"c{c}"] = run["tok_s"]
-            out.update({f"c{c}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
-            out.update({f"c{c}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
-            out[f"c{c}_tokens"] = run["completion_tokens"]  # equal answers: equal counts
-            out[f"c{c}_accepted"] = run["accepted"]
-            out[f"c{c}_drafted"] = run["drafted"]
-            if run["tokens_per_step"] is not None:
-                out[f"c{c}_tokens_per_step"] = run["tokens_per_step"]
+            out.update(copy_row(f"c{c}", asyncio.run(copy_workload(srv.url, c, copy_corpus(seed)))))
         return out
     finally:
         srv.stop()
+
+
+def copy_row(key: str, run: dict) -> dict:
+    """A copy run's figures: tok/s overall and per kind, each with its answers' tokens (equal
+    answers: equal counts), and what the drafts did."""
+    row = {key: run["tok_s"], key + "_tokens": run["completion_tokens"],
+           key + "_accepted": run["accepted"], key + "_drafted": run["drafted"]}
+    row.update({f"{key}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
+    row.update({f"{key}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
+    if run["tokens_per_step"] is not None:
+        row[key + "_tokens_per_step"] = run["tokens_per_step"]
+    return row
 
 
 def conversations(url: str, args, seed: int) -> dict:
@@ -162,13 +166,12 @@ def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
 def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     """One side's output tok/s on a paired round's jobs at one level: the first --waves x
     concurrency of the round's jobs (chat and mixed prompts, or copy passages); for copy also
-    the answers' tokens (llama-server's ngram-mod does not always answer what greedy decoding
-    does, and a shorter answer is mostly time to first token)."""
+    per kind, and the answers' tokens (copy_row: llama-server's ngram-mod does not always
+    answer what greedy decoding does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
     if args.workload == "copy":
         texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
-        run = asyncio.run(copy_workload(url, concurrency, texts))
-        return {key: run["tok_s"], key + "_tokens": run["completion_tokens"]}
+        return copy_row(key, asyncio.run(copy_workload(url, concurrency, texts)))
     jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
     return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
 
