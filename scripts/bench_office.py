@@ -66,7 +66,7 @@ from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
-from localserve.bench.gguf_meta import template_for_peer  # noqa: E402
+from localserve.models.gguf_meta import template_for_peer  # noqa: E402
 from localserve.bench.office import CONVERSATIONS, copy_workload  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 

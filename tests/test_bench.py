@@ -179,7 +179,7 @@ def test_the_peer_gets_the_template_localserve_falls_back_to_where_the_file_has_
     """scripts/bench_office.py hands llama-server this as --chat-template-file: a Gemma file
     without a template is answered with Gemma's turns by localserve and with ChatML by
     llama-server's own fallback, different prompts and so different answers."""
-    from localserve.bench.gguf_meta import string_metadata, template_for_peer
+    from localserve.models.gguf_meta import string_metadata, template_for_peer
     from localserve.common.config import resolve_model
     from localserve.models.chat_template import BUILTIN
     gemma = gguf_header(tmp_path, {"general.architecture": "gemma3"})

@@ -153,12 +153,12 @@ def drafts(plan) -> list[int]:
 
 
 def test_drafts_go_to_decode_rows_as_many_as_pay_while_the_budget_lasts():
-    assert drafts(decoding(2)) == [8, 8]  # FIRST_DRAFT each: copying pays
-    assert all(0 < d <= 8 for d in drafts(decoding(2, held=0.5)))  # rows cost nothing: drafts pay
+    assert drafts(decoding(2)) == [16, 16]  # a 17-token match earns 16 (COPYING): copying pays
+    assert all(0 < d <= 16 for d in drafts(decoding(2, held=0.5)))  # rows cost nothing: drafts pay
     assert drafts(decoding(2, held=0.0)) == [0, 0]  # drafts that never hold: none
-    assert drafts(decoding(1, n_ctx_seq=256)) == [8]  # borrowing from the pool drafts too
+    assert drafts(decoding(1, n_ctx_seq=256)) == [16]  # borrowing from the pool drafts too
     assert drafts(decoding(1, logprobs=(2,))) == [0]  # drafted rows give no log-probabilities
-    assert drafts(decoding(2, logprobs=(2, None))) == [0, 8]  # the next row is still drafted
+    assert drafts(decoding(2, logprobs=(2, None))) == [0, 16]  # the next row is still drafted
     assert drafts(decoding(2, budget=2 + 1)) == [1, 0]  # the budget left: one token, in order
     assert drafts(decoding(2, budget=2 + 10)) == [8, 2]  # the first's drafts come off the budget
     assert drafts(decoding(1, max_tokens=3)) == [1]  # room for the answer's last tokens only
