@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -102,10 +103,12 @@ def start(name: str, extra: list[str], args) -> RunningServer:
                          ).wait_ready(300)
 
 
+@functools.cache
 def peer_template(model: str) -> tuple[str, ...]:
     """--chat-template-file for llama-server where the model file carries no template: each
     server falls back to its own otherwise (llama-server to ChatML, localserve to the model
-    family's, Gemma's for a Gemma file), and the two would answer different prompts."""
+    family's, Gemma's for a Gemma file), and the two would answer different prompts. Read
+    once per bench: every round starts llama-server again."""
     source = template_for_peer(model)
     if source is None:
         return ()

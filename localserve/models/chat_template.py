@@ -86,28 +86,21 @@ class ChatTemplateError(ValueError):
 
 
 # A marker the template's `| trim` filter went through (Gemma's and Llama 3's templates trim
-# every message): its caller text is put back trimmed too, as llama.cpp and Transformers
-# render it.
+# every message) stands for its caller text trimmed, as llama.cpp and Transformers render it.
 TRIMMED = "t"
 WHOLE_MARKER = re.compile("\ue000([0-9a-f]{16}-\\d{6})\ue001")
+
+
+def trimmed(marker: str) -> str:
+    return marker[:-1] + TRIMMED + "\ue001"
 
 
 def _trim(value, chars: str | None = None) -> str:
     """Jinja's `trim`, for a caller's text hidden behind its marker as for any other string."""
     text = str(value)
     if chars is None and WHOLE_MARKER.fullmatch(text):
-        return text[:-1] + TRIMMED + "\ue001"
+        return trimmed(text)
     return text.strip(chars)
-
-
-def _caller_text(piece: str, contents: dict[str, str]) -> str | None:
-    """The caller's text a rendered piece stands for (trimmed where the template said so),
-    or None when the piece is the template's own."""
-    if piece in contents:
-        return contents[piece]
-    if piece.endswith(TRIMMED + "\ue001") and piece[:-2] + "\ue001" in contents:
-        return contents[piece[:-2] + "\ue001"].strip()
-    return None
 
 
 def _raise(message: str):
@@ -126,8 +119,9 @@ class CallerText:
         self.contents: dict[str, str] = {}
 
     def text(self, value: str) -> str:
-        marker = f"\ue000{self.nonce}-{len(self.contents) // 2:06d}\ue001"
+        marker = f"\ue000{self.nonce}-{len(self.contents) // 3:06d}\ue001"
         self.contents[marker] = value
+        self.contents[trimmed(marker)] = value.strip()  # after the template's `| trim`
         # a template that writes it with `| tojson` (Llama 3.1's tool results) shows the
         # marker escaped: the caller's text goes there, escaped the same way
         self.contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(value))
@@ -204,17 +198,16 @@ class ChatTemplate:
         pattern = re.compile("(\ue000" + nonce + r"-\d+" + TRIMMED + "?\ue001|" + '"\\\\ue000'
                              + nonce + r'-\d+\\ue001")')
         for piece in pattern.split(rendered):
-            text = _caller_text(piece, contents)
-            if text is not None:
-                if text:
-                    parts.append(PromptPart(text, trusted=False))
+            if piece in contents:
+                if contents[piece]:
+                    parts.append(PromptPart(contents[piece], trusted=False))
             elif piece:
                 parts.append(PromptPart(piece, trusted=True))
         return parts
 
     @staticmethod
     def _open_last(rendered: str, marker: str) -> str:
-        at, marker = max((rendered.rfind(m), m) for m in (marker, marker[:-1] + TRIMMED + "\ue001"))
+        at, marker = max((rendered.rfind(m), m) for m in (marker, trimmed(marker)))
         if at < 0:
             raise ChatTemplateError("this model's chat template does not write a final "
                                     "assistant message to continue")
