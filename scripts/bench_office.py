@@ -69,6 +69,7 @@ from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
 from localserve.models.gguf_meta import template_for_peer  # noqa: E402
 from localserve.bench.office import CONVERSATIONS, copy_workload  # noqa: E402
+from localserve.bench.same_text import same_text_speedup  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 
 SPLIT = ("-c", "32768", "-np", "8")
@@ -141,7 +142,8 @@ def copy_row(key: str, run: dict) -> dict:
     """A copy run's figures: tok/s overall and per kind, each with its answers' tokens (equal
     answers: equal counts), and what the drafts did."""
     row = {key: run["tok_s"], key + "_tokens": run["completion_tokens"],
-           key + "_accepted": run["accepted"], key + "_drafted": run["drafted"]}
+           key + "_accepted": run["accepted"], key + "_drafted": run["drafted"],
+           key + "_answers": run["answers"]}
     row.update({f"{key}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
     row.update({f"{key}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
     if run["tokens_per_step"] is not None:
@@ -162,8 +164,27 @@ def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
         order = list(sides.items()) if round_no % 2 == 0 else list(sides.items())[::-1]
         for name, extra in order:
             results[name].append(run_once(name, extra, args, seed=round_no))
-            print(f"round {round_no + 1} {name}: {results[name][-1]}", flush=True)
+            print(f"round {round_no + 1} {name}: {shown(results[name][-1])}", flush=True)
     return results
+
+
+def shown(row: dict) -> dict:
+    """A round's figures without the copy answers' texts (kept for same_text and --out)."""
+    return {k: v for k, v in row.items() if not k.endswith("_answers")}
+
+
+def print_same_text(first: str, peer: str, results: dict[str, list[dict]], key: str) -> None:
+    """Copy rounds compared on the text both sides wrote (bench/same_text.py): medians over
+    rounds of each kind's speedup, and how much of the answers that text is."""
+    rounds = [same_text_speedup(a[key + "_answers"], b[key + "_answers"])
+              for a, b in zip(results[first], results[peer])]
+    cells = []
+    for kind in sorted(rounds[0], key=lambda kind: kind != "all"):
+        ups = [r[kind]["speedup"] for r in rounds if r[kind]["speedup"] is not None]
+        share = statistics.median(r[kind]["share"] for r in rounds)
+        cells.append(f"{kind} {statistics.median(ups):.2f}x ({min(ups):.2f}-{max(ups):.2f}; "
+                     f"{share:.0%} of the text)" if ups else f"{kind}: nothing shared")
+    print(f"    {key} on the text both wrote: " + ", ".join(cells))
 
 
 def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
@@ -203,7 +224,7 @@ def run_paired(sides: dict, args) -> dict[str, list[dict]]:
             for name in names:
                 results[name].append(paired_round(up[name].url, args, round_no))
             print(f"round {round_no + 1}: " + ", ".join(
-                f"{name} {results[name][-1]}" for name in up), flush=True)
+                f"{name} {shown(results[name][-1])}" for name in up), flush=True)
         return results
     finally:
         for srv in up.values():
@@ -236,7 +257,7 @@ def main() -> int:
     first = next(iter(results))
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
     for name, runs in results.items():
-        keys = [k for k in runs[0] if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
+        keys = [k for k in shown(runs[0]) if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
         cells = [f"{k} {statistics.median(r[k] for r in runs):.2f} "
                  f"({min(r[k] for r in runs):.2f}-{max(r[k] for r in runs):.2f})" for k in keys]
         if "cached_tokens" in runs[0]:
@@ -262,6 +283,8 @@ def main() -> int:
                 print(f"    same answer length in {len(same)} of {len(ratios)} rounds" + (
                     f": {statistics.median(same):.2f}x ({min(same):.2f}-{max(same):.2f})"
                     if same else ""))
+            if k + "_answers" in results[first][0]:
+                print_same_text(first, peer, results, k)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
     return 0

@@ -13,6 +13,7 @@ from conftest import running
 from localserve.bench.load import LevelSummary, make_workload
 from localserve.bench.report import find_knee
 from localserve.bench.office import document
+from localserve.bench.same_text import same_text_speedup
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -145,6 +146,20 @@ def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
     result = json.loads((tmp_path / "bench-copy.json").read_text())["results"]["1"]
     assert result["completion_tokens"] > 0 and result["tokens_per_step"] >= 1
     assert list(result["kinds"]) == ["python", "c"]  # --requests 2: the first two kinds
+
+
+def test_copy_runs_are_compared_on_the_beginning_both_answers_share():
+    """Greedy answers differ between servers (batches change llama.cpp's numbers), so each
+    side is timed to the end of the text both wrote: mine wrote "abcd" by 1 s, theirs by 2 s,
+    whatever came after; an answer with nothing in common counts for its share only."""
+    mine = [{"kind": "python", "text": "abcdXY", "marks": [(2, 0.5), (4, 1.0), (6, 9.0)]},
+            {"kind": "csv", "text": "xyz", "marks": [(3, 1.0)]}]
+    theirs = [{"kind": "python", "text": "abcdZ", "marks": [(1, 1.0), (3, 1.5), (5, 2.0)]},
+              {"kind": "csv", "text": "q", "marks": [(1, 0.1)]}]
+    got = same_text_speedup(mine, theirs)
+    assert got["python"] == {"speedup": 2.0, "chars": 4, "share": 4 / 6}
+    assert got["csv"] == {"speedup": None, "chars": 0, "share": 0.0}
+    assert got["all"] == {"speedup": 2.0, "chars": 4, "share": 4 / 9}
 
 
 def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():

@@ -23,6 +23,7 @@ kept, tokens per decode step, prompt tokens reused); another server reports spee
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import inspect
 import json
 import math
@@ -49,13 +50,27 @@ def document(colleague: int, seed: int = 0, paragraphs: int = 11) -> str:
     return f"Document of colleague {colleague}.\n\n" + "\n\n".join(body)
 
 
-async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
-    """One streamed answer: (time to first token, text, usage, failed). A turn fails with an
-    error status or an error in its stream (llama-server's "Context size has been exceeded"
-    when its pool is full comes that way, after a 200)."""
-    body = {"messages": messages, "max_tokens": 32, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
-    start, first, text, usage = time.perf_counter(), None, [], {}
+@dataclasses.dataclass
+class Streamed:
+    """One streamed answer: its text, when each piece of it arrived ((characters so far,
+    seconds since the request was sent), what bench.same_text compares), its usage and
+    timings (llama-server's draft counts), and whether it failed."""
+    text: str
+    marks: list[tuple[int, float]]
+    usage: dict
+    timings: dict
+    failed: bool
+
+    def first_token_s(self, ended: float) -> float:
+        return self.marks[0][1] if self.marks else ended
+
+
+async def stream(client, url: str, body: dict) -> Streamed:
+    """POST a chat completion streamed. It fails with an error status or an error in its
+    stream (llama-server's "Context size has been exceeded" when its pool is full comes that
+    way, after a 200)."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start, text, marks, usage, timings = time.perf_counter(), [], [], {}, {}
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         failed = r.status_code != 200
         async for line in r.aiter_lines():
@@ -63,14 +78,23 @@ async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
                 continue
             chunk = json.loads(line[6:])
             failed = failed or "error" in chunk
-            if chunk.get("usage"):
-                usage = chunk["usage"]
+            usage = chunk.get("usage") or usage
+            timings = chunk.get("timings") or timings
             for choice in chunk.get("choices") or []:
                 piece = choice["delta"].get("content")
                 if piece:
-                    first = first or time.perf_counter() - start
                     text.append(piece)
-    return first or time.perf_counter() - start, "".join(text), usage, failed
+                    marks.append((sum(map(len, text)), time.perf_counter() - start))
+    return Streamed("".join(text), marks, usage, timings, failed)
+
+
+async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
+    """One conversation turn: (time to first token, text, usage, failed)."""
+    body = {"messages": messages, "max_tokens": 32, "temperature": 0}
+    start = time.perf_counter()
+    answer = await stream(client, url, body)
+    return (answer.first_token_s(time.perf_counter() - start), answer.text, answer.usage,
+            answer.failed)
 
 
 AGENT_QUESTIONS = ("List the files of the project.", "Open README.md and summarise it.",
@@ -170,29 +194,35 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
     """Output tok/s over one request per text, per kind of text too (each request's tokens
     over its own time: at concurrency 1 the kind's speed), and what speculation did: drafted
     tokens, the share kept, output tokens per decode step (localserve: its engine counters;
-    llama-server: each answer's timings.draft_n / draft_n_accepted)."""
+    llama-server: each answer's timings.draft_n / draft_n_accepted), and each answer with
+    when its pieces came (same_text compares two servers on the text both wrote)."""
     def body(text: CopyText) -> dict:
         return {"messages": [{"role": "user", "content": INSTRUCTION + text.text}],
                 "max_tokens": 256, "temperature": 0}
     gate, drafted, kept = asyncio.Semaphore(concurrency), 0, 0
     done: list[tuple[str, int, float]] = []  # (kind, tokens, seconds) per answer
-    async with httpx.AsyncClient(timeout=900, headers=headers) as client:
-        async def one(text: CopyText):
+    answers: dict[int, dict] = {}  # text's place -> its answer and when each piece came
+    # A connection each: llama-server may close one just after a streamed answer, and a
+    # request sent on it then fails ("Server disconnected without sending a response").
+    fresh = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(timeout=900, headers=headers, limits=fresh) as client:
+        async def one(place: int, text: CopyText):
             nonlocal drafted, kept
             async with gate:
                 started = time.perf_counter()
-                answer = (await client.post(url + "/v1/chat/completions", json=body(text))).json()
-                done.append((text.kind, answer["usage"]["completion_tokens"],
+                answer = await stream(client, url, body(text))
+                done.append((text.kind, answer.usage["completion_tokens"],
                              time.perf_counter() - started))
-                timings = answer.get("timings") or {}
-                drafted += timings.get("draft_n", 0)
-                kept += timings.get("draft_n_accepted", 0)
-        await one(CopyText("warm-up", "def warm_up():\n    return 1\n"))  # not counted
+                answers[place] = {"kind": text.kind, "text": answer.text, "marks": answer.marks}
+                drafted += answer.timings.get("draft_n", 0)
+                kept += answer.timings.get("draft_n_accepted", 0)
+        await one(-1, CopyText("warm-up", "def warm_up():\n    return 1\n"))  # not counted
         done.clear()
+        answers.clear()
         drafted = kept = 0
         before = await engine_counters(client, url)
         started = time.perf_counter()
-        await asyncio.gather(*(one(text) for text in texts))
+        await asyncio.gather(*(one(place, text) for place, text in enumerate(texts)))
         wall = time.perf_counter() - started
         after = await engine_counters(client, url)
     if before and after:  # localserve
@@ -211,7 +241,8 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
             "accepted": kept / drafted if drafted else 0.0, "kinds": kinds,
             "tokens_per_step": tokens / steps if steps else None,
             "draft_held": after.get("draft_held") if after else None,
-            "step_ms": after.get("step_ms") if after else None}
+            "step_ms": after.get("step_ms") if after else None,
+            "answers": [answers[place] for place in sorted(answers)]}
 
 
 # The workloads of colleagues in conversations, by name: each called as (url, colleagues,
