@@ -14,6 +14,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         Markdown), different each round, at concurrency 1 and 4: output tok/s, overall and per
         kind (what speculative decoding is for), drafted tokens, the share kept, and
         (localserve) output tokens per decode step; llama-server also with --spec-type ngram-mod.
+        Greedy answers differ between servers, so ratios are also given on the text both
+        sides wrote (each pair of answers cut to its common beginning, bench/same_text.py).
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
         round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
