@@ -78,6 +78,7 @@ class LlamaRunner(Sampling):
         self.n_ctx_embedding = max(64, self.n_ctx_per_slot // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
+        self.argmax_slots: set[int] = set()  # greedy alone: the logits' argmax (sampling.py)
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
         self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
         self.grammar_seconds: dict[int, float] = {}  # this step's grammar CPU s per slot

@@ -81,6 +81,14 @@ class Sampling:
             for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:
                 C.llama_sampler_accept(chain, token)
         self.samplers[slot_id] = chain
+        # Greedy alone (no bias, no penalties) picks the first largest logit, which numpy
+        # reads in place; llama_sampler_sample first copies the whole vocabulary into a
+        # candidate array for every row, drafted rows included: 0.51 ms against 0.04 ms a row
+        # on Gemma 3's 262,144 tokens, 0.11 against 0.03 on SmolLM2's 49,152.
+        if p.greedy and not p.logit_bias and not p.penalized:
+            self.argmax_slots.add(slot_id)
+        else:
+            self.argmax_slots.discard(slot_id)
 
     # ---- grammar-constrained sampling (never inside the chain) -------------------------
     # llama.cpp aborts the whole process if a grammar accepts a token it forbids, or accepts
@@ -164,6 +172,8 @@ class Sampling:
         more than grammar_budget() of CPU to constrain puts its slot in costly_grammars."""
         chain, grammar = self.samplers[slot_id], self.grammars.get(slot_id)
         if grammar is None:
+            if slot_id in self.argmax_slots:
+                return self._argmax(row)
             return C.llama_sampler_sample(chain, self.ctx, row)
         started = time.thread_time()
         token = self._constrained(chain, grammar, slot_id, row)
@@ -182,7 +192,8 @@ class Sampling:
             self.costly_grammars.add(slot_id)
 
     def _constrained(self, chain, grammar, slot_id: int, row: int) -> int:
-        token = self._apply_chain(chain, row, grammar=None)
+        token = (self._argmax(row) if slot_id in self.argmax_slots
+                 else self._apply_chain(chain, row, grammar=None))
         if not self._allows(grammar, token):
             token = self._apply_chain(chain, row, grammar=grammar)
             if not self._allows(grammar, token):  # the grammar allows nothing: end the answer
@@ -202,6 +213,9 @@ class Sampling:
         if not 0 <= arr.selected < arr.size:
             raise DecodeError(f"the sampler chose no token for slot row {row}")
         return arr.data[arr.selected].id
+
+    def _argmax(self, row: int) -> int:
+        return int(np.argmax(self._row_logits(row)))
 
     def _row_logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
