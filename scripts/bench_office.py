@@ -15,7 +15,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         kind (what speculative decoding is for), drafted tokens, the share kept, and
         (localserve) output tokens per decode step; llama-server also with --spec-type ngram-mod.
         Greedy answers differ between servers, so ratios are also given on the text both
-        sides wrote (each pair of answers cut to its common beginning, bench/same_text.py).
+        sides wrote (each pair of answers cut to its common beginning, bench/same_text.py),
+        from the request and from the first token (decoding alone).
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
         round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
@@ -177,16 +178,19 @@ def shown(row: dict) -> dict:
 
 def print_same_text(first: str, peer: str, results: dict[str, list[dict]], key: str) -> None:
     """Copy rounds compared on the text both sides wrote (bench/same_text.py): medians over
-    rounds of each kind's speedup, and how much of the answers that text is."""
+    rounds of each kind's speedup, from the request and from the first piece (decoding
+    alone), and how much of the answers that text is."""
     rounds = [same_text_speedup(a[key + "_answers"], b[key + "_answers"])
               for a, b in zip(results[first], results[peer])]
-    cells = []
-    for kind in sorted(rounds[0], key=lambda kind: kind != "all"):
-        ups = [r[kind]["speedup"] for r in rounds if r[kind]["speedup"] is not None]
-        share = statistics.median(r[kind]["share"] for r in rounds)
-        cells.append(f"{kind} {statistics.median(ups):.2f}x ({min(ups):.2f}-{max(ups):.2f}; "
-                     f"{share:.0%} of the text)" if ups else f"{kind}: nothing shared")
-    print(f"    {key} on the text both wrote: " + ", ".join(cells))
+    for figure, says in (("speedup", "on the text both wrote"),
+                         ("decoding", "decoding the text both wrote")):
+        cells = []
+        for kind in sorted(rounds[0], key=lambda kind: kind != "all"):
+            ups = [r[kind][figure] for r in rounds if r[kind][figure] is not None]
+            share = statistics.median(r[kind]["share"] for r in rounds)
+            cells.append(f"{kind} {statistics.median(ups):.2f}x ({min(ups):.2f}-{max(ups):.2f}; "
+                         f"{share:.0%} of the text)" if ups else f"{kind}: nothing shared")
+        print(f"    {key} {says}: " + ", ".join(cells))
 
 
 def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:

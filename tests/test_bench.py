@@ -151,15 +151,17 @@ def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
 def test_copy_runs_are_compared_on_the_beginning_both_answers_share():
     """Greedy answers differ between servers (batches change llama.cpp's numbers), so each
     side is timed to the end of the text both wrote: mine wrote "abcd" by 1 s, theirs by 2 s,
-    whatever came after; an answer with nothing in common counts for its share only."""
+    whatever came after, and each decoded it in 0.5 s after its first piece (their prefill was
+    the slower); an answer with nothing in common counts for its share only."""
     mine = [{"kind": "python", "text": "abcdXY", "marks": [(2, 0.5), (4, 1.0), (6, 9.0)]},
             {"kind": "csv", "text": "xyz", "marks": [(3, 1.0)]}]
-    theirs = [{"kind": "python", "text": "abcdZ", "marks": [(1, 1.0), (3, 1.5), (5, 2.0)]},
+    theirs = [{"kind": "python", "text": "abcdZ", "marks": [(1, 1.5), (3, 1.8), (5, 2.0)]},
               {"kind": "csv", "text": "q", "marks": [(1, 0.1)]}]
     got = same_text_speedup(mine, theirs)
-    assert got["python"] == {"speedup": 2.0, "chars": 4, "share": 4 / 6}
-    assert got["csv"] == {"speedup": None, "chars": 0, "share": 0.0}
-    assert got["all"] == {"speedup": 2.0, "chars": 4, "share": 4 / 9}
+    # decoding, from each side's first piece: mine 0.5 s (0.5 to 1.0), theirs 0.5 s (1.5 to 2.0)
+    assert got["python"] == {"speedup": 2.0, "decoding": 1.0, "chars": 4, "share": 4 / 6}
+    assert got["csv"] == {"speedup": None, "decoding": None, "chars": 0, "share": 0.0}
+    assert got["all"] == {"speedup": 2.0, "decoding": 1.0, "chars": 4, "share": 4 / 9}
 
 
 def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():
