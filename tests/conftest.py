@@ -143,6 +143,19 @@ def server():
         yield srv
 
 
+@pytest.fixture(scope="module")
+def runner():
+    """The engine's runner on the real model, without a server (a pool of 2,048 tokens, 2
+    slots), for tests that drive StepPlans through llama_decode themselves."""
+    from localserve.common.config import resolve_model
+    from localserve.engine.runner import LlamaRunner, RunnerConfig
+
+    runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), ctx_size=2048, n_slots=2,
+                                      n_batch=512, n_threads=2))
+    yield runner
+    runner.close()
+
+
 @pytest.fixture()
 def client(server):
     from openai import OpenAI

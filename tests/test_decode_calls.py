@@ -5,10 +5,8 @@ import llama_cpp as C
 import pytest
 
 from counting_prompts import counting
-from localserve.common.config import resolve_model
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.request import Request, SamplingParams
-from localserve.engine.runner import LlamaRunner, RunnerConfig
 from localserve.engine.runner.calls import QUERY_TILE_ROWS, compacts, decode_calls
 
 
@@ -40,14 +38,6 @@ def test_a_prompt_chunk_that_samples_nothing_goes_whole_in_the_first_call():
 def test_one_call_when_two_would_save_nothing(chunks):
     plan = StepPlan(chunks)
     assert shape(plan) == [[(c.slot_id, 0, len(c.tokens)) for c in chunks]]
-
-
-@pytest.fixture(scope="module")
-def runner():
-    runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), ctx_size=2048, n_slots=2,
-                                      n_batch=512, n_threads=2))
-    yield runner
-    runner.close()
 
 
 def greedy(runner, slot, text):

@@ -6,20 +6,10 @@ import llama_cpp as C
 import pytest
 
 from counting_prompts import counting
-from localserve.common.config import resolve_model
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.request import Request, SamplingParams
-from localserve.engine.runner import LlamaRunner, RunnerConfig
 
 PROMPTS = ("The capital of France is", "Write a short poem about the sea.\n", counting(10, 30))
-
-
-@pytest.fixture(scope="module")
-def runner():
-    runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), ctx_size=1024, n_slots=2,
-                                      n_batch=512, n_threads=2))
-    yield runner
-    runner.close()
 
 
 def chain_pick(runner, row: int) -> int:

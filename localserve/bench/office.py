@@ -54,15 +54,17 @@ def document(colleague: int, seed: int = 0, paragraphs: int = 11) -> str:
 class Streamed:
     """One streamed answer: its text, when each piece of it arrived ((characters so far,
     seconds since the request was sent), what bench.same_text compares), its usage and
-    timings (llama-server's draft counts), and whether it failed."""
+    timings (llama-server's draft counts), whether it failed, and how long it took."""
     text: str
     marks: list[tuple[int, float]]
     usage: dict
     timings: dict
     failed: bool
+    seconds: float
 
-    def first_token_s(self, ended: float) -> float:
-        return self.marks[0][1] if self.marks else ended
+    @property
+    def first_token_s(self) -> float:
+        return self.marks[0][1] if self.marks else self.seconds
 
 
 async def stream(client, url: str, body: dict) -> Streamed:
@@ -70,7 +72,7 @@ async def stream(client, url: str, body: dict) -> Streamed:
     stream (llama-server's "Context size has been exceeded" when its pool is full comes that
     way, after a 200)."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    start, text, marks, usage, timings = time.perf_counter(), [], [], {}, {}
+    start, text, marks, usage, timings, chars = time.perf_counter(), [], [], {}, {}, 0
     async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
         failed = r.status_code != 200
         async for line in r.aiter_lines():
@@ -84,17 +86,16 @@ async def stream(client, url: str, body: dict) -> Streamed:
                 piece = choice["delta"].get("content")
                 if piece:
                     text.append(piece)
-                    marks.append((sum(map(len, text)), time.perf_counter() - start))
-    return Streamed("".join(text), marks, usage, timings, failed)
+                    chars += len(piece)
+                    marks.append((chars, time.perf_counter() - start))
+    return Streamed("".join(text), marks, usage, timings, failed, time.perf_counter() - start)
 
 
 async def turn(client, url, messages) -> tuple[float, str, dict, bool]:
     """One conversation turn: (time to first token, text, usage, failed)."""
     body = {"messages": messages, "max_tokens": 32, "temperature": 0}
-    start = time.perf_counter()
     answer = await stream(client, url, body)
-    return (answer.first_token_s(time.perf_counter() - start), answer.text, answer.usage,
-            answer.failed)
+    return answer.first_token_s, answer.text, answer.usage, answer.failed
 
 
 AGENT_QUESTIONS = ("List the files of the project.", "Open README.md and summarise it.",
@@ -209,10 +210,8 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
         async def one(place: int, text: CopyText):
             nonlocal drafted, kept
             async with gate:
-                started = time.perf_counter()
                 answer = await stream(client, url, body(text))
-                done.append((text.kind, answer.usage["completion_tokens"],
-                             time.perf_counter() - started))
+                done.append((text.kind, answer.usage["completion_tokens"], answer.seconds))
                 answers[place] = {"kind": text.kind, "text": answer.text, "marks": answer.marks}
                 drafted += answer.timings.get("draft_n", 0)
                 kept += answer.timings.get("draft_n_accepted", 0)
