@@ -100,7 +100,22 @@ def test_a_steps_cost_is_measured_per_size_and_interpolated():
     assert cost.step(1) < cost.step(3) < cost.step(5) <= cost.step(6)
     cost = cpu_like()
     assert abs(cost.step(16) - 0.1033) < 1e-3  # between 8 (90 ms) and 32 (130 ms)
-    assert abs(cost.step(256) - 0.452) < 1e-9  # past the largest seen: its cost per row
+    assert cost.step(256) == cost.step(128)  # past the largest seen: its cost, until tried
+
+
+def test_a_fresh_table_tries_long_drafts_once_and_then_knows_their_cost():
+    cost = StepCost()
+    for rows, ms in ((1, 13), (9, 60)):  # a fresh server: one-row steps and a first draft
+        cost.observe(rows, ms / 1000)
+    assert cost.worth(0.95, 1, 1, 64) == 64  # priced as 9 rows until tried
+    cost.observe(65, 0.900)  # tried: 65 rows cost far more than their tokens
+    assert 0 < cost.worth(0.95, 1, 1, 64) < 64
+
+
+def test_a_prefill_larger_than_any_size_does_not_price_the_largest():
+    cost = cpu_like()
+    cost.observe(1024, 2.5)  # a prompt prefilled while nothing decodes
+    assert cost.view()[128] == 226 and 256 not in cost.view()
 
 
 def test_drafts_are_as_long_as_make_the_step_fastest():

@@ -147,7 +147,10 @@ class StepCost:
     Measured, not assumed: on a 2-core CPU with a 135M model a step of 2-16 rows costs
     several times a one-row step (each row is compute), while rows past 32 come cheaper each
     (llama.cpp's batched matrix kernels); a GPU's curve is flat. A size not yet seen is
-    interpolated from its neighbours, so drafts try it and then know."""
+    interpolated from its neighbours, or past the largest seen costs what that one cost, so
+    drafts try it and then know. (Priced per row past the largest, the long drafts copying
+    pays for were seldom tried on a fresh server: replaying 60 SmolLM2 copy answers with step
+    times drawn from measured ones, 84 tok/s against 90 with this rule, 92 once learnt.)"""
 
     SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256)
     DRAFTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # draft lengths weighed
@@ -160,7 +163,10 @@ class StepCost:
         self._known: list[tuple[int, float]] = []  # (size, seconds) made non-decreasing
 
     def observe(self, rows: int, seconds: float) -> None:
-        if rows <= 0 or seconds <= 0:
+        """A step's rows and seconds; one larger than any size (a prompt prefilled 1,024 rows
+        at a time while nothing decodes) is no draft's size and would price 256 rows at four
+        times their cost."""
+        if not 0 < rows <= self.SIZES[-1] or seconds <= 0:
             return
         size = min(self.SIZES, key=lambda s: abs(math.log(s / rows)))
         if size not in self.seconds:
@@ -186,9 +192,8 @@ class StepCost:
         above = [(n, t) for n, t in known if n >= rows]
         if not below:
             return known[0][1]
-        if not above:  # past the largest size seen: its cost per row
-            n, t = known[-1]
-            return t * rows / n
+        if not above:  # past the largest size seen: its cost, until tried
+            return known[-1][1]
         (n0, t0), (n1, t1) = below[-1], above[0]
         return t0 if n0 == n1 else t0 + (t1 - t0) * (rows - n0) / (n1 - n0)
 
