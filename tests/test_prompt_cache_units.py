@@ -87,6 +87,39 @@ def test_a_prompt_overwritten_in_its_slot_is_saved_then_restored_not_recomputed(
     assert (follow.prefix_source, follow.cached_tokens) == ("slot", 70)
 
 
+def test_an_idle_slots_prompt_is_parked_while_another_request_computes_then_restored():
+    """Every row attends over the whole pool: an idle conversation is saved and cleared in the
+    first step that computes for someone else, and comes back by a restore."""
+    sched, cache = make_cached(n_slots=2)
+    runner = SavingRunner({"doc": [9, EOS], "other": [5] * 10 + [EOS], "follow": [9, EOS]}, cache)
+    sched.add(req("doc", 60, first=1))
+    run(sched, runner)
+    kept = next(s for s in sched.pool.slots if s.cached)
+    assert kept.n_cached >= 60  # nothing else computes: it stays in its slot
+    sched.add(req("other", 30, first=100))
+    plan = sched.schedule()
+    assert plan.dropped == [kept.slot_id] and [save.slot_id for save in plan.saves] == [kept.slot_id]
+    sched.update(plan, runner.decode(plan))
+    assert not kept.cached and cache.holds(tokens(1, 60), None)
+    follow = req("follow", 70, first=1)
+    sched.add(follow)
+    run(sched, runner)
+    assert runner.restored == [("follow", 60)] and follow.prefix_source == "ram"
+
+
+def test_without_a_prompt_cache_an_idle_slot_keeps_its_prompt():
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 64)
+    runner = ScriptedRunner({"doc": [9, EOS], "other": [5] * 10 + [EOS], "follow": [9, EOS]})
+    sched.add(req("doc", 60, first=1))
+    run(sched, runner)
+    sched.add(req("other", 30, first=100))
+    run(sched, runner)
+    follow = req("follow", 70, first=1)
+    sched.add(follow)
+    run(sched, runner)
+    assert (follow.prefix_source, follow.cached_tokens) == ("slot", 60)
+
+
 def test_a_cached_prompt_is_never_restored_for_another_scope():
     sched, cache = make_cached()
     runner = SavingRunner({"a": [9, EOS], "b": [9, EOS], "c": [9, EOS]}, cache)

@@ -309,3 +309,23 @@ def test_a_request_whose_companions_never_come_waits_only_the_arrival_window():
         assert ended.wait(30) and runner.batches[0] == {"alone"}
     finally:
         loop.stop()
+
+
+def test_invariant_10_long_prompts_run_at_most_their_cap_and_a_follow_up_passes_them():
+    sched = Scheduler(SlotPool(4096, 4, n_ctx_seq=1024), FakeVocab(), 16, max_long_prompts=2)
+    runner = PositionalRunner(10_000)
+    first_turn = request("turn-1", range(1, 101), max_tokens=3)
+    run_all(sched, runner, [first_turn])
+    for n, rid in enumerate("abc"):  # three colleagues' documents, 7 steps of prompt each
+        sched.add(request(rid, range(1000 * n + 200, 1000 * n + 300), max_tokens=40))
+    follow_up = first_turn.all_tokens + list(range(500, 505))  # the conversation's next turn
+    sched.add(request("turn-2", follow_up, max_tokens=80))
+    order = []
+    while "c" not in order:
+        plan, _ = step(sched, runner)
+        order += [a.request.request_id for a in plan.admitted]
+        running = {s.request.request_id for s in sched.running}
+        assert len(running & set("abc")) <= 2
+    assert order == ["a", "b", "turn-2", "c"]  # the follow-up went past the third document
+    assert plan.admitted[0].kept_tokens == 0 and len({"a", "b"} & running) == 1
+    assert "turn-2" in running  # a follow-up does not count against the cap

@@ -33,6 +33,7 @@ class Settings:
     max_num_batched_tokens: int | None = None  # None: 256 on CPU, 512 with GPU offload
     prefill_batch_tokens: int | None = None  # per step while nothing decodes; None: 4x the above
     max_num_seqs: int | None = None  # default: one per slot
+    max_long_prompts: int = 4  # running at once with a new long prompt; the rest: follow-ups
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
@@ -138,6 +139,8 @@ class Settings:
              self.max_num_batched_tokens, "must be at least 1"),
             (self.max_num_seqs is None or self.max_num_seqs >= 1, "--max-num-seqs",
              self.max_num_seqs, "must be at least 1"),
+            (self.max_long_prompts >= 1, "--max-long-prompts", self.max_long_prompts,
+             "must be at least 1"),
             (self.max_queue is None or self.max_queue >= 0, "--max-queue", self.max_queue,
              "must be 0 or more"),
             (self.queue_timeout is None or self.queue_timeout > 0, "--queue-timeout",

@@ -38,10 +38,11 @@ POLICIES = ("continuous", "static", "serial")
 def make_scheduler(policy: str, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                    max_num_seqs: int | None = None, slot_share: int | None = None,
                    prefill_budget: int | None = None,
-                   prompt_cache: PromptCache | None = None, speculative: bool = False) -> Scheduler:
+                   prompt_cache: PromptCache | None = None, speculative: bool = False,
+                   max_long_prompts: int | None = None) -> Scheduler:
     if policy == "continuous":
         return Scheduler(pool, vocab, max_num_batched_tokens, max_num_seqs, slot_share,
-                         prefill_budget, prompt_cache, speculative)
+                         prefill_budget, prompt_cache, speculative, max_long_prompts)
     if policy == "static":
         return StaticScheduler(pool, vocab, max_num_batched_tokens, max_num_seqs)
     if policy == "serial":

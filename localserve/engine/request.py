@@ -106,6 +106,7 @@ class Request:
     cached_tokens: int = 0  # prompt tokens found already in the slot's cache at admission
     prefix_source: str | None = None  # where they came from: "slot" or "ram" (the prompt cache)
     preemptions: int = 0  # times evicted from the cache and requeued
+    long_prompt: bool = False  # admitted with more uncached prompt than one step computes
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
     # n > 1: the first choice; this one waits until that one's prompt is in cache, then

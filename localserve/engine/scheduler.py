@@ -5,7 +5,8 @@ Its contract with the loop (one schedule() and one update() per step): interface
 One token budget per step (`max_num_batched_tokens`), spent in this order:
   1. one decode token for every slot generating (running streams never wait for a prefill);
   2. prompt chunks for slots still prefilling (chunked prefill: a long prompt spreads over steps);
-  3. admission of waiting requests into idle slots (FairQueue order), while budget, slots,
+  3. admission of waiting requests into idle slots (FairQueue order; past new long prompts
+     for a conversation's next turn while `max_long_prompts` run), while budget, slots,
      `max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
 The cache is one pool (slots.py): every slot is guaranteed its share, a request may borrow
 beyond it. Room is checked first: idle slots' kept prefixes are dropped, then a borrower (else
@@ -17,8 +18,10 @@ at most that many slots; admission skips a user at their share, and one above it
 newest slot back (preempted) when someone else arrives: a newcomer waits one step at most.
 
 The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten by an
-admission, dropped for room, or preempted) is saved first (StepPlan.saves); an admission whose
-longest cached prefix is in the cache rather than in a slot has it restored (Admission.restore).
+admission, dropped for room, preempted, or parked: an idle slot's, in any step that computes,
+since every row attends over the whole pool) is saved first (StepPlan.saves); an admission
+whose longest cached prefix is in the cache rather than in a slot has it restored
+(Admission.restore).
 Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left. All are kept
 by bookkeepers the scheduler asks (reuse.py: PrefixBook, DraftBook; pool_keeper.py: PoolKeeper).
 """
@@ -52,7 +55,7 @@ class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
                  prefill_budget: int | None = None, prompt_cache: PromptCache | None = None,
-                 speculative: bool = False):
+                 speculative: bool = False, max_long_prompts: int | None = None):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
         self.pool = pool
@@ -70,6 +73,7 @@ class Scheduler:
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
         self.drafts = DraftBook(pool, self.stats, speculative)
+        self.max_long_prompts = max_long_prompts  # None: no cap (invariant 10)
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
 
@@ -152,12 +156,16 @@ class Scheduler:
            only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included. A chat that
            finds every slot taken takes the newest task's (saved, resumed later); and when a
            waiting chat still cannot start, the tasks go on rather than nobody.
+        10. At most `max_long_prompts` requests run that came with more uncached prompt than
+           one step's budget (a new document); meanwhile a conversation's next turn (its
+           prompt cached) is admitted past the long ones waiting: every row attends over the
+           whole pool, so few long prompts at once prefill faster, and no follow-up waits.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
         self.shares.enforce(plan)
         self.cells.make_way_for_chat(plan, self.max_num_seqs)
-        owed = self.shares.next_admissible() if self.waiting else None
+        owed = self._next_admissible() if self.waiting else None
         if owed is not None and owed.background and self._chat_starting(self.running):
             owed = None  # a task waits for the chat (9): no cells are kept back for it
         reserved = self.cells.reclaim_guarantee(plan, owed)
@@ -183,6 +191,7 @@ class Scheduler:
             budget = self._chunks(plan, resting, SlotState.DECODE, BACKGROUND_STEP_TOKENS, 0)
             budget = self._chunks(plan, resting, SlotState.PREFILL, budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
+        self.cells.park_idle(plan)
         return plan
 
     def _chat_starting(self, running: list[Slot]) -> bool:
@@ -230,12 +239,13 @@ class Scheduler:
     def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
         """Admit the first waiting request whose user is within their share (a background task
         only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
-        req = self.shares.next_admissible()
+        req = self._next_admissible()
         if req is None or id(req) in self.cells.preempted or (req.background and not tasks_too):
             return 0
         where = self.prefixes.place(req)
         if where is None:
             return 0
+        req.long_prompt = len(req.all_tokens) - where.keep > self.budget  # (10)
         need = len(req.all_tokens) - where.keep + 1
         if where.restore is not None:  # its whole saved sequence is written, then cut back
             need = max(need, len(where.restore.tokens) - where.keep)
@@ -243,6 +253,16 @@ class Scheduler:
             return 0
         self._assign(plan, self.waiting.take(req), where)
         return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
+
+    def _next_admissible(self) -> Request | None:
+        """SlotShares' choice; with `max_long_prompts` long ones running, the first of the
+        next few (one per slot) that computes at most a step of prompt, or resumes (10, 2)."""
+        if (self.max_long_prompts is None
+                or sum(s.request.long_prompt for s in self.running) < self.max_long_prompts):
+            return self.shares.next_admissible()
+        return self.shares.next_admissible(
+            lambda req: req.preemptions or self.prefixes.uncached(req) <= self.budget,
+            len(self.pool.slots))
 
     def _release_siblings(self, first: Request) -> None:
         """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""

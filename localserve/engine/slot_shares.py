@@ -25,14 +25,20 @@ class SlotShares:
                 held[slot.request.user] += max(1, -(-slot.n_cached // self.cells.pool.guarantee))
         return held
 
-    def next_admissible(self) -> Request | None:
+    def next_admissible(self, may_start=None, look_ahead: int = 0) -> Request | None:
         """The queue's head, unless its user is at their share while others wait: then the
-        first request of a user below it."""
-        if self.share is None:
+        first request of a user below it. With `may_start`, the first such request it allows
+        among the first `look_ahead` waiting (scheduler.py: long prompts at their cap)."""
+        if self.share is None and may_start is None:
             return self.waiting.peek()
-        held, waiting_users = self.held(), self.waiting.users()
-        for req in self.waiting:
-            if held[req.user] < self.share or not waiting_users - {req.user}:
+        held = self.held() if self.share is not None else None
+        waiting_users = self.waiting.users()
+        for seen, req in enumerate(self.waiting):
+            if may_start is not None and seen >= look_ahead:
+                return None
+            if held is not None and held[req.user] >= self.share and waiting_users - {req.user}:
+                continue
+            if may_start is None or may_start(req):
                 return req
         return None
 

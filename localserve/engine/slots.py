@@ -9,7 +9,9 @@ Only assign() and release() change it, and each refuses an illegal move; PREFILL
 derived from how much of the request is in cache (as vLLM derives it from
 num_computed_tokens), so it can never disagree with the tokens.
 A slot keeps the tokens it holds in cache after its request ends, so the next request that
-shares a prefix with them (a chat's next turn, a common system prompt) prefills only the rest.
+shares a prefix with them (a chat's next turn, a common system prompt) prefills only the rest;
+with a prompt cache, only until a step computes for someone else (then they are parked there:
+PoolKeeper.park_idle).
 """
 
 from __future__ import annotations

@@ -154,7 +154,8 @@ class ModelHost(HostFace):
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
                                        prompt_cache=self.prompt_cache,
-                                       speculative=s.spec == "ngram")
+                                       speculative=s.spec == "ngram",
+                                       max_long_prompts=s.max_long_prompts)
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
             observers = [self.metrics, *self.observers(lambda: self.model_id)]
