@@ -245,8 +245,9 @@ class Scheduler:
         where = self.prefixes.place(req)
         if where is None:
             return 0
-        req.long_prompt = len(req.all_tokens) - where.keep > self.budget  # (10)
-        need = len(req.all_tokens) - where.keep + 1
+        uncached = len(req.all_tokens) - where.keep
+        req.long_prompt = uncached > self.budget  # (10)
+        need = uncached + 1
         if where.restore is not None:  # its whole saved sequence is written, then cut back
             need = max(need, len(where.restore.tokens) - where.keep)
         if not self.cells.room_to_admit(plan, where.slot, where.keep, need):
