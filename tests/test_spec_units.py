@@ -268,7 +268,7 @@ def test_requests_held_back_by_their_shares_leave_the_whole_rest_of_the_budget_t
 
     def add(rid, user):
         request = req(rid, 0)
-        request.prompt_tokens, request.user = list(prompt), user
+        request.prompt_tokens, request.user, request.cache_scope = list(prompt), user, user
         sched.add(request)
     add("a", "alice")
     add("b", "bob")

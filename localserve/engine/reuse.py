@@ -18,7 +18,7 @@ from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
 from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
 from localserve.engine.scheduler_stats import SchedulerStats
-from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState
+from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState, common_prefix_len
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class PrefixBook:
         source = self._copy_source(req, keep)
         if source is not None:
             return Placement(slot, req.num_prompt_tokens - 1, source)
-        return self._cached_prefix(req, slot, keep)
+        return self._in_flight(req, self._cached_prefix(req, slot, keep))
 
     def uncached(self, req: Request) -> float:
         """Prompt tokens the request would compute if placed now (infinite: no slot idle)."""
@@ -62,6 +62,32 @@ class PrefixBook:
         if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
             return None
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
+
+    def _in_flight(self, req: Request, where: Placement) -> Placement | None:
+        """A running request of the same scope whose prompt shares more with this one than
+        the idle slots and the prompt cache do (by MIN_PREFIX_REUSE; a system prompt that
+        colleagues sent at once): its computed part is copied from its slot (llama.cpp shares
+        the cells: computed once, held once). While its slot is still computing that part,
+        this request waits (None), as a sibling does, unless the slot is a background task's
+        (which sits out the steps in which a chat waits: scheduler invariant 9)."""
+        tokens, floor = req.all_tokens, where.keep + MIN_PREFIX_REUSE
+        best, best_done, computing = None, floor - 1, 0
+        for slot in self.pool.slots:
+            if slot.request is None or slot.cache_scope != req.cache_scope:
+                continue
+            shared = min(common_prefix_len(slot.request.all_tokens, tokens), len(tokens) - 1)
+            if shared <= best_done:
+                continue
+            done = min(common_prefix_len(slot._tokens, tokens), shared)
+            if done > best_done:
+                best, best_done = slot, done
+            if done < shared and slot.state is SlotState.PREFILL and not slot.request.background:
+                computing = max(computing, shared)
+        if computing > best_done:
+            return None  # copied once its slot has computed it
+        if best is None:
+            return where
+        return Placement(self.pool.lru_idle(), best_done, source=best)
 
     def _cached_prefix(self, req: Request, slot: Slot, keep: int) -> Placement:
         """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
