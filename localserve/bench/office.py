@@ -120,9 +120,12 @@ async def agents_workload(url: str, colleagues: int = 4, headers: dict | None = 
                           seed: int = 0) -> dict:
     """4 colleagues on one agent's system prompt, 4 turns each, all at once."""
     return await conversations_workload(url, [agent_prompt(seed)] * colleagues, AGENT_QUESTIONS,
-                                        colleagues, headers)
+                                        colleagues, headers, signed=True)
 
 
+COLLEAGUES = ("Ana", "Ben", "Chloe", "Dev", "Emma", "Farid", "Grace", "Hugo", "Ines", "Jonas",
+              "Kemi", "Luca", "Mira", "Noor", "Oskar", "Priya", "Quentin", "Rosa", "Sami", "Tara",
+              "Umar", "Vera", "Wen", "Yusuf")
 OFFICE_QUESTIONS = ("Who do I ask about a late delivery?", "How do I book the meeting room?",
                     "When is the quarterly budget due?", "Thanks. Anything else I should know?")
 
@@ -138,7 +141,7 @@ async def office_workload(url: str, colleagues: int = 24, concurrency: int = 8,
                           headers: dict | None = None, seed: int = 0) -> dict:
     """24 colleagues on the office assistant's system prompt, 4 turns each, 8 at a time."""
     return await conversations_workload(url, [office_prompt(seed)] * colleagues,
-                                        OFFICE_QUESTIONS, concurrency, headers)
+                                        OFFICE_QUESTIONS, concurrency, headers, signed=True)
 
 
 async def doc_workload(url: str, colleagues: int = 24, concurrency: int = 8,
@@ -155,11 +158,19 @@ async def longdoc_workload(url: str, colleagues: int = 16, concurrency: int = 8,
 
 
 async def conversations_workload(url: str, systems: list[str], questions, concurrency: int,
-                                 headers: dict | None) -> dict:
+                                 headers: dict | None, signed: bool = False) -> dict:
     """A conversation per system prompt; each turn's question goes to every conversation
     before the next turn's. Turns answered per minute, follow-up time to first token (p50),
-    prompt tokens and those reused; failed turns are counted apart and in neither figure."""
+    prompt tokens and those reused; failed turns are counted apart and in neither figure.
+    `signed`: colleagues sharing a system prompt say who they are in their first question, so
+    that no two conversations are the same past the system prompt (as in an office; the same
+    greedy conversation 24 times would be computed once by any cache)."""
     chats = [[{"role": "system", "content": system}] for system in systems]
+    if signed:
+        for number, chat in enumerate(chats):
+            chat.append({"role": "user", "content": f"I am {COLLEAGUES[number % len(COLLEAGUES)]} "
+                                                    f"(desk {number + 1})."})
+            chat.append({"role": "assistant", "content": "Hello! How can I help?"})
     followup_ttft, prompt, cached, turns, failed = [], 0, 0, 0, 0
     gate = asyncio.Semaphore(concurrency)
     # A fresh connection per turn (a turn takes seconds, a local connect well under one ms):
