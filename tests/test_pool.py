@@ -27,13 +27,13 @@ def defaults():
 
 def test_the_context_comes_from_the_model_and_props_and_the_log_say_so(defaults):
     props = httpx.get(defaults.url + "/props", timeout=10).json()
-    assert props["ctx_size"] == 8192 and props["n_slots"] == 4
-    assert props["n_ctx_per_slot"] == 8192 and props["n_ctx_guaranteed"] == 2048
+    assert props["ctx_size"] == 8192 and props["n_slots"] == 6
+    assert props["n_ctx_per_slot"] == 8192 and props["n_ctx_guaranteed"] == 1365
     assert props["context"]["n_ctx_train"] == 8192 and "trained" in props["context"]["why"]
     assert props["context"]["kv_bytes_per_token"] > 0
     log = defaults.log()
     assert "context: 8192 tokens, the model's trained context" in log
-    assert "2048 guaranteed to each; one request may use up to 8192" in log
+    assert "1365 guaranteed to each; one request may use up to 8192" in log
 
 
 @pytest.mark.timeout(1200)  # thousands of prompt tokens on 2 cores: work, not a clock

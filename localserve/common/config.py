@@ -29,7 +29,7 @@ class SettingsError(ValueError):
 class Settings:
     model: str | None = None  # None: the embedded default model
     ctx_size: int = 0  # the cache pool; 0: the model's trained context, fitted to memory
-    parallel: int = 4
+    parallel: int = 6  # 4 new documents at once (max_long_prompts), 2 more for follow-ups
     max_num_batched_tokens: int | None = None  # None: 256 on CPU, 512 with GPU offload
     prefill_batch_tokens: int | None = None  # per step while nothing decodes; None: 4x the above
     max_num_seqs: int | None = None  # default: one per slot
