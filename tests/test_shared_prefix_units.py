@@ -74,3 +74,19 @@ def test_a_chat_never_waits_for_a_background_tasks_prompt():
         if chat.finish_reason is not None:
             break
     assert answer == alone(1) and chat.cached_tokens == computed  # the rest, itself
+
+
+def test_a_request_waiting_for_a_prompt_in_the_making_holds_up_nobody_behind_it():
+    """Alice's second request waits for her first one's system prompt; Bob's, behind it in
+    the queue, takes the step's budget left beside the last chunk of that prompt."""
+    sched, runner = scheduler(n_slots=3), PositionalRunner(4096)
+    first, second, bob = colleague(0, "alice"), colleague(1, "alice"), req("bob", 30, first=5000)
+    bob.cache_scope = "bob"
+    admitted_at = {}
+    for r in (first, second, bob):
+        sched.add(r)
+    for step in range(40):
+        plan = sched.schedule()
+        admitted_at.update({a.request.request_id: step for a in plan.admitted})
+        sched.update(plan, runner.decode(plan))
+    assert admitted_at["bob"] < admitted_at["c1"] and second.cached_tokens == SYSTEM

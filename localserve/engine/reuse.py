@@ -50,11 +50,6 @@ class PrefixBook:
             return Placement(slot, req.num_prompt_tokens - 1, source)
         return self._in_flight(req, self._cached_prefix(req, slot, keep))
 
-    def uncached(self, req: Request) -> float:
-        """Prompt tokens the request would compute if placed now (infinite: no slot idle)."""
-        where = self.place(req)
-        return float("inf") if where is None else len(req.all_tokens) - where.keep
-
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
         choice's, busy or not) rather than computing it again; only the last prompt token is

@@ -165,7 +165,8 @@ class Scheduler:
         self.cells.make_room_for_decode(plan)
         self.shares.enforce(plan)
         self.cells.make_way_for_chat(plan, self.max_num_seqs)
-        owed = self._next_admissible() if self.waiting else None
+        chosen = self._next_admissible() if self.waiting else None
+        owed = chosen[0] if chosen else None
         if owed is not None and owed.background and self._chat_starting(self.running):
             owed = None  # a task waits for the chat (9): no cells are kept back for it
         reserved = self.cells.reclaim_guarantee(plan, owed)
@@ -239,31 +240,36 @@ class Scheduler:
     def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
         """Admit the first waiting request whose user is within their share (a background task
         only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
-        req = self._next_admissible()
-        if req is None or id(req) in self.cells.preempted or (req.background and not tasks_too):
+        chosen = self._next_admissible()
+        if chosen is None:
             return 0
-        where = self.prefixes.place(req)
-        if where is None:
+        req, where = chosen
+        if id(req) in self.cells.preempted or (req.background and not tasks_too):
             return 0
         uncached = len(req.all_tokens) - where.keep
         req.long_prompt = uncached > self.budget  # (10)
-        need = uncached + 1
-        if where.restore is not None:  # its whole saved sequence is written, then cut back
-            need = max(need, len(where.restore.tokens) - where.keep)
+        restored = len(where.restore.tokens) - where.keep if where.restore else 0
+        need = max(uncached + 1, restored)  # a restore writes its whole sequence, then cuts it
         if not self.cells.room_to_admit(plan, where.slot, where.keep, need):
             return 0
         self._assign(plan, self.waiting.take(req), where)
         return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
 
-    def _next_admissible(self) -> Request | None:
-        """SlotShares' choice; with `max_long_prompts` long ones running, the first of the
-        next few (one per slot) that computes at most a step of prompt, or resumes (10, 2)."""
-        if (self.max_long_prompts is None
-                or sum(s.request.long_prompt for s in self.running) < self.max_long_prompts):
-            return self.shares.next_admissible()
-        return self.shares.next_admissible(
-            lambda req: req.preemptions or self.prefixes.uncached(req) <= self.budget,
-            len(self.pool.slots))
+    def _next_admissible(self) -> tuple[Request, Placement] | None:
+        """SlotShares' choice among the next few waiting (one per slot), with its placement:
+        one waiting for a prompt that a running slot computes (reuse.py) is passed by; with
+        `max_long_prompts` long ones running, only one that computes at most a step of prompt
+        once placed, or resumes (10, 2)."""
+        at_cap = self.max_long_prompts is not None and sum(
+            s.request.long_prompt for s in self.running) >= self.max_long_prompts
+        placed: dict[int, Placement | None] = {}
+
+        def may_start(req: Request) -> bool:
+            where = placed[id(req)] = self.prefixes.place(req)
+            return where is not None and (not at_cap or bool(req.preemptions)
+                                          or len(req.all_tokens) - where.keep <= self.budget)
+        req = self.shares.next_admissible(may_start, len(self.pool.slots))
+        return None if req is None else (req, placed[id(req)])
 
     def _release_siblings(self, first: Request) -> None:
         """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""
