@@ -26,7 +26,8 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         by 4 colleagues, 4 turns each: turns per minute and follow-up time to first token.
   office the office assistant's ~400-word system prompt (different each round) shared by 24
         colleagues, 4 short questions each, 8 at a time: turns per minute and follow-up time
-        to first token.
+        to first token. In both, each colleague first says who they are (no two conversations
+        are the same past the system prompt; before December 4, 2026 they were).
 
 Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defaults, and the
 embedded model unless --model names another .gguf file (one that carries no chat template:

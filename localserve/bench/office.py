@@ -14,7 +14,8 @@ for scripts/bench_office.py's side-by-side rounds against llama-server:
         for: it does not fit a slot's share of -c).
   office the office's own assistant: one ~400-word system prompt (different per seed) shared
         by 24 colleagues, 4 short questions each, 8 at a time (what prefix reuse across
-        colleagues and the prompt cache are for).
+        colleagues and the prompt cache are for). In both, each colleague first says who
+        they are: no two conversations are the same past the system prompt.
 
 Each reports what the engine did too, read from localserve's /slots (drafted tokens, the share
 kept, tokens per decode step, prompt tokens reused); another server reports speeds only.
