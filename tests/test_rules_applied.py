@@ -141,7 +141,8 @@ def decoding(n: int, held: float = 0.99, budget: int = 64, n_ctx_seq: int | None
     wanted = lambda i: logprobs[min(i, len(logprobs) - 1)]  # noqa: E731
     requests = [Request(list(LOOP), SamplingParams(max_tokens=max_tokens, logprobs=wanted(i)),
                         request_id=f"r{i}") for i in range(n)]
-    for r in requests:
+    for i, r in enumerate(requests):
+        r.cache_scope = f"key {i}"  # one prompt each: none waits to copy another's (reuse.py)
         sched.add(r)
     plan = sched.schedule()
     sched.update(plan, StepOutput({c.slot_id: [11] for c in plan.chunks if c.sample}))
