@@ -73,7 +73,7 @@ class PrefixBook:
             shared = min(common_prefix_len(slot.request.all_tokens, tokens), len(tokens) - 1)
             if shared <= best_done:
                 continue
-            done = min(common_prefix_len(slot._tokens, tokens), shared)
+            done = min(slot.prefix_shared(tokens), shared)
             if done > best_done:
                 best, best_done = slot, done
             if done < shared and slot.state is SlotState.PREFILL and not slot.request.background:

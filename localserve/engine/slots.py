@@ -78,6 +78,11 @@ class Slot:
     def n_cached(self) -> int:
         return len(self._tokens)
 
+    def prefix_shared(self, tokens: list[int]) -> int:
+        """How many of `tokens` this slot's cache holds from the start (compared on the list
+        itself, not the view: up to a whole context per call)."""
+        return common_prefix_len(self._tokens, tokens)
+
     @property
     def busy(self) -> bool:
         return self.request is not None
@@ -208,8 +213,7 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        # the list itself, not the view: this compares up to a whole context per idle slot
-        shared = {s.slot_id: min(common_prefix_len(s._tokens, tokens), len(tokens) - 1)
+        shared = {s.slot_id: min(s.prefix_shared(tokens), len(tokens) - 1)
                   if s.cache_scope == scope else 0 for s in idle}
         best = max(idle, key=lambda s: (shared[s.slot_id], -s.last_used))
         if shared[best.slot_id] < MIN_PREFIX_REUSE:
