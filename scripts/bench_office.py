@@ -9,14 +9,16 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         per minute, follow-up time to first token (p50), prompt tokens reused.
   longdoc the same with 16 colleagues and ~1,800-token documents (four still fit
         llama-server's 8,192-token default pool).
-  copy  "rewrite this exactly, adding a line at the top": 2 texts of each of six kinds, none
-        of them this repository's (localserve/bench/corpus.py: Python, C, prose, JSON, CSV,
-        Markdown), different each round, at concurrency 1 and 4: output tok/s, overall and per
-        kind (what speculative decoding is for), drafted tokens, the share kept, and
-        (localserve) output tokens per decode step; llama-server also with --spec-type ngram-mod.
-        Greedy answers differ between servers, so ratios are also given on the text both
-        sides wrote (each pair of answers cut to its common beginning, bench/same_text.py),
-        from the request and from the first token (decoding alone).
+  copy  "rewrite this exactly, adding a line at the top": 2 texts (--texts-per-kind) of each
+        of six kinds, none of them this repository's (localserve/bench/corpus.py: Python, C,
+        prose, JSON, CSV, Markdown), different each round, at concurrency 1 and 4: output
+        tok/s, overall and per kind (what speculative decoding is for), drafted tokens, the
+        share kept, and (localserve) output tokens per decode step; llama-server also with
+        --spec-type ngram-mod. Greedy answers differ between servers, so ratios are also given
+        on the text both sides wrote (each pair of answers cut to its common beginning,
+        bench/same_text.py), from the request and from the first token (decoding alone), and
+        per kind on each side's own whole answers from the first token (where answers part
+        early, as the 135M model's on tables, the text both wrote is a step or two).
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
         round) at concurrency 8 (--concurrency for others):
         output tok/s (what nothing may lose: compare localserve sides with and without a flag).
@@ -135,8 +137,9 @@ def run_once(name, extra, args, seed: int) -> dict:
             return {f"c{c}": asyncio.run(bench.run_level(srv.url, jobs, c)).output_tok_s
                     for c in args.concurrency}
         out = {}
+        texts = copy_corpus(seed, per_kind=args.texts_per_kind or 2)
         for c in args.concurrency:
-            out.update(copy_row(f"c{c}", asyncio.run(copy_workload(srv.url, c, copy_corpus(seed)))))
+            out.update(copy_row(f"c{c}", asyncio.run(copy_workload(srv.url, c, texts))))
         return out
     finally:
         srv.stop()
@@ -150,6 +153,8 @@ def copy_row(key: str, run: dict) -> dict:
            key + "_answers": run["answers"]}
     row.update({f"{key}:{kind}": v["tok_s"] for kind, v in run["kinds"].items()})
     row.update({f"{key}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
+    row.update({f"{key}:{kind}_decoding": v["decoding_tok_s"] for kind, v in run["kinds"].items()
+                if v["decoding_tok_s"]})
     if run["tokens_per_step"] is not None:
         row[key + "_tokens_per_step"] = run["tokens_per_step"]
     return row
@@ -201,7 +206,8 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     answer what greedy decoding does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
     if args.workload == "copy":
-        texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
+        texts = copy_corpus(round_no, per_kind=args.texts_per_kind or -(-most // len(KINDS)))
+        texts = texts if args.texts_per_kind else texts[:n]
         return copy_row(key, asyncio.run(copy_workload(url, concurrency, texts)))
     jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
     return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
@@ -252,6 +258,9 @@ def main() -> int:
                     help="chat, mixed, copy: all servers up, short rounds rotated (see above)")
     ap.add_argument("--waves", type=int, default=3,
                     help="--paired: jobs per round and level, in multiples of its concurrency")
+    ap.add_argument("--texts-per-kind", type=int,
+                    help="copy: texts of each kind a round (default 2; --paired: --waves x "
+                         "concurrency texts, kinds in turn)")
     ap.add_argument("--defaults", action="store_true",
                     help="no -c/-np on any side: each server's own defaults (both take the "
                          "context from the model)")
@@ -292,6 +301,11 @@ def main() -> int:
                     if same else ""))
             if k + "_answers" in results[first][0]:
                 print_same_text(first, peer, results, k)
+            if k + "_decoding" in results[first][0]:
+                ratios = [a[k + "_decoding"] / b[k + "_decoding"]
+                          for a, b in zip(results[first], results[peer])]
+                print(f"    decoding its own answers, from the first piece: "
+                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
     return 0

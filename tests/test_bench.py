@@ -164,6 +164,20 @@ def test_copy_runs_are_compared_on_the_beginning_both_answers_share():
     assert got["all"] == {"speedup": 2.0, "decoding": 1.0, "chars": 4, "share": 4 / 9}
 
 
+def test_copy_speed_by_kind_counts_decoding_from_each_answers_first_piece():
+    """Each side's own whole answers: 11 tokens after the first piece in 2 s (a 1 s prefill
+    left out), next to the tok/s from the request; an answer of one piece decoded nothing."""
+    from localserve.bench.office import Streamed, speed_by_kind
+
+    def answer(marks, seconds):
+        return Streamed("", marks, {}, {}, False, seconds)
+    done = [("csv", 12, answer([(5, 1.0), (20, 2.0), (40, 3.0)], 3.0)),
+            ("json", 1, answer([(3, 0.5)], 0.5))]
+    got = speed_by_kind(done)
+    assert got["csv"] == {"tokens": 12, "seconds": 3.0, "tok_s": 4.0, "decoding_tok_s": 5.5}
+    assert got["json"] == {"tokens": 1, "seconds": 0.5, "tok_s": 2.0, "decoding_tok_s": None}
+
+
 def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():
     from localserve.bench.corpus import KINDS, copy_corpus
 

@@ -202,6 +202,28 @@ async def conversations_workload(url: str, systems: list[str], questions, concur
             "prompt_tokens": prompt, "cached_tokens": cached, "wall_s": wall}
 
 
+def speed_by_kind(done: list[tuple[str, int, Streamed]]) -> dict[str, dict]:
+    """Per kind, over its answers (kind, tokens, answer): tok/s from each request to its last
+    piece (prefill included), and decoding tok/s, the tokens after each first piece over the
+    time from it to the last: each side's own whole answers, where the text both wrote
+    (same_text) may be a few characters (a 135M model rewrites a table's rows its own way,
+    differently on each server) and then measures a step or two."""
+    kinds: dict[str, dict] = {}
+    for kind, n, answer in done:
+        figures = kinds.setdefault(kind, {"tokens": 0, "seconds": 0.0, "decoded": 0,
+                                          "decoding_s": 0.0})
+        figures["tokens"] += n
+        figures["seconds"] += answer.seconds
+        if len(answer.marks) > 1:
+            figures["decoded"] += n - 1
+            figures["decoding_s"] += answer.marks[-1][1] - answer.marks[0][1]
+    for figures in kinds.values():
+        figures["tok_s"] = figures["tokens"] / figures["seconds"]
+        decoded, decoding_s = figures.pop("decoded"), figures.pop("decoding_s")
+        figures["decoding_tok_s"] = decoded / decoding_s if decoding_s else None
+    return kinds
+
+
 async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
                         headers: dict | None = None) -> dict:
     """Output tok/s over one request per text, per kind of text too (each request's tokens
@@ -213,7 +235,7 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
         return {"messages": [{"role": "user", "content": INSTRUCTION + text.text}],
                 "max_tokens": 256, "temperature": 0}
     gate, drafted, kept = asyncio.Semaphore(concurrency), 0, 0
-    done: list[tuple[str, int, float]] = []  # (kind, tokens, seconds) per answer
+    done: list[tuple[str, int, Streamed]] = []  # (kind, its tokens, the answer) per answer
     answers: dict[int, dict] = {}  # text's place -> its answer and when each piece came
     # A connection each: llama-server may close one just after a streamed answer, and a
     # request sent on it then fails ("Server disconnected without sending a response").
@@ -223,7 +245,7 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
             nonlocal drafted, kept
             async with gate:
                 answer = await stream(client, url, body(text))
-                done.append((text.kind, answer.usage["completion_tokens"], answer.seconds))
+                done.append((text.kind, answer.usage["completion_tokens"], answer))
                 answers[place] = {"kind": text.kind, "text": answer.text, "marks": answer.marks}
                 drafted += answer.timings.get("draft_n", 0)
                 kept += answer.timings.get("draft_n_accepted", 0)
@@ -241,15 +263,8 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
         kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
     tokens = sum(n for _, n, _ in done)
     steps = after["steps"] - before["steps"] if before and after else None
-    kinds: dict[str, dict] = {}
-    for kind, n, seconds in done:
-        figures = kinds.setdefault(kind, {"tokens": 0, "seconds": 0.0})
-        figures["tokens"] += n
-        figures["seconds"] += seconds
-    for figures in kinds.values():
-        figures["tok_s"] = figures["tokens"] / figures["seconds"]
     return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
-            "accepted": kept / drafted if drafted else 0.0, "kinds": kinds,
+            "accepted": kept / drafted if drafted else 0.0, "kinds": speed_by_kind(done),
             "tokens_per_step": tokens / steps if steps else None,
             "draft_held": after.get("draft_held") if after else None,
             "step_ms": after.get("step_ms") if after else None,
@@ -297,7 +312,9 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
         print(f"copy at concurrency {level}: {run_['tok_s']:.1f} tok/s; {run_['drafted']} tokens "
               f"drafted, {run_['accepted']:.0%} kept{steps}")
         print("  by kind (tok/s of each answer): " + ", ".join(
-            f"{kind} {v['tok_s']:.1f}" for kind, v in run_["kinds"].items()))
+            f"{kind} {v['tok_s']:.1f}" + (f" ({v['decoding_tok_s']:.1f} decoding)"
+                                          if v["decoding_tok_s"] else "")
+            for kind, v in run_["kinds"].items()))
     last = out[levels[-1]]
     if last.get("step_ms"):
         print("drafts held, by match length: " + ", ".join(
