@@ -182,6 +182,11 @@ def shown(row: dict) -> dict:
     return {k: v for k, v in row.items() if not k.endswith("_answers")}
 
 
+def spread(values: list[float], unit: str = "x") -> str:
+    """Rounds' figures (ratios unless `unit` says otherwise) as printed: median (min-max)."""
+    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
+
+
 def print_same_text(first: str, peer: str, results: dict[str, list[dict]], key: str) -> None:
     """Copy rounds compared on the text both sides wrote (bench/same_text.py): medians over
     rounds of each kind's speedup, from the request and from the first piece (decoding
@@ -206,8 +211,10 @@ def paired_level(url: str, args, round_no: int, concurrency: int) -> dict:
     answer what greedy decoding does, and a shorter answer is mostly time to first token)."""
     n, most, key = args.waves * concurrency, args.waves * max(args.concurrency), f"c{concurrency}"
     if args.workload == "copy":
-        texts = copy_corpus(round_no, per_kind=args.texts_per_kind or -(-most // len(KINDS)))
-        texts = texts if args.texts_per_kind else texts[:n]
+        if args.texts_per_kind:
+            texts = copy_corpus(round_no, per_kind=args.texts_per_kind)
+        else:
+            texts = copy_corpus(round_no, per_kind=-(-most // len(KINDS)))[:n]
         return copy_row(key, asyncio.run(copy_workload(url, concurrency, texts)))
     jobs = bench.make_workload(most, round_no, *CHAT_SHAPES[args.workload])[:n]
     return {key: asyncio.run(bench.run_level(url, jobs, concurrency)).output_tok_s}
@@ -274,8 +281,8 @@ def main() -> int:
     print(f"\n{args.workload}: medians of {args.rounds} alternating rounds (min-max)")
     for name, runs in results.items():
         keys = [k for k in shown(runs[0]) if k not in ("prompt_tokens", "cached_tokens", "wall_s")]
-        cells = [f"{k} {statistics.median(r[k] for r in runs):.2f} "
-                 f"({min(r[k] for r in runs):.2f}-{max(r[k] for r in runs):.2f})" for k in keys]
+        # a figure some round lacks (a kind whose answers decoded nothing): the other rounds'
+        cells = [f"{k} {spread([r[k] for r in runs if k in r], unit='')}" for k in keys]
         if "cached_tokens" in runs[0]:
             cells.append(f"reused {statistics.median(r['cached_tokens'] for r in runs):.0f} of "
                          f"{statistics.median(r['prompt_tokens'] for r in runs):.0f} prompt tokens")
@@ -291,21 +298,19 @@ def main() -> int:
     for peer in [n for n in results if n != first]:
         for k in speeds:
             ratios = [a[k] / b[k] for a, b in zip(results[first], results[peer])]
-            print(f"  {first} / {peer} {k}: {statistics.median(ratios):.2f}x "
-                  f"({min(ratios):.2f}-{max(ratios):.2f})")
+            print(f"  {first} / {peer} {k}: {spread(ratios)}")
             if k + "_tokens" in results[first][0]:  # paired copy: rounds with the same answers
                 same = [r for r, a, b in zip(ratios, results[first], results[peer])
                         if a[k + "_tokens"] == b[k + "_tokens"]]
-                print(f"    same answer length in {len(same)} of {len(ratios)} rounds" + (
-                    f": {statistics.median(same):.2f}x ({min(same):.2f}-{max(same):.2f})"
-                    if same else ""))
+                print(f"    same answer length in {len(same)} of {len(ratios)} rounds"
+                      + (f": {spread(same)}" if same else ""))
             if k + "_answers" in results[first][0]:
                 print_same_text(first, peer, results, k)
-            if k + "_decoding" in results[first][0]:
-                ratios = [a[k + "_decoding"] / b[k + "_decoding"]
-                          for a, b in zip(results[first], results[peer])]
-                print(f"    decoding its own answers, from the first piece: "
-                      f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f})")
+            decoding = [a[k + "_decoding"] / b[k + "_decoding"]  # rounds where both decoded
+                        for a, b in zip(results[first], results[peer])
+                        if k + "_decoding" in a and k + "_decoding" in b]
+            if decoding:
+                print(f"    decoding its own answers, from the first piece: {spread(decoding)}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "results": results}, indent=1))
     return 0
