@@ -155,6 +155,8 @@ def copy_row(key: str, run: dict) -> dict:
     row.update({f"{key}:{kind}_tokens": v["tokens"] for kind, v in run["kinds"].items()})
     row.update({f"{key}:{kind}_decoding": v["decoding_tok_s"] for kind, v in run["kinds"].items()
                 if v["decoding_tok_s"]})
+    row.update({f"{key}:{kind}_ceiling": v["lookup_ceiling"] for kind, v in run["kinds"].items()
+                if "lookup_ceiling" in v})  # localserve's: drafting's ceiling on decoding
     if run["tokens_per_step"] is not None:
         row[key + "_tokens_per_step"] = run["tokens_per_step"]
     return row

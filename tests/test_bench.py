@@ -146,6 +146,8 @@ def test_bench_copy_reports_what_the_drafts_did(second_server, tmp_path):
     result = json.loads((tmp_path / "bench-copy.json").read_text())["results"]["1"]
     assert result["completion_tokens"] > 0 and result["tokens_per_step"] >= 1
     assert list(result["kinds"]) == ["python", "c"]  # --requests 2: the first two kinds
+    assert all(kind["lookup_ceiling"] >= 1.0 for kind in result["kinds"].values())
+    assert "drafting's ceiling on decoding, by kind" in run.stdout
 
 
 def test_copy_runs_are_compared_on_the_beginning_both_answers_share():
@@ -176,6 +178,33 @@ def test_copy_speed_by_kind_counts_decoding_from_each_answers_first_piece():
     got = speed_by_kind(done)
     assert got["csv"] == {"tokens": 12, "seconds": 3.0, "tok_s": 4.0, "decoding_tok_s": 5.5}
     assert got["json"] == {"tokens": 1, "seconds": 0.5, "tok_s": 2.0, "decoding_tok_s": None}
+
+
+def test_a_run_goes_on_from_the_best_place_in_the_context_and_into_its_own_copy():
+    from localserve.bench.ceiling import longest_run
+
+    prompt = [7, 1, 2, 3, 9, 1, 2, 3, 4, 5]
+    assert longest_run(prompt, [0, 1, 2, 3, 4, 6], 1) == 4  # the second 1 2 3, not the first
+    assert longest_run(prompt, [0, 8, 1], 1) == 0  # 8 is nowhere
+    # a table whose row repeats: "5 1" was seen, and the copy runs on into what it writes
+    assert longest_run([5, 1], [5, 1, 5, 1, 5, 1, 5], 2) == 5
+
+
+def test_the_lookup_ceiling_prices_foresight_drafts_by_the_measured_steps():
+    """An answer copying its prompt: one token a step costs 10 ms each; with a 64-row step
+    at 20 ms, foresight drafts take 63 tokens a step. An answer found nowhere: no gain."""
+    from localserve.bench.ceiling import lookup_ceiling, step_cost
+
+    cost = step_cost({"1": 10.0, "64": 20.0})
+    assert abs(cost(1) - 0.010) < 1e-12 and abs(cost(32) - (0.010 + 0.010 * 31 / 63)) < 1e-12
+    assert abs(cost(128) - 0.040) < 1e-12  # past the largest: its cost per row
+    prompt = list(range(1000, 1300))
+    drafted, plain = lookup_ceiling(prompt, prompt[:1] + prompt[1:200], cost)
+    assert abs(plain - 199 * 0.010) < 1e-9
+    assert abs(drafted - (3 * 0.020 + cost(1 + 6))) < 1e-9  # 64 tokens a step, 3 times, then 7
+    fresh = list(range(5000, 5100))
+    drafted, plain = lookup_ceiling(prompt, fresh, cost)
+    assert abs(drafted - 99 * 0.010) < 1e-9 and abs(plain - 99 * 0.010) < 1e-9
 
 
 def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():

@@ -34,6 +34,7 @@ import time
 
 import httpx
 
+from localserve.bench.ceiling import ceiling_by_kind
 from localserve.bench.corpus import INSTRUCTION, KINDS, CopyText, copy_corpus
 
 WORDS = ("invoice supplier warehouse schedule budget contract clause delivery quarterly "
@@ -230,7 +231,8 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
     over its own time: at concurrency 1 the kind's speed), and what speculation did: drafted
     tokens, the share kept, output tokens per decode step (localserve: its engine counters;
     llama-server: each answer's timings.draft_n / draft_n_accepted), and each answer with
-    when its pieces came (same_text compares two servers on the text both wrote)."""
+    when its pieces came (same_text compares two servers on the text both wrote); localserve
+    also each kind's lookup ceiling (ceiling.py), priced by its own measured step costs."""
     def body(text: CopyText) -> dict:
         return {"messages": [{"role": "user", "content": INSTRUCTION + text.text}],
                 "max_tokens": 256, "temperature": 0}
@@ -258,13 +260,19 @@ async def copy_workload(url: str, concurrency: int, texts: list[CopyText],
         await asyncio.gather(*(one(place, text) for place, text in enumerate(texts)))
         wall = time.perf_counter() - started
         after = await engine_counters(client, url)
+        ceilings = await ceiling_by_kind(client, url, [
+            (text.kind, body(text)["messages"], answers[place]["text"])
+            for place, text in enumerate(texts)], after["step_ms"]) if after else {}
     if before and after:  # localserve
         drafted = after["draft_tokens"] - before["draft_tokens"]
         kept = after["draft_tokens_accepted"] - before["draft_tokens_accepted"]
     tokens = sum(n for _, n, _ in done)
     steps = after["steps"] - before["steps"] if before and after else None
+    kinds = speed_by_kind(done)
+    for kind, ceiling in ceilings.items():
+        kinds[kind]["lookup_ceiling"] = ceiling
     return {"tok_s": tokens / wall, "completion_tokens": tokens, "drafted": drafted,
-            "accepted": kept / drafted if drafted else 0.0, "kinds": speed_by_kind(done),
+            "accepted": kept / drafted if drafted else 0.0, "kinds": kinds,
             "tokens_per_step": tokens / steps if steps else None,
             "draft_held": after.get("draft_held") if after else None,
             "step_ms": after.get("step_ms") if after else None,
@@ -315,6 +323,11 @@ def run(url: str, workload: str, levels: list[int], seed: int, api_key: str | No
             f"{kind} {v['tok_s']:.1f}" + (f" ({v['decoding_tok_s']:.1f} decoding)"
                                           if v["decoding_tok_s"] else "")
             for kind, v in run_["kinds"].items()))
+        if any("lookup_ceiling" in v for v in run_["kinds"].values()):
+            print("  drafting's ceiling on decoding, by kind (drafts from the context, "
+                  "knowing how far each holds): " + ", ".join(
+                      f"{kind} {v['lookup_ceiling']:.2f}x" for kind, v in run_["kinds"].items()
+                      if "lookup_ceiling" in v))
     last = out[levels[-1]]
     if last.get("step_ms"):
         print("drafts held, by match length: " + ", ".join(
