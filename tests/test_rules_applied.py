@@ -153,6 +153,21 @@ def drafts(plan) -> list[int]:
     return [c.drafts for c in plan.chunks]
 
 
+def test_only_steps_of_decode_and_draft_rows_price_drafts():
+    """A prompt's rows want no logits and come in a short context: a step of them is no
+    measure of what a draft step of that many rows costs."""
+    sched = Scheduler(SlotPool(256, 1), FakeVocab(), 64, prefill_budget=4096, speculative=True)
+    sched.add(Request(list(LOOP), SamplingParams(max_tokens=50), request_id="r"))
+    prompt = sched.schedule()
+    assert prompt.num_tokens == len(LOOP) and prompt.num_decode_rows == 0
+    sched.update(prompt, StepOutput({0: [11]}, decode_s=0.024))
+    assert sched.drafts.cost.view() == {}
+    step = sched.schedule()
+    assert step.num_decode_rows == len(step.chunks) == 1
+    sched.update(step, StepOutput({0: [12]}, decode_s=0.030))
+    assert list(sched.drafts.cost.view().values()) == [30.0]
+
+
 def test_drafts_go_to_decode_rows_as_many_as_pay_while_the_budget_lasts():
     assert drafts(decoding(2)) == [16, 16]  # a 17-token match earns 16 (COPYING): copying pays
     assert all(0 < d <= 16 for d in drafts(decoding(2, held=0.5)))  # rows cost nothing: drafts pay

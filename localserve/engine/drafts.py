@@ -142,8 +142,9 @@ class Acceptance:
 
 
 class StepCost:
-    """What a step of n batch rows costs, from the engine's own steps: the latest seconds
-    (an average that follows recent steps) at each of SIZES, interpolated between them.
+    """What a step of n batch rows costs, from the engine's own steps of decode and draft rows
+    (DraftBook.timed): the latest seconds (an average that follows recent steps) at each of
+    SIZES, interpolated between them.
     Measured, not assumed: on a 2-core CPU with a 135M model a step of 2-16 rows costs
     several times a one-row step (each row is compute), while rows past 32 come cheaper each
     (llama.cpp's batched matrix kernels); a GPU's curve is flat. A size not yet seen is
