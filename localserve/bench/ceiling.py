@@ -7,7 +7,8 @@ as many tokens of it as pay for their rows. Replaying an answer that way, each s
 the server's own measured step costs, against the same answer decoded one token a step, bounds
 what any such drafter gains on that text. Where a model rewrites what it copies (SmolLM2-135M
 on CSV and Markdown tables) the bound is low, and a rule guessing from match lengths gets a
-share of it: the bench prints both, so a shortfall shows whether it is the rule's or the text's.
+share of it: printed beside each kind's speed, it tells a shortfall of the rule's from one of
+the text's.
 """
 
 from __future__ import annotations
