@@ -127,7 +127,11 @@ def test_update_takes_the_whole_step_output():
     events = sched.update(plan, StepOutput({plan.chunks[0].slot_id: [3]}, decode_s=0.01,
                                            sample_s=0.005))
     assert events and events[0][1].token_ids == (3,)
-    assert sched.drafts.cost.view() == {12: 15.0}  # 10 rows: its decode and its sampling
+    assert sched.drafts.cost.view() == {}  # a prompt's step prices no draft (reuse.py)
+    plan = sched.schedule()
+    sched.update(plan, StepOutput({plan.chunks[0].slot_id: [4]}, decode_s=0.01, sample_s=0.005))
+    assert plan.num_tokens == 1
+    assert sched.drafts.cost.view() == {1: 15.0}  # a decode row: its decode and its sampling
 
 
 def test_a_request_aborted_while_its_step_ran_is_skipped_and_the_others_get_their_tokens():
