@@ -77,6 +77,31 @@ def test_models_lists_the_embedded_default_and_files_in_models_dir(tmp_path, mon
         config.resolve_model("absent.gguf")
 
 
+def test_a_file_put_in_the_repositorys_models_folder_is_listed_and_resolved():
+    """The README's step as written: a GGUF put in models/ (the repository's, beside README.md)
+    is listed by `localserve models` and served by `-m NAME.gguf`. No monkeypatching: the
+    default folder itself is under test."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+    from pathlib import Path
+
+    from localserve.common.config import default_model_path, resolve_model
+
+    root = Path(__file__).resolve().parents[1]
+    placed = root / "models" / f"test-placed-{uuid.uuid4().hex[:8]}.gguf"
+    placed.symlink_to(default_model_path())
+    try:
+        listing = subprocess.run([sys.executable, "-m", "localserve", "models"], cwd=root,
+                                 capture_output=True, text=True, timeout=60,
+                                 env={**os.environ, "HOME": str(root / "models")})
+        assert placed.name in listing.stdout, listing.stdout + listing.stderr
+        assert resolve_model(placed.name) == placed.resolve()
+    finally:
+        placed.unlink()
+
+
 def test_every_setting_has_one_flag_whose_help_shows_its_default_and_choices():
     """The CLI is generated from Settings (localserve/options.py): a new field without a flag,
     or a flag naming no field, fails here; defaults and choices are never restated by hand."""

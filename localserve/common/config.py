@@ -18,7 +18,9 @@ REASONING_FORMATS = ("auto", "deepseek", "none")
 CHOICES = {"scheduler": SCHEDULERS, "spec": SPEC_TYPES, "flash_attn": FLASH_ATTN,
            "reasoning_format": REASONING_FORMATS, "cache_type_k": CACHE_TYPES,
            "cache_type_v": CACHE_TYPES}
-MODELS_DIR = Path(__file__).resolve().parent.parent / "models"
+# The repository's models/ (README, models/README.md): localserve/common/config.py is three
+# levels below it. Not the package's own localserve/models/, which holds code.
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
 class SettingsError(ValueError):
