@@ -127,6 +127,10 @@ def test_request_mistakes_get_plain_sentences(server):
                   "application/octet-stream"):  # LiteLLM's async transport
         headers = {"content-type": plain} if plain else {}
         assert httpx.post(url, content=body, headers=headers, timeout=60).status_code == 200, plain
+    for browser in ({"origin": "http://127.0.0.1:9"}, {"sec-fetch-site": "cross-site"}):
+        forged = httpx.post(url, content=body, timeout=60,
+                            headers={"content-type": "text/plain", **browser})
+        assert forged.status_code == 415 and "forgery" in forged.json()["error"]["message"]
     not_json = httpx.post(url, content=b"messages=hi", headers={"content-type": "text/plain"})
     assert not_json.status_code == 400 and "not valid JSON" in not_json.json()["error"]["message"]
     image = httpx.post(url, json={"messages": [{"role": "user", "content": [

@@ -71,6 +71,32 @@ def test_a_post_is_read_as_json_whatever_its_type(given):
     assert app.scope["headers"] == [(b"x-other", b"1"), (b"content-type", b"application/json")]
 
 
+@pytest.mark.parametrize("mark", [(b"origin", b"https://evil.example"), (b"origin", b"null"),
+                                  (b"sec-fetch-site", b"cross-site"), (b"sec-fetch-mode", b"no-cors")])
+@pytest.mark.parametrize("given", [b"text/plain", b"Text/Plain; charset=utf-8",
+                                   b"application/x-www-form-urlencoded",
+                                   b"multipart/form-data; boundary=x"])
+def test_a_browsers_simple_request_body_is_refused_unread(mark, given):
+    """A page elsewhere can POST these types without a preflight: refused (415), the app
+    never runs."""
+    app = EchoApp()
+    sent = drive(JsonBodyByDefault(app), http(headers=[mark, (b"content-type", given)]))
+    assert app.scope is None and sent[0]["status"] == 415
+    error = json.loads(sent[1]["body"])["error"]
+    assert error["code"] == "unsupported_media_type" and "application/json" in error["message"]
+
+
+@pytest.mark.parametrize("given", [b"application/json", b"application/octet-stream", None])
+def test_a_browsers_json_and_other_types_pass(given):
+    """JSON (which a cross-site page can only send after a preflight) and non-safelisted
+    types are not simple requests: read as JSON as from any tool."""
+    app = EchoApp()
+    headers = [(b"origin", b"http://127.0.0.1:8080")] + (
+        [(b"content-type", given)] if given is not None else [])
+    drive(JsonBodyByDefault(app), http(headers=headers))
+    assert app.scope["headers"][-1] == (b"content-type", b"application/json")
+
+
 @pytest.mark.parametrize("scope", [
     http(method="GET", headers=[(b"content-type", b"text/plain")]),
     {"type": "websocket", "method": "POST", "headers": [(b"content-type", b"text/plain")]}])

@@ -9,10 +9,11 @@ that talk to the server directly send a loopback Host and no Origin, and pass.
 
 from __future__ import annotations
 
-import json
 from urllib.parse import urlsplit
 
+from localserve.api.limits import send_refusal
 from localserve.common.net import is_loopback
+
 
 def host_name(value: str) -> str:
     """'127.0.0.1:8080' -> '127.0.0.1', '[::1]:8080' -> '::1', 'Example.lan' -> 'example.lan'."""
@@ -42,19 +43,10 @@ class LoopbackHostGuard:
         host = headers.get(b"host", b"").decode("latin-1")
         origin = headers.get(b"origin", b"").decode("latin-1")
         if host and not self.host_ok(host):
-            return await _refuse(send, 421, f"Host '{host}' is not this server's: a loopback server "
+            return await send_refusal(send, 421, f"Host '{host}' is not this server's: a loopback server "
                                  f"without API keys answers only to loopback names (add "
                                  f"--allowed-host NAME to accept another).", "host_not_allowed")
         if origin and not self.origin_ok(origin):  # "null" (an opaque origin) is refused too
-            return await _refuse(send, 403, f"Cross-site request from '{origin}' refused: allow a "
+            return await send_refusal(send, 403, f"Cross-site request from '{origin}' refused: allow a "
                                  f"browser frontend with --cors-origin {origin}.", "origin_not_allowed")
         return await self.app(scope, receive, send)
-
-
-async def _refuse(send, status: int, message: str, code: str) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error",
-                                 "param": None, "code": code}}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
