@@ -75,6 +75,7 @@ from localserve.bench import load as bench  # noqa: E402
 from localserve.bench.corpus import KINDS, copy_corpus  # noqa: E402
 from localserve.models.gguf_meta import template_for_peer  # noqa: E402
 from localserve.bench.office import CONVERSATIONS, copy_workload  # noqa: E402
+from localserve.bench.report import spread  # noqa: E402
 from localserve.bench.same_text import same_text_speedup  # noqa: E402
 from localserve.common.config import resolve_model  # noqa: E402
 
@@ -182,11 +183,6 @@ def run_rounds(sides: dict, args) -> dict[str, list[dict]]:
 def shown(row: dict) -> dict:
     """A round's figures without the copy answers' texts (kept for same_text and --out)."""
     return {k: v for k, v in row.items() if not k.endswith("_answers")}
-
-
-def spread(values: list[float], unit: str = "x") -> str:
-    """Rounds' figures (ratios unless `unit` says otherwise) as printed: median (min-max)."""
-    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"
 
 
 def print_same_text(first: str, peer: str, results: dict[str, list[dict]], key: str) -> None:

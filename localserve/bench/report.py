@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import statistics
+
 from localserve.bench.load import LevelSummary
 
 # Throughput must grow by at least this much from one level to the next to be worth it...
@@ -60,3 +62,8 @@ def plot(levels: list[LevelSummary], path: str, title: str = "localserve bench")
     fig.tight_layout(rect=(0, 0.07, 1, 1))
     fig.savefig(path)
     plt.close(fig)
+
+
+def spread(values: list[float], unit: str = "x") -> str:
+    """Rounds' figures (ratios unless `unit` says otherwise) as printed: median (min-max)."""
+    return f"{statistics.median(values):.2f}{unit} ({min(values):.2f}-{max(values):.2f})"

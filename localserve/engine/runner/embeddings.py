@@ -15,6 +15,7 @@ import llama_cpp as C
 import numpy as np
 
 from localserve.engine.errors import DecodeError
+from localserve.engine.runner.upper_state import clear_upper_state
 
 
 class Embedder:
@@ -49,7 +50,9 @@ class Embedder:
                 batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
                 batch.seq_id[i][0], batch.logits[i] = 0, 1
             batch.n_tokens = len(tokens)
-            if self._run(self.ctx, batch) != 0:
+            failed = self._run(self.ctx, batch) != 0
+            clear_upper_state()  # the vector's handling below would pay for it (upper_state.py)
+            if failed:
                 raise DecodeError(f"llama_decode refused an embedding batch of {len(tokens)} tokens")
             vector = np.ctypeslib.as_array(C.llama_get_embeddings_seq(self.ctx, 0),
                                            shape=(self.n_embd,)).astype(np.float64)

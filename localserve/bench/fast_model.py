@@ -1,0 +1,104 @@
+"""A random-weight model whose compute is negligible, with a real model's tokenizer: what a GPU's
+fast steps look like to the server, on any CPU (issue 65). Speed and plumbing do not depend on
+the weights' values; the vocabulary's size does (every row's sampling and the output layer
+walk it), so the tokenizer is a real office model's (Llama 3's 128,256 tokens by default).
+
+Written with gguf-py from llama.cpp's own source tree (llama-cpp-python's source archive ships
+it, with vocabulary-only GGUFs under vendor/llama.cpp/models/): scripts/make-fast-model finds
+both and runs `python -m localserve.bench.fast_model VOCAB.gguf OUT.gguf`.
+
+Weights are Q4_0 blocks written directly (2 bytes of f16 scale, 16 bytes of nibbles per 32
+weights): random nibbles under a small fixed scale keep activations finite after RMS norms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+# A Llama 3 chat template small enough to read (the model's own has tool-calling blocks that
+# neither server needs here); both servers render it from the GGUF.
+LLAMA3_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+    "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
+    "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+
+QK4_0, Q4_0_BYTES = 32, 18
+
+
+def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, scale: float) -> np.ndarray:
+    """rows x cols weights as Q4_0 bytes: (rows, cols / 32 * 18) uint8."""
+    blocks = rows * cols // QK4_0
+    out = np.empty((blocks, Q4_0_BYTES), dtype=np.uint8)
+    out[:, :2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
+    out[:, 2:] = rng.integers(0, 256, size=(blocks, 16), dtype=np.uint8)
+    return out.reshape(rows, cols // QK4_0 * Q4_0_BYTES)
+
+
+def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
+          n_ff: int = 512, n_head: int = 4, n_head_kv: int = 2, n_ctx: int = 8192,
+          seed: int = 0) -> None:
+    import gguf  # llama.cpp's gguf-py, on PYTHONPATH (scripts/make-fast-model)
+
+    reader = gguf.GGUFReader(vocab_path)
+    arch = reader.fields["general.architecture"].contents()
+    if arch != "llama":
+        raise SystemExit(f"{vocab_path}: a Llama-architecture vocabulary is needed, not {arch}")
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    writer = gguf.GGUFWriter(out_path, arch)
+    writer.add_name(f"fast random {n_layer}x{n_embd}, vocab {n_vocab}")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv(n_head_kv)
+    writer.add_rope_dimension_count(n_embd // n_head)
+    writer.add_rope_freq_base(500000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    writer.add_chat_template(LLAMA3_TEMPLATE)
+
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    q4 = lambda name, rows, cols: writer.add_tensor(  # noqa: E731
+        name, q4_0_blocks(rng, rows, cols, 0.02), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    ones = lambda name, n: writer.add_tensor(name, np.ones(n, dtype=np.float32))  # noqa: E731
+    q4("token_embd.weight", n_vocab, n_embd)  # also the output layer (tied, as Llama 3.2's)
+    ones("output_norm.weight", n_embd)
+    for i in range(n_layer):
+        ones(f"blk.{i}.attn_norm.weight", n_embd)
+        q4(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+        q4(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
+        q4(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
+        q4(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        ones(f"blk.{i}.ffn_norm.weight", n_embd)
+        q4(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+        q4(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+        q4(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("vocab", help="a vocabulary-only GGUF of a Llama-architecture model")
+    parser.add_argument("out", help="where to write the model")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--embd", type=int, default=256)
+    args = parser.parse_args(argv)
+    write(args.vocab, args.out, n_layer=args.layers, n_embd=args.embd, n_ff=2 * args.embd)
+    print(args.out, file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()
