@@ -80,6 +80,8 @@ class LlamaRunner(Sampling):
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.argmax_slots: set[int] = set()  # greedy alone: the logits' argmax (sampling.py)
+        self.softmax_slots: dict = {}  # temperature alone: (temperature, rng) (sampling.py)
+        self._softmax_scratch = np.empty(self.n_vocab, dtype=np.float32)
         self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
         self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
         self.grammar_seconds: dict[int, float] = {}  # this step's grammar CPU s per slot
