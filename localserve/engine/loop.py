@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 import threading
 import time
 from collections import Counter
@@ -34,6 +35,16 @@ log = logging.getLogger("localserve.engine")
 # (still in tokenization) to join the first one's prefill step; polled this often.
 ARRIVAL_WINDOW_S = 0.02
 ARRIVAL_POLL_S = 0.0005
+# A step that only added tokens to running requests publishes its snapshot at most this often
+# (for /slots, /metrics and the dashboard, which poll at most a few times a second); a step that
+# admits or ends a request always does. Building one reads every slot: 11 % of the engine
+# thread at one stream on a fast model (scripts/bench_host.py), for a view nobody read.
+SNAPSHOT_EVERY_S = 0.05
+# How long the HTTP thread may hold the GIL while the engine thread waits for it (Python's
+# default is 5 ms). The engine thread gives it up for every llama_decode and wake-up, and on a
+# fast model a whole step takes about a millisecond: at 5 ms the streams' own chunk writing
+# held each step back by up to five steps' time.
+GIL_SWITCH_S = 0.0005
 
 
 class EngineUnavailable(RuntimeError):
@@ -149,6 +160,7 @@ class EngineLoop(threading.Thread):
 
     # ---- the loop thread ----------------------------------------------------------------
     def run(self) -> None:
+        sys.setswitchinterval(GIL_SWITCH_S)
         try:
             while self._drain_inbox(block=not self.scheduler.has_work()):
                 if self.scheduler.has_work():
@@ -227,7 +239,10 @@ class EngineLoop(threading.Thread):
         for observer in self.observers:
             observer.on_step(plan, self.last_step_s)
         self._deliver(events)
-        self.snapshot = self._build_snapshot(plan)
+        now = time.monotonic()
+        if (plan.admitted or any(event.finished for _, event in events)
+                or now - self._snapshot_at >= SNAPSHOT_EVERY_S):
+            self.snapshot = self._build_snapshot(plan)
 
     def _attach_logprobs(self, plan: StepPlan, events, computed: dict[int, tuple]) -> None:
         """The runner computed log-probabilities for the rows that asked; hand each to the
@@ -340,6 +355,7 @@ class EngineLoop(threading.Thread):
                                                          error=message))])
 
     def _build_snapshot(self, plan: StepPlan | None = None) -> EngineSnapshot:
+        self._snapshot_at = time.monotonic()
         return build_snapshot(self, plan)
 
 
