@@ -61,3 +61,15 @@ def test_the_flags_page_lists_every_flag_of_up_as_options_py_does():
     flags = {flag for action in up._actions for flag in action.option_strings} - {"-h", "--help"}
     missing = sorted(flag for flag in flags if f"`{flag}`" not in page)
     assert missing == []
+
+
+def test_the_readmes_how_fast_fits_a_screen_and_every_figure_is_in_docs_performance():
+    """One short table of today's figures in the README; each figure (a ratio with its
+    spread) stands in docs/performance.md with its command, so the two cannot drift."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## How fast\n", 1)[1].split("\n## ", 1)[0]
+    assert len(section.rstrip("\n").split("\n")) + 1 <= 15
+    performance = (ROOT / "docs" / "performance.md").read_text()
+    figures = re.findall(r"\d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)", section)
+    assert len(figures) >= 6
+    assert [f for f in figures if f not in performance] == []
