@@ -88,12 +88,19 @@ async def openapi(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step;
-    per-key counters for admin keys only."""
+    per-key counters and per-slot gauges for admin keys only (a slot's cells tell how long a
+    colleague's document is: a user key gets the pool's totals)."""
     host, models = request.app.state.default_host, request.app.state.models
     text = generate_latest(models.metrics_registry if models.several else host.metrics_registry)
     if is_admin(request):
         text += generate_latest(request.app.state.office.key_registry)
+    else:
+        text = b"".join(line for line in text.splitlines(keepends=True)
+                        if PER_SLOT not in line)
     return Response(text, media_type=CONTENT_TYPE_LATEST)
+
+
+PER_SLOT = b"localserve:slot_"  # the per-slot families' prefix (metrics.SnapshotCollector)
 
 
 def _when(value: str | None, param: str) -> float | None:
@@ -135,7 +142,7 @@ def hide_others(snap: dict, me: str | None) -> None:
         if row["user"] == me:
             continue
         row["user"] = row["request_id"] = None
-        for field in ("n_cached", "n_prompt_tokens", "n_decoded", "cached_tokens"):
+        for field in ("n_cached", "n_borrowed", "n_prompt_tokens", "n_decoded", "cached_tokens"):
             if field in row:
                 row[field] = 0
         for field in ("prefix_source", "age_s"):
