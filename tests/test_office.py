@@ -179,6 +179,7 @@ def test_drain_timeout_ends_leftovers_with_an_error_event():
         worker.join(timeout=60)
         assert srv.proc.wait(timeout=60) == 0
         assert results and "shutting down" in results[0][-1]
+        assert json.loads(results[0][-2][6:])["choices"][0]["finish_reason"] == "error"
     finally:
         srv.stop()
 

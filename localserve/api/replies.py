@@ -29,6 +29,7 @@ from localserve.api.answer import (ChoiceReader, Choices, Failed, Finish, Text, 
                                    ToolCalls, joined_content, read, whole_answers)
 from localserve.api.schemas import _Sampling
 from localserve.api.structured import ToolPlan
+from localserve.engine.finish import FinishReason
 
 
 def usage(ends: dict[int, Finish]) -> dict:
@@ -130,7 +131,10 @@ class Reply:
                 if self.prefix:
                     yield self._chunk([self._delta(i, {"content": self.prefix})])
             async for i, piece in pieces:
-                if isinstance(piece, Failed):
+                if isinstance(piece, Failed):  # e.g. a drain that ran out: every open
+                    for j in range(n):  # choice still ends with a reason, then the error
+                        if j not in last:
+                            yield self._chunk([self._delta(j, {}, str(FinishReason.ERROR))])
                     yield {"data": json.dumps(piece.error.body())}
                     break
                 if isinstance(piece, Thought):
