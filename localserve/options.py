@@ -117,8 +117,9 @@ GROUPS: dict[str, list[Option]] = {
         Option("seed", ("-s", "--seed"), "seed", "random per request"),
         Option("n_predict", ("-n", "--n-predict"), "max_tokens", "-1: until the slot is full",
                convert=_n_predict),
-        Option("task_max_tokens", ("--task-max-tokens",), "max_tokens of a frontend's background "
-               "task (Open WebUI's titles, tags, follow-ups, search queries) that sends none"),
+        Option("task_max_tokens", ("--task-max-tokens",), "the most a frontend's background "
+               "task (Open WebUI's titles, tags, follow-ups, search queries) may generate, "
+               "whatever max_tokens it sends"),
         Option("chat_template", ("--chat-template",), "the default model's chat template instead "
                "of its GGUF's: chatml, llama3, gemma, or a Jinja template"),
         Option("chat_template_file", ("--chat-template-file",), "the same, read from a Jinja "

@@ -118,8 +118,9 @@ TITLE_TASK = ("### Task:\nGenerate a concise, 3-5 word title with an emoji summa
 
 
 def test_open_webuis_background_tasks_and_chats_without_max_tokens_get_the_servers_caps(srv):
-    """Open WebUI sends its title, tags and follow-up tasks, and its chats, with no max_tokens:
-    a task gets --task-max-tokens, a chat the server's -n, both shown in /props."""
+    """Open WebUI sends its title, tags and follow-up tasks, and its chats, with no max_tokens
+    (titles with 1,000): a task gets at most --task-max-tokens, a chat the server's -n, both
+    shown in /props."""
     body = {"max_tokens": None, "ignore_eos": True}
     title = chat(srv, messages=[{"role": "user", "content": TITLE_TASK}], **body).json()
     assert title["usage"]["completion_tokens"] == 6 and title["choices"][0]["finish_reason"] == "length"
@@ -127,7 +128,10 @@ def test_open_webuis_background_tasks_and_chats_without_max_tokens_get_the_serve
     assert plain["usage"]["completion_tokens"] == 9
     asked = chat(srv, messages=[{"role": "user", "content": TITLE_TASK}], max_tokens=3,
                  ignore_eos=True).json()
-    assert asked["usage"]["completion_tokens"] == 3  # a task's own max_tokens is kept
+    assert asked["usage"]["completion_tokens"] == 3  # a task's own smaller max_tokens is kept
+    webui = chat(srv, messages=[{"role": "user", "content": TITLE_TASK}], max_tokens=1000,
+                 ignore_eos=True).json()  # Open WebUI's titles: capped all the same
+    assert webui["usage"]["completion_tokens"] == 6
     props = httpx.get(srv.url + "/props", headers={"Authorization": f"Bearer {ALICE}"}).json()
     params = props["default_generation_settings"]["params"]
     assert (params["task_max_tokens"], params["n_predict"]) == (6, 9)

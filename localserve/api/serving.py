@@ -57,15 +57,17 @@ def task_message(role: object, text: object) -> bool:
 def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
                     server: Settings | None = None, background: bool = False) -> SamplingParams:
     """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's.
-    An answer the body does not bound gets the server's -n, or --task-max-tokens when it is
-    a frontend's background task, else the room left in its context."""
+    An answer the body does not bound gets the server's -n, else the room left in its
+    context. A frontend's background task gets at most --task-max-tokens, whatever it asks:
+    Open WebUI sends max_tokens 1000 with every title, which held a slot for minutes."""
     room = n_ctx - n_prompt
     fallback = server_defaults(server) if server is not None else {}
     chosen = {field: getattr(body, field) if field in body.model_fields_set or not fallback
               else fallback[field] for field in SERVER_DEFAULTS}
-    default = None if server is None else server.task_max_tokens if background \
-        else server.n_predict
-    limit = body.token_limit or default or room
+    if background and server is not None:
+        limit = min(body.token_limit or server.task_max_tokens, server.task_max_tokens)
+    else:
+        limit = body.token_limit or (server.n_predict if server is not None else None) or room
     return SamplingParams(grammar=grammar, logprobs=body.logprob_n, max_tokens=min(limit, room),
         min_p=body.min_p, typical_p=body.typical_p, mirostat=body.mirostat,
         mirostat_tau=body.mirostat_tau, mirostat_eta=body.mirostat_eta,
