@@ -184,6 +184,38 @@ def test_drain_timeout_ends_leftovers_with_an_error_event():
         srv.stop()
 
 
+def embed_many(url, n_inputs, out):
+    inputs = [f"{i} " + "lantern harbor meadow quartz " * 100 for i in range(n_inputs)]
+    r = httpx.post(url + "/v1/embeddings", json={"input": inputs}, timeout=600)
+    out.append((r.status_code, r.json()))
+
+
+@pytest.mark.parametrize("drain_timeout, n_inputs", [("60", 3), ("1", 256)])
+def test_an_embedding_in_flight_at_sigterm_finishes_in_the_drain_or_ends_clearly(
+        drain_timeout, n_inputs):
+    """Accepted before the signal: answered in full within the drain, or, when the drain runs
+    out first, a 503 saying so (never a 500, never cut after a pause between two inputs)."""
+    srv = RunningServer("-c", "2048", "-np", "1", "-t", "2", "--drain-timeout", drain_timeout,
+                        log_name=f"drain-embed-{drain_timeout}")
+    try:
+        srv.wait_ready()
+        results = []
+        worker = threading.Thread(target=embed_many, args=(srv.url, n_inputs, results))
+        worker.start()
+        wait_for(lambda: srv.slots()["embeddings_running"] == 1, timeout=120,
+                 what="the embedding request in flight")
+        srv.proc.send_signal(signal.SIGTERM)
+        worker.join(timeout=600)
+        assert srv.proc.wait(timeout=120) == 0
+        status, body = results[0]
+        if drain_timeout == "60":
+            assert status == 200 and len(body["data"]) == n_inputs
+        else:
+            assert status == 503 and "shutting down" in body["error"]["message"]
+    finally:
+        srv.stop()
+
+
 def test_dashboard_says_when_its_key_is_wrong(office):
     import asyncio
 

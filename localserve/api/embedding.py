@@ -75,16 +75,18 @@ def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
 
 async def _embed_one(request: Request, host, embedder, tokens: list[int],
                      user: str | None) -> list[float]:
-    """One input, in its key's turn; a client that left, or a server draining, stops the rest
-    (the model is freed only once no input is inside llama.cpp: Embedder.close waits)."""
-    if request.app.state.office.draining or await request.is_disconnected():
-        raise OpenAIError(503, "the server is shutting down, or the client left",
+    """One input, in its key's turn; a client that left stops the rest (the model is freed
+    only once no input is inside llama.cpp: Embedder.close waits). A drain lets an accepted
+    request finish, as it does a chat."""
+    if await request.is_disconnected():
+        raise OpenAIError(499, "the client closed the request", code="client_closed")
+    if host.ended:
+        raise OpenAIError(503, "the server is shutting down (--drain-timeout ran out)",
                           "server_error")
     turns = host.embedding_turns
     await turns.take(user)
     try:
-        with host.embedding_running():
-            return await run_in_threadpool(embedder.embed, tokens)
+        return await run_in_threadpool(embedder.embed, tokens)
     except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
         raise OpenAIError(503, f"the model cannot embed now: {exc}; retry", "server_error") from None
     finally:
@@ -99,11 +101,12 @@ async def embed(request: Request, admitted: Admitted, host, body: EmbeddingReque
                           f"have {host.runner.n_embd}), not {body.dimensions}",
                           param="dimensions")
     arrived = time.monotonic()
-    inputs = await run_in_threadpool(_inputs, host, body)
-    embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
-    user = admitted.user(body)
-    vectors = [shortened(await _embed_one(request, host, embedder, tokens, user), body.dimensions)
-               for tokens in inputs]
+    with host.embedding_running():  # in flight from its first input to its last: a drain waits
+        inputs = await run_in_threadpool(_inputs, host, body)
+        embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
+        user = admitted.user(body)
+        vectors = [shortened(await _embed_one(request, host, embedder, tokens, user),
+                             body.dimensions) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
     billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
                            endpoint=endpoint)

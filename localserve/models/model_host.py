@@ -68,7 +68,8 @@ class ModelHost(HostFace):
         self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
         self.context: ContextChoice | None = None  # the pool's size and why (context_choice)
         self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
-        self._embeddings_running = 0  # inputs inside llama.cpp now: a drain waits for them
+        self._embeddings_running = 0  # requests embedding now: a drain waits for them
+        self.ended = False  # the drain ran out (end_work): no input starts any more
 
     def bill(self, request: EngineRequest, event: TokenEvent) -> None:
         """A request answered outside the engine loop (an embedding): its finished event goes
@@ -91,6 +92,11 @@ class ModelHost(HostFace):
         """Requests accepted and not yet finished, embeddings included (what a drain waits for)."""
         own = self.loop.in_flight if self.loop is not None else 0
         return own + self._embeddings_running
+
+    @property
+    def embeddings_running(self) -> int:
+        """Embedding requests between their first input and their last (/slots?view=full)."""
+        return self._embeddings_running
 
     @contextmanager
     def embedding_running(self):
@@ -277,6 +283,12 @@ class ModelHost(HostFace):
             self.loop.stop()
             # A loop failed by llama.cpp may be parked inside it for good: do not wait on it.
             self.loop.join(timeout=0.5 if self.loop.failure else 10)
+
+    def end_work(self) -> None:
+        """A drain's end: unfinished chats get an error event, embeddings stop at their next
+        input."""
+        self.ended = True
+        self.stop_engine()
 
     def stop(self) -> None:
         self.stop_engine()

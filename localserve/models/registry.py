@@ -356,7 +356,7 @@ class ModelRegistry:
     def stop_engines(self) -> None:
         """End every model's engine loop (a drain's end): unfinished requests get an error."""
         for entry in self.entries.values():
-            entry.host.stop_engine()
+            entry.host.end_work()
 
     def drop_scope(self, user: str) -> None:
         """Forget what a removed key cached, in every model's slots and prompt cache: through
