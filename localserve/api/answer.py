@@ -108,6 +108,11 @@ class Failed:
     error: OpenAIError
 
 
+# The finish_reason a stream's open choices end with when the answer fails midway (a drain
+# that ran out), before the error itself: the engine's own word for it.
+FAILED_REASON = str(FinishReason.ERROR)
+
+
 Piece = Union[Text, Thought, ToolCalls, Finish, Failed]
 
 

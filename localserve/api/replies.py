@@ -25,11 +25,10 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
-from localserve.api.answer import (ChoiceReader, Choices, Failed, Finish, Text, Thought,
-                                   ToolCalls, joined_content, read, whole_answers)
+from localserve.api.answer import (FAILED_REASON, ChoiceReader, Choices, Failed, Finish, Text,
+                                   Thought, ToolCalls, joined_content, read, whole_answers)
 from localserve.api.schemas import _Sampling
 from localserve.api.structured import ToolPlan
-from localserve.engine.finish import FinishReason
 
 
 def usage(ends: dict[int, Finish]) -> dict:
@@ -134,7 +133,7 @@ class Reply:
                 if isinstance(piece, Failed):  # e.g. a drain that ran out: every open
                     for j in range(n):  # choice still ends with a reason, then the error
                         if j not in last:
-                            yield self._chunk([self._delta(j, {}, str(FinishReason.ERROR))])
+                            yield self._chunk([self._delta(j, {}, FAILED_REASON)])
                     yield {"data": json.dumps(piece.error.body())}
                     break
                 if isinstance(piece, Thought):
