@@ -30,6 +30,28 @@ def _up_parser(sub) -> None:
                       help="json: one JSON object per line (time, level, logger, message), "
                            "for journald/Loki/ELK")
     up.add_argument("--version", action="version", version=f"localserve {__version__}")
+    same = up.add_argument_group("llama-server's flags for what localserve always does "
+                                 "(accepted, so that its command lines start localserve too)")
+    for flags, why in NO_OP_FLAGS.items():
+        same.add_argument(*flags, dest="no_op_flags", action="append_const", const=flags[-1],
+                          help=why)
+
+
+# llama-server flags that turn on what localserve always does: taken, changing nothing, and
+# said so in one log line at start-up.
+NO_OP_FLAGS = {
+    ("-kvu", "--kv-unified"): "the slots always share one cache pool",
+    ("-cb", "--cont-batching"): "batching is always continuous",
+    ("--jinja",): "chat templates are always rendered with Jinja",
+    ("--metrics",): "/metrics is always served",
+    ("--slots",): "/slots is always served",
+}
+
+
+def no_op_note(given: list[str]) -> str:
+    """The start-up line for the no-op flags given."""
+    why = {flags[-1]: reason for flags, reason in NO_OP_FLAGS.items()}
+    return "; ".join(f"{flag}: nothing to change ({why[flag]})" for flag in dict.fromkeys(given))
 
 
 def _bench_parser(sub) -> None:
@@ -253,7 +275,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     from localserve.models.model_specs import split_model_flags
 
     given = {k: v for k, v in vars(args).items()
-             if k not in ("command", "config", "log_level", "log_format")}
+             if k not in ("command", "config", "log_level", "log_format", "no_op_flags")}
     if "model" in given:
         default, named = split_model_flags(given.pop("model"))
         if default is not None:
@@ -277,6 +299,8 @@ def run_up(args: argparse.Namespace) -> int:
     except SettingsError as exc:
         print(f"localserve: {exc}", file=sys.stderr)
         return 2
+    if getattr(args, "no_op_flags", None):
+        logging.getLogger("localserve").info("%s", no_op_note(args.no_op_flags))
     if getattr(args, "api_keys", None):
         logging.getLogger("localserve").warning(
             "--api-key on the command line is visible to every user of this machine (ps); prefer "

@@ -1,5 +1,6 @@
 """llama-server's knobs that its clients and tests rely on: server-wide sampling defaults
-(--temp, -n), --chat-template, logit_bias, n_probs on /completion, /props fields."""
+(--temp, -n), --chat-template, logit_bias, n_probs on /completion, /props fields, and its flags
+for what localserve always does."""
 
 import httpx
 import pytest
@@ -10,8 +11,19 @@ from conftest import running
 @pytest.fixture(scope="module")
 def srv():
     with running("-c", "1024", "-np", "2", "-t", "2", "--temp", "0", "-n", "6",
-                 "--chat-template", "llama3", log_name="knobs") as server:
+                 "--chat-template", "llama3", *LLAMA_SERVER_ALWAYS, log_name="knobs") as server:
         yield server
+
+
+# llama-server's flags for what localserve always does (its own test suite starts it so).
+LLAMA_SERVER_ALWAYS = ("--kv-unified", "-cb", "--jinja", "--metrics", "--slots")
+
+
+def test_llama_servers_flags_for_what_is_always_on_start_it_and_are_said_to_change_nothing(srv):
+    line = next(line for line in srv.log().splitlines() if "--kv-unified" in line)
+    for flag in ("--kv-unified", "--cont-batching", "--jinja", "--metrics", "--slots"):
+        assert f"{flag}: nothing to change" in line
+    assert httpx.get(srv.url + "/metrics").status_code == 200
 
 
 def post(srv, path, body):

@@ -40,20 +40,35 @@ def team(tmp_path_factory):
         server.stop()
 
 
-def run_example(team, code: str, language: str) -> str:
+@pytest.fixture(scope="module")
+def clients_python(tmp_path_factory):
+    """A fresh environment with the clients installed by the README's own command."""
+    text = README.split("## The clients", 1)[1].split("\n## ", 1)[0]
+    install = re.search(r"`(pip install [^`]+)`", text.replace("\n", " ")).group(1)
+    venv = tmp_path_factory.mktemp("clients") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    subprocess.run(["bash", "-euc", f"{venv}/bin/python -m {install}"], check=True, timeout=900,
+                   capture_output=True)
+    return str(venv / "bin" / "python")
+
+
+def run_example(team, code: str, language: str, python: str = sys.executable) -> str:
     server, key = team
     code = code.replace("http://127.0.0.1:8080", server.url)
-    command = [sys.executable, "-c", code] if language == "python" else ["bash", "-euc", code]
+    command = [python, "-c", code] if language == "python" else ["bash", "-euc", code]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "LOCALSERVE_API_KEY": key})
     assert done.returncode == 0, (code, done.stdout, done.stderr)
     return done.stdout
 
 
-def test_the_clients_examples_run_as_written_on_the_team_server(team):
+def test_the_clients_examples_run_as_written_on_the_team_server(team, clients_python):
+    """In a fresh environment with the clients the README's command installs; each answer
+    greedy (the same twice), as the examples ask."""
     shell = blocks("## The clients", "bash")
     python = blocks("## The clients", "python")
     assert len(shell) == 1 and len(python) == 3  # curl; OpenAI, Anthropic, Ollama
     assert '"choices"' in run_example(team, shell[0], "bash")
     for code in python:
-        assert run_example(team, code, "python").strip(), code
+        first = run_example(team, code, "python", clients_python)
+        assert first.strip() and run_example(team, code, "python", clients_python) == first, code
