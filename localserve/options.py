@@ -98,8 +98,8 @@ GROUPS: dict[str, list[Option]] = {
                "next tokens from its own conversation, as many a step as measured acceptance "
                "and step cost say pay (no draft model; output unchanged; faster on answers "
                "that copy text); off turns it off"),
-        Option("spec", ("--spec-type",), "llama-server's spelling of --spec (ngram-mod, "
-               "ngram-simple, none)", convert=_spec_type),
+        Option("spec", ("--spec-type",), "llama-server's spelling of --spec: ngram-mod or "
+               "ngram-simple (both ngram), none (off)", convert=_spec_type),
         Option("cache_type_k", ("-ctk", "--cache-type-k"), "cache type for K; q8_0 fits ~1.9x "
                "the tokens"),
         Option("cache_type_v", ("-ctv", "--cache-type-v"), "cache type for V; a quantized V "
@@ -207,6 +207,7 @@ def _argument(option: Option) -> dict:
     argument = {"help": help_text, "choices": CHOICES.get(option.field)}
     if option.convert is not None:
         argument["type"] = option.convert  # argparse checks the choices after it
+        argument["metavar"] = option.long.lstrip("-").upper()  # the help names the spellings
     elif kind in ("int", "float"):
         argument["type"] = int if kind == "int" else float
     if option.repeat:

@@ -236,7 +236,7 @@ def test_key_changes_and_the_ledger_path_are_logged(tmp_path, caplog):
         office.reload_keys()
         office.open_state()
     assert [r.getMessage() for r in caplog.records] == [
-        "SIGHUP: key added bo_b ", "SIGHUP: role changed alice admin -> user",
+        "SIGHUP: key added bo_b", "SIGHUP: role changed alice admin -> user",
         f"ledger: {office.ledger.path}"]
     assert (tmp_path / "s" / "responses.db").exists()
     office.close()

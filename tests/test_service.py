@@ -89,7 +89,8 @@ def test_sighup_rereads_quotas_and_usage_names_its_ledger(tmp_path):
                           timeout=120).status_code == 200
         (tmp_path / "office.toml").write_text("[quotas.alice]\ntokens_per_day = 1\n")
         srv.proc.send_signal(signal.SIGHUP)
-        wait_for(lambda: "SIGHUP: quota [alice]" in srv.log(), what="the quota reload")
+        wait_for(lambda: "SIGHUP: quota [alice] tokens_per_day = 1\n" in srv.log(),
+                 what="the quota reload, as the TOML says it")
         r = httpx.post(srv.url + "/v1/chat/completions", json=body, headers=key, timeout=120)
         assert r.status_code == 429 and r.json()["error"]["param"] == "tokens_per_day"
     finally:

@@ -64,7 +64,8 @@ class Office:
                 ("role_changed", {n for n in kept if old[n][1] != now[n][1]})):
             for name in sorted(names):
                 detail = f"{old[name][1]} -> {now[name][1]}" if event == "role_changed" else ""
-                log.info("SIGHUP: %s %s %s", event.replace("_", " "), name, detail)
+                log.info("SIGHUP: %s", " ".join(filter(None, (event.replace("_", " "), name,
+                                                             detail))))
                 if self.ledger is not None:
                     self.ledger.audit(event, name, detail)
         return set(now.keys() - old.keys()), set(old.keys() - now.keys())

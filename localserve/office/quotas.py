@@ -32,6 +32,11 @@ class Quota:
     requests_per_minute: float | None = None
     max_concurrent: int | None = None
 
+    def __str__(self) -> str:
+        """As the TOML table says it: 'tokens_per_day = 50, max_concurrent = 2'."""
+        return ", ".join(f"{name} = {getattr(self, name)}" for name in LIMITS
+                         if getattr(self, name) is not None) or "no limit"
+
 
 LIMITS = [f.name for f in fields(Quota)]
 
