@@ -145,9 +145,11 @@ def test_a_request_aborted_while_its_step_ran_is_skipped_and_the_others_get_thei
     assert [r.request_id for r, _ in events] == ["b"] and sched.stats.prompt_tokens_computed == 10
 
 
-def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
+def test_a_keys_one_large_request_is_never_preempted_for_its_share():
     """Three slots, one each at most while others wait: alice's one request borrowed two
-    guarantees' worth, so when bob arrives she is over her share and gives it back."""
+    guarantees' worth, over her share by itself. Bob's arrival finds room beside it and takes
+    nothing from it: one request may use the whole pool (saved and restored at every other
+    arrival, a long document took twice its steps)."""
     sched = Scheduler(SlotPool(300, 3, n_ctx_seq=300), FakeVocab(), 64, slot_share=1,
                       prompt_cache=PromptCache(1 << 20))
     runner = PositionalRunner(300)
@@ -156,10 +158,31 @@ def test_a_key_holding_the_pool_weighs_its_cells_in_the_slot_shares():
         plan = sched.schedule()
         sched.update(plan, runner.decode(plan))
     assert sched.shares.held()["alice"] == 2
+    for n in range(3):  # colleagues' chats come and go
+        sched.add(request(f"bob{n}", 20, 2, first=40, user="bob"))
+        for _ in range(4):
+            plan = sched.schedule()
+            sched.update(plan, runner.decode(plan))
+    assert sched.stats.share_preemptions == 0 and sched.stats.preemptions == 0
+    assert any(s.request is not None and s.request.request_id == "alice" for s in sched.pool.slots)
+
+
+def test_a_key_over_its_share_gives_back_its_newest_request_but_not_its_largest():
+    """Alice holds her large request and, newer, a small one: over her share while bob waits,
+    the small one goes back to the queue."""
+    sched = Scheduler(SlotPool(300, 3, n_ctx_seq=300), FakeVocab(), 64, slot_share=1,
+                      prompt_cache=PromptCache(1 << 20))
+    runner = PositionalRunner(300)
+    sched.add(request("large", 150, 60, user="alice"))
+    sched.add(request("small", 10, 60, user="alice"))
+    for _ in range(4):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
     sched.add(request("bob", 20, 5, first=40, user="bob"))
     plan = sched.schedule()
-    assert [a.request.request_id for a in plan.admitted] == ["bob"]
     assert sched.stats.share_preemptions == 1
+    running = {s.request.request_id for s in sched.pool.slots if s.request is not None}
+    assert "large" in running and "small" not in running
 
 
 def test_a_restore_llama_cpp_refuses_puts_the_request_back_to_be_computed():

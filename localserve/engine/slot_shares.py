@@ -43,12 +43,18 @@ class SlotShares:
         return None
 
     def enforce(self, plan: StepPlan) -> None:
-        """A user above their share while someone else waits gives back their newest slot."""
+        """A user above their share while someone else waits gives back their newest slot, but
+        never their largest request: one request may use the whole pool (a colleague's long
+        document over the share by itself was saved and restored at every other arrival)."""
         if self.share is None or not self.waiting:
             return
         waiting_users = self.waiting.users()
         for user, n in self.held().items():
             if n > self.share and waiting_users - {user}:
-                newest = max((s for s in self.cells.running if s.request.user == user),
-                             key=lambda s: s.admitted_seq)
-                self.cells.preempt_slot(plan, newest, "share")
+                mine = [s for s in self.cells.running
+                        if s.request.user == user and not s.request.background]
+                largest = max(mine, key=lambda s: s.n_cached)
+                others = [s for s in mine if s is not largest]
+                if others:
+                    newest = max(others, key=lambda s: s.admitted_seq)
+                    self.cells.preempt_slot(plan, newest, "share")
