@@ -82,10 +82,11 @@ GROUPS: dict[str, list[Option]] = {
         Option("prefill_batch_tokens", ("--prefill-batch-tokens",), "tokens per step while no "
                "stream is decoding", "4x --max-num-batched-tokens"),
         Option("max_num_seqs", ("--max-num-seqs",), "cap on concurrent sequences", "one per slot"),
-        Option("max_long_prompts", ("--max-long-prompts",), "requests running at once that "
-               "came with more new prompt than one step computes (a new document, not a "
-               "conversation's next turn, whose prompt is cached): the other slots stay open for "
-               "follow-ups, and the prompts in the pool, which every row attends over, stay few"),
+        Option("max_long_prompts", ("--max-long-prompts",), "requests computing at once a "
+               "prompt longer than one step computes (a new document, not a conversation's next "
+               "turn, whose prompt is cached), one key at most all but one of them while "
+               "another's waits: the prompts in the pool, which every row attends over, stay "
+               "few, and slots stay open for follow-ups"),
         Option("scheduler", ("--scheduler",), "continuous is the product; static and serial exist "
                "to be measured against (see localserve bench)"),
         Option("cache_ram", ("-cram", "--cache-ram"), "MiB of RAM for prompts kept beyond the "

@@ -311,8 +311,13 @@ def test_a_request_whose_companions_never_come_waits_only_the_arrival_window():
         loop.stop()
 
 
-def test_invariant_10_long_prompts_run_at_most_their_cap_and_a_follow_up_passes_them():
-    sched = Scheduler(SlotPool(4096, 4, n_ctx_seq=1024), FakeVocab(), 16, max_long_prompts=2)
+def prefilling(sched, ids) -> set:
+    return {s.request.request_id for s in sched.running
+            if s.state is SlotState.PREFILL and s.request.request_id in ids}
+
+
+def test_invariant_10_long_prompts_prefill_at_most_their_cap_and_a_follow_up_passes_them():
+    sched = Scheduler(SlotPool(4096, 4, n_ctx_seq=1024), FakeVocab(), 16, max_long_prompts=1)
     runner = PositionalRunner(10_000)
     first_turn = request("turn-1", range(1, 101), max_tokens=3)
     run_all(sched, runner, [first_turn])
@@ -324,8 +329,46 @@ def test_invariant_10_long_prompts_run_at_most_their_cap_and_a_follow_up_passes_
     while "c" not in order:
         plan, _ = step(sched, runner)
         order += [a.request.request_id for a in plan.admitted]
-        running = {s.request.request_id for s in sched.running}
-        assert len(running & set("abc")) <= 2
-    assert order == ["a", "b", "turn-2", "c"]  # the follow-up went past the third document
-    assert plan.admitted[0].kept_tokens == 0 and len({"a", "b"} & running) == 1
-    assert "turn-2" in running  # a follow-up does not count against the cap
+        assert len(prefilling(sched, set("abc"))) <= 1
+    assert order == ["a", "turn-2", "b", "c"]  # the follow-up went past the waiting documents
+    running = {s.request.request_id for s in sched.running}
+    assert plan.admitted[0].kept_tokens == 0 and {"a", "b"} <= running
+    # each document started when the one before had computed its prompt, not its answer
+
+
+def test_invariant_10_a_new_document_waits_for_prompts_computed_not_for_whole_answers():
+    """Alice's three documents with long answers hold every long-prompt place while their
+    prompts are computed; bob's document, arriving then, starts as soon as one of them
+    answers, not when it has answered."""
+    sched = Scheduler(SlotPool(8192, 6, n_ctx_seq=2048), FakeVocab(), 64, max_long_prompts=3)
+    runner = PositionalRunner(10_000)
+    alices = {f"alice{n}" for n in range(3)}
+    for n in range(3):
+        sched.add(request(f"alice{n}", range(1000 * n + 200, 1000 * n + 400), max_tokens=400,
+                          user="alice"))
+    for _ in range(3):
+        step(sched, runner)
+    sched.add(request("bob", range(5000, 5200), max_tokens=40, user="bob"))
+    for _ in range(30):
+        plan, _ = step(sched, runner)
+        if any(a.request.request_id == "bob" for a in plan.admitted):
+            break
+    running = {s.request.request_id: s for s in sched.running}
+    assert "bob" in running and all(running[a].request.num_output_tokens < 400
+                                    for a in alices & running.keys())
+
+
+def test_a_key_keeps_all_but_one_long_prompt_place_while_another_keys_waits():
+    from localserve.engine.long_prompts import LongPromptPlaces
+
+    def slot(user):
+        s = SlotPool(4096, 4).slots[0]
+        s.assign(request(user, range(200), user=user), 0, 1)
+        s.request.long_prompt = True
+        return s
+
+    alice_two, bobs = [slot("alice"), slot("alice")], [request("b", range(300), user="bob")]
+    assert not LongPromptPlaces(3, 64, alice_two, bobs).free_for("alice")
+    assert LongPromptPlaces(3, 64, alice_two, bobs).free_for("bob")
+    assert LongPromptPlaces(3, 64, alice_two, []).free_for("alice")  # nobody else waits
+    assert not LongPromptPlaces(2, 64, alice_two, []).free_for("bob")  # every place taken

@@ -35,7 +35,7 @@ class Settings:
     max_num_batched_tokens: int | None = None  # None: 256 on CPU, 512 with GPU offload
     prefill_batch_tokens: int | None = None  # per step while nothing decodes; None: 4x the above
     max_num_seqs: int | None = None  # default: one per slot
-    max_long_prompts: int = 4  # running at once with a new long prompt; the rest: follow-ups
+    max_long_prompts: int = 4  # computing a new long prompt at once; the rest: follow-ups
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)

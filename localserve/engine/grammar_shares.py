@@ -23,6 +23,7 @@ import time
 from collections import OrderedDict
 
 from localserve.engine.plan import StepOutput, StepPlan
+from localserve.engine.request import Request
 
 GRAMMAR_SHARE = 0.5  # a user's grammar CPU time, at most this share of the decode time
 GRAMMAR_BURST_S = 0.05  # debt a user may run up before their grammars wait
@@ -107,3 +108,10 @@ class CostlyGrammars:
         return (f"this grammar was ended as too costly to constrain {now - at:.0f} s ago (a "
                 f"colleague's answers wait while it runs); it is refused for "
                 f"{self.memory_s - (now - at):.0f} s more: simplify its alternatives")
+
+
+def too_costly(request: Request) -> str:
+    """Why a request whose grammar grew too costly to constrain was ended."""
+    return (f"the grammar became too costly to constrain a token after "
+            f"{request.num_output_tokens} tokens (a colleague's answers wait while it runs); "
+            f"simplify its alternatives")

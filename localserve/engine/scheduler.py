@@ -1,6 +1,5 @@
-"""The continuous-batching scheduler: pure Python, no llama.cpp, testable with a fake vocab.
-
-Its contract with the loop (one schedule() and one update() per step): interfaces.StepScheduler.
+"""The continuous-batching scheduler: pure Python, no llama.cpp, testable with a fake vocab. Its
+contract with the loop (one schedule() and one update() per step): interfaces.StepScheduler.
 
 One token budget per step (`max_num_batched_tokens`), spent in this order:
   1. one decode token for every slot generating (running streams never wait for a prefill);
@@ -15,15 +14,12 @@ queue, restored later. A waiting request within its guarantee takes borrowed cel
 
 Shares between identities (API keys), `slot_share`: while another user waits, one user holds
 at most that many slots; admission skips a user at their share, and one above it gives their
-newest slot back (preempted) when someone else arrives: a newcomer waits one step at most.
-
-The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten by an
-admission, dropped for room, preempted, or parked: an idle slot's, in any step that computes,
-since every row attends over the whole pool) is saved first (StepPlan.saves); an admission
-whose longest cached prefix is in the cache rather than in a slot has it restored
-(Admission.restore).
-Speculative drafts (drafts.py, --spec ngram) take whatever budget a step has left. All are kept
-by bookkeepers the scheduler asks (reuse.py: PrefixBook, DraftBook; pool_keeper.py: PoolKeeper).
+newest slot back (never their largest) when someone else arrives (slot_shares.py).
+The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten, dropped,
+preempted, or parked: an idle slot's, since every row attends over the whole pool) is saved
+first (StepPlan.saves), and restored for an admission whose longest cached prefix is there
+(Admission.restore). Speculative drafts (drafts.py) take the budget a step has left. Each is
+kept by a bookkeeper the scheduler asks (reuse.py: PrefixBook, DraftBook; pool_keeper.py).
 """
 
 from __future__ import annotations
@@ -31,8 +27,9 @@ from __future__ import annotations
 import logging
 import time
 
-from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares
+from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares, too_costly
 from localserve.engine.interfaces import Vocab
+from localserve.engine.long_prompts import LongPromptPlaces
 from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
 from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.prompt_cache import PromptCache
@@ -42,6 +39,7 @@ from localserve.engine.slot_shares import SlotShares
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
+from localserve.engine.stop_rules import after_token
 from localserve.engine.waiting import FairQueue
 
 log = logging.getLogger("localserve.scheduler")
@@ -156,10 +154,9 @@ class Scheduler:
            only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included. A chat that
            finds every slot taken takes the newest task's (saved, resumed later); and when a
            waiting chat still cannot start, the tasks go on rather than nobody.
-        10. At most `max_long_prompts` requests run that came with more uncached prompt than
-           one step's budget (a new document); meanwhile a conversation's next turn (its
-           prompt cached) is admitted past the long ones waiting: every row attends over the
-           whole pool, so few long prompts at once prefill faster, and no follow-up waits.
+        10. At most `max_long_prompts` requests compute a long prompt at once, one key at
+           most all but one of them while another's waits (long_prompts.py); a conversation's
+           next turn (its prompt cached) is admitted past the long ones waiting.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -260,13 +257,12 @@ class Scheduler:
         one waiting for a prompt that a running slot computes (reuse.py) is passed by; with
         `max_long_prompts` long ones running, only one that computes at most a step of prompt
         once placed, or resumes (10, 2)."""
-        at_cap = self.max_long_prompts is not None and sum(
-            s.request.long_prompt for s in self.running) >= self.max_long_prompts
+        places = LongPromptPlaces(self.max_long_prompts, self.budget, self.running, self.waiting)
         placed: dict[int, Placement | None] = {}
 
         def may_start(req: Request) -> bool:
             where = placed[id(req)] = self.prefixes.place(req)
-            return where is not None and (not at_cap or bool(req.preemptions)
+            return where is not None and (bool(req.preemptions) or places.free_for(req.user)
                                           or len(req.all_tokens) - where.keep <= self.budget)
         req = self.shares.next_admissible(may_start, len(self.pool.slots))
         return None if req is None else (req, placed[id(req)])
@@ -326,10 +322,8 @@ class Scheduler:
                     break  # it ended there: tokens drafted past its end never reach the client
             if chunk.slot_id in out.costly_grammars and slot.request is chunk.request:
                 self.costly_grammars.ended(chunk.request.user, chunk.request.params.grammar)
-                events.append((chunk.request, self._end(slot, FinishReason.GRAMMAR_COST, error=(
-                    "the grammar became too costly to constrain a token after "
-                    f"{chunk.request.num_output_tokens} tokens (a colleague's answers wait "
-                    "while it runs); simplify its alternatives"))))
+                events.append((chunk.request, self._end(slot, FinishReason.GRAMMAR_COST,
+                                                        error=too_costly(chunk.request))))
         return events
 
     def _accept_or_fail(self, slot: Slot, token: int) -> TokenEvent:
@@ -378,14 +372,10 @@ class Scheduler:
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
             self._release_siblings(req)
-        if self.vocab.is_eog(token) and not req.params.ignore_eos:
-            return self._end(slot, FinishReason.STOP, token=token, stop_type="eos")
-        text = req.detokenizer.feed(self.vocab.piece(token))
-        if req.detokenizer.stopped:
-            return self._end(slot, FinishReason.STOP, text, token, stop_type="word")
-        if req.num_output_tokens >= req.params.max_tokens or slot.n_cached >= slot.n_ctx:
-            return self._end(slot, FinishReason.LENGTH, text, token, stop_type="limit")
-        return TokenEvent(text, (token,))
+        text, reason, stop_type = after_token(req, token, self.vocab, slot.n_cached, slot.n_ctx)
+        if reason is None:
+            return TokenEvent(text, (token,))
+        return self._end(slot, reason, text, token, stop_type=stop_type)
 
     def _end(self, slot: Slot, reason: FinishReason, text: str = "", token: int | None = None,
              error: str | None = None, stop_type: str = "none") -> TokenEvent:
