@@ -202,3 +202,14 @@ def test_the_loop_asks_the_scheduler_only_what_its_protocol_names():
     for name in named:
         ours, theirs = getattr(Scheduler, name), getattr(StepScheduler, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
+
+
+MAX_MODULE_LINES = 400  # DEVELOPERS' layout: no module past 400 lines
+
+
+def test_no_module_is_past_400_lines():
+    root = PACKAGE.parent
+    long = {str(path.relative_to(root)): n for path in [*PACKAGE.rglob("*.py"),
+                                                        *(root / "tui").rglob("*.py")]
+            if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}
