@@ -372,3 +372,41 @@ def test_a_key_keeps_all_but_one_long_prompt_place_while_another_keys_waits():
     assert LongPromptPlaces(3, 64, alice_two, bobs).free_for("bob")
     assert LongPromptPlaces(3, 64, alice_two, []).free_for("alice")  # nobody else waits
     assert not LongPromptPlaces(2, 64, alice_two, []).free_for("bob")  # every place taken
+
+
+def test_invariant_11_a_request_that_fits_passes_one_that_cannot_fit_yet_until_it_has_aged():
+    """Alice's long answer holds most of the pool; bob's document cannot fit until it ends.
+    Carol's short chat, behind bob's, fits: it starts now (it waited 35 s behind a document
+    that waited for an answer). Passed MAX_TIMES_PASSED times, bob's document holds the queue."""
+    from localserve.engine.scheduler import MAX_TIMES_PASSED
+
+    def started(times_passed):
+        sched = Scheduler(SlotPool(200, 3, n_ctx_seq=200), FakeVocab(), 64)
+        runner = PositionalRunner(10_000)
+        sched.add(request("alice", range(1, 121), max_tokens=70, user="alice"))
+        for _ in range(3):
+            step(sched, runner)
+        bob = request("bob", range(300, 400), max_tokens=10, user="bob")
+        bob.times_passed = times_passed
+        sched.add(bob)
+        sched.add(request("carol", range(500, 510), max_tokens=5, user="carol"))
+        plan, _ = step(sched, runner)
+        return [a.request.request_id for a in plan.admitted], bob.times_passed
+
+    assert started(0) == (["carol"], 1)
+    assert started(MAX_TIMES_PASSED) == ([], MAX_TIMES_PASSED)
+
+
+def test_invariant_11_a_new_chat_starts_beside_a_colleagues_long_prompt():
+    """Alice's 1,000-token prompt computes 64 tokens a step; bob's chat, arriving meanwhile,
+    starts in the next step (it waited for her whole prompt, 58 s on a busy machine)."""
+    sched = Scheduler(SlotPool(4096, 4), FakeVocab(), 64)
+    runner = PositionalRunner(10_000)
+    sched.add(request("alice", range(1, 1001), max_tokens=5, user="alice"))
+    step(sched, runner)
+    sched.add(request("bob", range(2000, 2030), max_tokens=5, user="bob"))
+    plan, _ = step(sched, runner)
+    assert [a.request.request_id for a in plan.admitted] == ["bob"]
+    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 32, "bob": 30}
+    plan, _ = step(sched, runner)  # nobody waits: her prompt has the step again
+    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 63, "bob": 1}

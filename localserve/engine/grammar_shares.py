@@ -64,6 +64,13 @@ class GrammarShares:
         """Whether this user's constrained requests sit this step out."""
         return self.debt.get(user, 0.0) > GRAMMAR_BURST_S
 
+    def sitting_out(self, running: list, others_waiting: bool) -> list:
+        """Constrained slots of users over their grammar share, when someone else's request
+        can use the step (else they run: nobody waits for them, and steps repay the debt)."""
+        waits = [s for s in running if s.request.params.grammar is not None
+                 and self.waits(s.request.user)]
+        return waits if others_waiting or len(waits) < len(running) else []
+
 
 class CostlyGrammars:
     def __init__(self, memory_s: float = COSTLY_GRAMMAR_MEMORY_S):

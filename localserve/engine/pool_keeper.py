@@ -158,17 +158,20 @@ class PoolKeeper:
             self.stats.share_preemptions += why == "share"
             self.stats.borrow_preemptions += why == "guarantee"
 
-    def unadmit(self, slot: Slot) -> None:
-        """Take back an admission whose step did not run: its sequence is cleared with the
-        next plan, and its request is the next one placed (its cached count set anew)."""
-        req = slot.request
-        slot.forget()
-        slot.release()
-        self._pending_drops.append(slot.slot_id)
-        req.status = RequestStatus.WAITING
-        if not req.output_tokens:
-            req.detokenizer = None
-        self.waiting.push_front(req)
+    def unadmit(self, plan: StepPlan) -> None:
+        """Take back the admissions of a step that did not run: their sequences are cleared
+        with the next plan, their requests the next ones placed (cached counts set anew)."""
+        for admission in reversed(plan.admitted):
+            slot, req = self.pool.slots[admission.slot_id], admission.request
+            if slot.request is not req:
+                continue
+            slot.forget()
+            slot.release()
+            self._pending_drops.append(slot.slot_id)
+            req.status = RequestStatus.WAITING
+            if not req.output_tokens:
+                req.detokenizer = None
+            self.waiting.push_front(req)
 
     def preempt_newest(self) -> bool:
         """The runner found no room for a planned batch (fragmentation): evict one sequence;

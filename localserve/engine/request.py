@@ -107,6 +107,7 @@ class Request:
     prefix_source: str | None = None  # where they came from: "slot" or "ram" (the prompt cache)
     preemptions: int = 0  # times evicted from the cache and requeued
     long_prompt: bool = False  # admitted with more uncached prompt than one step computes
+    times_passed: int = 0  # admissions past it while it could not fit (scheduler.py: aging)
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
     # n > 1: the first choice; this one waits until that one's prompt is in cache, then

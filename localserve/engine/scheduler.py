@@ -47,6 +47,9 @@ log = logging.getLogger("localserve.scheduler")
 # a chat arriving meanwhile waits for a step this small, not a whole title prompt.
 BACKGROUND_PREFILL_TOKENS = 64
 BACKGROUND_STEP_TOKENS = 16
+# A waiting request that cannot fit yet is passed by requests behind it that fit at most this
+# many times; then the queue waits for it (invariant 11): counted in admissions, not time.
+MAX_TIMES_PASSED = 16
 
 
 class Scheduler:
@@ -56,9 +59,7 @@ class Scheduler:
                  speculative: bool = False, max_long_prompts: int | None = None):
         if max_num_batched_tokens < 1:
             raise ValueError("--max-num-batched-tokens must be at least 1")
-        self.pool = pool
-        self.vocab = vocab
-        self.budget = max_num_batched_tokens
+        self.pool, self.vocab, self.budget = pool, vocab, max_num_batched_tokens
         # With no stream decoding there is nothing to keep smooth: a step may carry this many
         # prompt tokens instead (llama-server's prefill speed), never fewer than the budget.
         self.prefill_budget = max(prefill_budget or max_num_batched_tokens, max_num_batched_tokens)
@@ -112,10 +113,9 @@ class Scheduler:
 
     def expire_waiting(self, max_wait_s: float, now: float) -> list[tuple[Request, TokenEvent]]:
         """End requests that waited longer than `max_wait_s` without getting a slot."""
-        expired = [r for r in self.waiting  # preempted ones (with output) already had a slot
-                   if r.num_output_tokens == 0 and now - r.arrival_time > max_wait_s]
         message = f"no slot became free within {max_wait_s:g} s; retry later"
-        return [self.abort(r.request_id, FinishReason.TIMEOUT, message) for r in expired]
+        return [self.abort(r.request_id, FinishReason.TIMEOUT, message)
+                for r in self.waiting.overdue(max_wait_s, now)]
 
     @property
     def running(self) -> list[Slot]:
@@ -157,6 +157,9 @@ class Scheduler:
         10. At most `max_long_prompts` requests compute a long prompt at once, one key at
            most all but one of them while another's waits (long_prompts.py); a conversation's
            next turn (its prompt cached) is admitted past the long ones waiting.
+        11. A waiting request that cannot fit in the pool yet (and was never preempted: 2) is
+           passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
+           chat waits with a slot free, prompts computing leave it half the step's budget.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -173,14 +176,16 @@ class Scheduler:
         resting = [s for s in running if s.request.background] if chat_starting else []
         decoding = any(s.state is SlotState.DECODE and s not in resting for s in running)
         budget = self.budget if decoding else self.prefill_budget
-        waits = self._grammar_waits(running) + resting
+        waits = self.grammar_shares.sitting_out(running, bool(self.waiting)) + resting
         stepping = [s for s in running if s not in waits]
         tasks = [s for s in stepping if s.request.background]
         chats = [s for s in stepping if not s.request.background]
         if not chats and not self.waiting.has_foreground():  # tasks only: a small step (9)
             budget = min(budget, BACKGROUND_STEP_TOKENS)
         budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
-        budget = self._chunks(plan, chats, SlotState.PREFILL, budget, reserved)
+        kept = budget // 2 if self.waiting.has_foreground() and len(running) < min(
+            self.max_num_seqs, len(self.pool.slots)) else 0  # a chat waits, a slot is free (11)
+        budget = kept + self._chunks(plan, chats, SlotState.PREFILL, budget - kept, reserved)
         budget = self._admit_waiting(plan, budget, tasks_too=False)
         for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)  # the tasks' share, admissions too
         left = self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
@@ -211,13 +216,6 @@ class Scheduler:
     def _admit_batch(self, plan: StepPlan) -> None:
         """Policies that admit whole batches at once override this (see StaticScheduler)."""
 
-    def _grammar_waits(self, running: list[Slot]) -> list[Slot]:
-        """Constrained slots of users over their grammar share, when someone else's request
-        can use the step (else they run: nobody waits for them, and steps repay the debt)."""
-        waits = [s for s in running if s.request.params.grammar is not None
-                 and self.grammar_shares.waits(s.request.user)]
-        return waits if self.waiting or len(waits) < len(running) else []
-
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
         pending = slot.pending_tokens()
         tokens = pending[:limit]
@@ -235,32 +233,39 @@ class Scheduler:
         return budget
 
     def _admit_next(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:
-        """Admit the first waiting request whose user is within their share (a background task
-        only `tasks_too`), if a slot and cache room are free: its first chunk's tokens, or 0."""
-        chosen = self._next_admissible()
-        if chosen is None:
+        """Admit the first waiting request whose user is within their share (a task only
+        `tasks_too`) and that fits (11): its first chunk's tokens, or 0."""
+        passed: list[Request] = []
+        while (chosen := self._next_admissible(passed)) is not None:
+            req, where = chosen
+            if id(req) in self.cells.preempted or (req.background and not tasks_too):
+                return 0
+            uncached = len(req.all_tokens) - where.keep
+            restored = len(where.restore.tokens) - where.keep if where.restore else 0
+            need = max(uncached + 1, restored)  # a restore writes its whole sequence, then cuts
+            if self.cells.room_to_admit(plan, where.slot, where.keep, need):
+                break
+            if req.preemptions or req.times_passed >= MAX_TIMES_PASSED:
+                return 0  # preempted (2), or aged: the queue waits for it
+            passed.append(req)
+        else:
             return 0
-        req, where = chosen
-        if id(req) in self.cells.preempted or (req.background and not tasks_too):
-            return 0
-        uncached = len(req.all_tokens) - where.keep
+        for waiting in passed:
+            waiting.times_passed += 1
         req.long_prompt = uncached > self.budget  # (10)
-        restored = len(where.restore.tokens) - where.keep if where.restore else 0
-        need = max(uncached + 1, restored)  # a restore writes its whole sequence, then cuts it
-        if not self.cells.room_to_admit(plan, where.slot, where.keep, need):
-            return 0
         self._assign(plan, self.waiting.take(req), where)
         return self._add_chunk(plan, where.slot, min(budget, self.cells.room(plan)))
 
-    def _next_admissible(self) -> tuple[Request, Placement] | None:
-        """SlotShares' choice among the next few waiting (one per slot), with its placement:
-        one waiting for a prompt that a running slot computes (reuse.py) is passed by; with
-        `max_long_prompts` long ones running, only one that computes at most a step of prompt
-        once placed, or resumes (10, 2)."""
+    def _next_admissible(self, passed: list[Request] = ()) -> tuple[Request, Placement] | None:
+        """SlotShares' choice among the next few waiting (one per slot) but `passed` (11), with
+        its placement: not one waiting for a prompt a running slot computes (reuse.py), nor a
+        new long prompt without a place (10)."""
         places = LongPromptPlaces(self.max_long_prompts, self.budget, self.running, self.waiting)
         placed: dict[int, Placement | None] = {}
 
         def may_start(req: Request) -> bool:
+            if any(req is other for other in passed):
+                return False
             where = placed[id(req)] = self.prefixes.place(req)
             return where is not None and (bool(req.preemptions) or places.free_for(req.user)
                                           or len(req.all_tokens) - where.keep <= self.budget)
@@ -294,11 +299,9 @@ class Scheduler:
 
     # ---- after the decode ----------------------------------------------------------
     def update(self, plan: StepPlan, out: StepOutput) -> list[tuple[Request, TokenEvent]]:
-        """`out.sampled`: a sampled chunk's tokens (one; for a drafted chunk, the drafts that
-        held and the token sampled after them: drafts.py). The states the runner saved go to
-        the prompt cache, its timings to the draft pay-off and the grammar shares. A request in
-        `out.costly_grammars` (its grammar took more than its bound to constrain a token) keeps
-        this step's tokens and ends there."""
+        """`out.sampled`: a sampled chunk's tokens (a drafted chunk's: the drafts that held and
+        the token after them). Saved states go to the prompt cache, timings to the draft
+        pay-off and grammar shares; a request in `out.costly_grammars` ends after its tokens."""
         self.prefixes.keep(out.saved)  # the prompt cache's one owner (reuse.py)
         self.drafts.timed(plan, out.decode_s + out.sample_s)
         self.grammar_shares.charge(plan, out)
@@ -336,18 +339,14 @@ class Scheduler:
             return self._end(slot, FinishReason.ERROR, error=f"internal error in this request: {exc!r}")
 
     def restore_failed(self, plan: StepPlan, entry) -> None:
-        """llama.cpp could not take a restored state (no room where it needs it): the entry
-        is never offered again, and the step's admissions go back to the head of the queue,
-        to be placed again; nothing of the step was decoded."""
+        """llama.cpp could not take a restored state: the entry is never offered again, and the
+        step's admissions (nothing was decoded) go back to the head of the queue."""
         self.prefixes.forget(entry)
-        for admission in reversed(plan.admitted):
-            slot = self.pool.slots[admission.slot_id]
-            if slot.request is admission.request:
-                self.cells.unadmit(slot)
+        self.cells.unadmit(plan)
 
     def interrupted(self, plan: StepPlan, saved: list) -> None:
-        """The step stopped before its tokens were computed (a chat arrived during a step of
-        tasks): its saves are kept; nothing else moved, so its rows are planned again."""
+        """The step stopped before its tokens were computed (a chat came during a step of
+        tasks): its saves are kept, its rows planned again."""
         self.prefixes.keep(saved)
         self.stats.interrupted_steps += 1
 

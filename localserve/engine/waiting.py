@@ -112,6 +112,12 @@ class FairQueue:
                     yield queue[depth]
         yield from self._background
 
+    def overdue(self, max_wait_s: float, now: float) -> list[Request]:
+        """Requests that waited longer than `max_wait_s` for their first slot (a preempted one,
+        with output, already had one)."""
+        return [r for r in self._all() if r.num_output_tokens == 0
+                and now - r.arrival_time > max_wait_s]
+
     def oldest_arrival(self) -> float | None:
         return min((r.arrival_time for r in self._all()), default=None)
 
