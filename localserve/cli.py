@@ -325,7 +325,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "top":
         from tui.app import run as run_top
 
-        return run_top(args)
+        try:
+            return run_top(args)
+        except SettingsError as exc:  # e.g. --api-key-file that cannot be read
+            print(f"localserve top: {exc}", file=sys.stderr)
+            return 2
     return 2
 
 

@@ -91,3 +91,29 @@ def test_borrowed_cells_per_slot_and_the_pools_use_are_read():
     body["cache"] = {"used_tokens": 812, "pool_tokens": 1024, "borrowed_tokens": 300}
     view = Tracker().update(body, METRICS.format(gen=0, b1=0, b2=0), now=1.0)
     assert [s.n_borrowed for s in view.slots] == [300, 0] and view.pool == (812, 1024, 300)
+
+
+def test_top_reads_the_servers_own_key_file_and_picks_an_admin_key(tmp_path):
+    """`localserve top --api-key-file keys.txt` takes the file `up` takes (name:key[:role]
+    lines): its first admin key, which sees every slot, else its first key."""
+    import argparse
+
+    from tui.app import api_key
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# the office\nalice:alice-key-0123456789\nroot:root-key-0123456789:admin\n")
+    keys.chmod(0o600)
+    args = argparse.Namespace(api_key=None, api_key_file=str(keys))
+    assert api_key(args, environ={}) == "root-key-0123456789"
+    keys.write_text("alice:alice-key-0123456789\nbob:bob-key-0123456789:user\n")
+    assert api_key(args, environ={}) == "alice-key-0123456789"
+
+
+def test_top_with_a_key_file_that_is_not_there_says_so_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-m", "localserve", "top", "--api-key-file",
+                          str(tmp_path / "nope.txt")], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
+        f"localserve top: --api-key-file {tmp_path / 'nope.txt'}: no such file"]

@@ -205,19 +205,23 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     parser.add_argument("--url", default="http://127.0.0.1:8080", help="server base URL")
     parser.add_argument("--api-key", help="API key, if the server requires one (visible in ps: "
                         "prefer --api-key-file or LOCALSERVE_API_KEY)")
-    parser.add_argument("--api-key-file", help="a file holding the API key (its first line)")
+    parser.add_argument("--api-key-file", help="`localserve up`'s key file (name:key[:role] "
+                        "lines): its first admin key, else its first key")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between polls")
     return parser
 
 
 def api_key(args: argparse.Namespace, environ=os.environ) -> str | None:
-    """--api-key, else the first line of --api-key-file, else $LOCALSERVE_API_KEY: the last two
-    keep the key out of the process list."""
+    """--api-key, else a key of --api-key-file (the server's own key file, read as `up` reads
+    it: an admin sees every slot), else $LOCALSERVE_API_KEY: the last two keep the key out of
+    the process list."""
     if args.api_key:
         return args.api_key
     if args.api_key_file:
-        lines = Path(args.api_key_file).expanduser().read_text().splitlines()
-        return lines[0].strip() if lines else None
+        from localserve.office.keys import read_key_file
+
+        keys = read_key_file(Path(args.api_key_file).expanduser())  # {key: (name, role)}
+        return next((k for k, (_, role) in keys.items() if role == "admin"), next(iter(keys)))
     return environ.get("LOCALSERVE_API_KEY") or None
 
 
