@@ -31,6 +31,7 @@ def log_probs(logits: np.ndarray, token: int, top_n: int) -> tuple:
 # the chosen block is summed entry by entry (a running sum over every entry is one sequential
 # pass, 0.31 ms on 128k entries; the block sums are vectorised).
 SAMPLE_BLOCK = 1024
+_BLOCK_ONES = np.ones(SAMPLE_BLOCK, dtype=np.float32)
 
 
 def sample_softmax(logits: np.ndarray, temperature: float, rng: np.random.Generator,
@@ -44,8 +45,8 @@ def sample_softmax(logits: np.ndarray, temperature: float, rng: np.random.Genera
     scratch *= np.float32(1.0 / temperature)
     np.exp(scratch, out=scratch)
     full = n - n % SAMPLE_BLOCK
-    sums = scratch[:full].reshape(-1, SAMPLE_BLOCK).sum(axis=1, dtype=np.float64)
-    running = np.cumsum(np.append(sums, scratch[full:].sum(dtype=np.float64)))
+    sums = scratch[:full].reshape(-1, SAMPLE_BLOCK) @ _BLOCK_ONES  # BLAS: 7 us against 50
+    running = np.cumsum(np.append(sums, scratch[full:].sum()), dtype=np.float64)
     target = rng.random() * running[-1]
     block = min(int(np.searchsorted(running, target, side="right")), len(running) - 1)
     within = target - (running[block - 1] if block else 0.0)

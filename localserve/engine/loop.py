@@ -27,7 +27,7 @@ from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Inte
 from localserve.engine.interfaces import EngineObserver, Runner, StepScheduler
 from localserve.engine.plan import StepPlan
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
-from localserve.engine.streams import ChoiceStreams, RequestStream
+from localserve.engine.streams import ChoiceStreams, RequestStream, hold_wake_ups, wake_held
 
 log = logging.getLogger("localserve.engine")
 
@@ -161,6 +161,7 @@ class EngineLoop(threading.Thread):
     # ---- the loop thread ----------------------------------------------------------------
     def run(self) -> None:
         sys.setswitchinterval(GIL_SWITCH_S)
+        hold_wake_ups()  # woken before each llama_decode and before waiting (streams.py)
         try:
             while self._drain_inbox(block=not self.scheduler.has_work()):
                 if self.scheduler.has_work():
@@ -172,6 +173,7 @@ class EngineLoop(threading.Thread):
             log.exception("engine loop died; failing all requests")
             self._fail_everything(self.failure)
         finally:
+            wake_held()
             self.snapshot = self._build_snapshot()
 
     def fatal(self, message: str) -> None:
@@ -200,6 +202,7 @@ class EngineLoop(threading.Thread):
         for admission in plan.admitted:
             self._release_queue_place(admission.request)
         if not plan:
+            wake_held()
             time.sleep(0.001)
             return
         started = time.perf_counter()
@@ -207,6 +210,7 @@ class EngineLoop(threading.Thread):
             self.decoding, self.interruptible = True, plan.background_only
             if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
+            wake_held()  # the HTTP side writes the last step's tokens while this one computes
             try:
                 out = self.runner.decode(plan)
             finally:
@@ -257,6 +261,8 @@ class EngineLoop(threading.Thread):
 
     def _drain_inbox(self, block: bool) -> bool:
         """Apply every pending add/abort; wait for one if idle. False when asked to stop."""
+        if block:
+            wake_held()
         try:
             item = self.inbox.get() if block else self.inbox.get_nowait()
         except queue.Empty:

@@ -48,6 +48,13 @@ class Mailbox:
             self._pending.append((call, arg))
             if len(self._pending) > 1:
                 return  # a wake-up is already on its way
+        held = getattr(_held, "mailboxes", None)
+        if held is not None:  # the engine thread's: woken when it next lets go (hold_wake_ups)
+            held[self] = None
+            return
+        self._wake()
+
+    def _wake(self) -> None:
         try:
             self.aloop.call_soon_threadsafe(self._run)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
@@ -58,6 +65,30 @@ class Mailbox:
             calls, self._pending = self._pending, []
         for call, arg in calls:
             call(arg)
+
+
+# Wake-ups the engine thread holds (hold_wake_ups): the mailboxes it posted to since it last
+# woke them.
+_held = threading.local()
+
+
+def hold_wake_ups() -> None:
+    """On the engine thread: posts wake their event loop only at wake_held(), which the loop
+    calls as it is about to let go of the GIL (llama_decode, or waiting for work). Waking the
+    event loop at once (a write to its self-pipe, the GIL released around it) handed the GIL
+    to the HTTP thread mid-step, and the engine thread waited for it back: 35% of its own time
+    outside llama_decode at one stream on a fast model (scripts/bench_host.py). Woken just
+    before llama_decode, the HTTP thread writes the chunks while the step computes."""
+    _held.mailboxes = {}
+
+
+def wake_held() -> None:
+    held = getattr(_held, "mailboxes", None)
+    if held:
+        boxes = list(held)
+        held.clear()
+        for box in boxes:
+            box._wake()
 
 
 class ChoiceStreams:
