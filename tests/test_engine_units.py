@@ -304,6 +304,43 @@ def test_a_burst_of_events_from_the_engine_thread_wakes_the_event_loop_once_in_o
     assert got == list(range(100)) and wakeups == 1
 
 
+def test_the_engine_threads_posts_wake_the_event_loop_only_when_it_lets_go():
+    """hold_wake_ups (the engine thread's): posts are kept until wake_held(), which the loop
+    calls before llama_decode and before waiting; another thread's post still wakes at once."""
+    import asyncio
+    import threading
+
+    from localserve.engine.streams import Mailbox, hold_wake_ups, wake_held
+
+    async def main():
+        mailbox, got = Mailbox.of_running_loop(), []
+        held, woken = threading.Event(), threading.Event()
+
+        def engine():
+            hold_wake_ups()
+            mailbox.post(got.append, "token")
+            held.set()
+            woken.wait(10)
+            wake_held()
+
+        thread = threading.Thread(target=engine)
+        thread.start()
+        await asyncio.get_running_loop().run_in_executor(None, held.wait, 10)
+        for _ in range(20):  # the event loop runs freely: still nothing delivered
+            await asyncio.sleep(0)
+        before = list(got)
+        woken.set()
+        while not got:
+            await asyncio.sleep(0.001)
+        thread.join()
+        other = asyncio.Event()
+        threading.Thread(target=lambda: mailbox.post(lambda _: other.set(), None)).start()
+        await asyncio.wait_for(other.wait(), timeout=10)
+        return before, got
+
+    assert asyncio.run(main()) == ([], ["token"])
+
+
 def test_a_request_whose_grammar_grew_costly_keeps_its_tokens_and_ends_with_its_reason():
     """The runner measures each constrained token's grammar cost; the scheduler ends the
     request it names in costly_grammars, after this step's token, and bills what it used."""
