@@ -313,25 +313,25 @@ def test_the_engine_threads_posts_wake_the_event_loop_only_when_it_lets_go():
     from localserve.engine.streams import Mailbox, hold_wake_ups, wake_held
 
     async def main():
+        aloop = asyncio.get_running_loop()
         mailbox, got = Mailbox.of_running_loop(), []
+        delivered, passed = asyncio.Event(), asyncio.Event()
         held, woken = threading.Event(), threading.Event()
 
         def engine():
             hold_wake_ups()
-            mailbox.post(got.append, "token")
+            mailbox.post(lambda token: (got.append(token), delivered.set()), "token")
             held.set()
+            aloop.call_soon_threadsafe(passed.set)  # after any wake-up the post had sent
             woken.wait(10)
             wake_held()
 
         thread = threading.Thread(target=engine)
         thread.start()
-        await asyncio.get_running_loop().run_in_executor(None, held.wait, 10)
-        for _ in range(20):  # the event loop runs freely: still nothing delivered
-            await asyncio.sleep(0)
+        await asyncio.wait_for(passed.wait(), timeout=10)  # the event loop ran past the post
         before = list(got)
         woken.set()
-        while not got:
-            await asyncio.sleep(0.001)
+        await asyncio.wait_for(delivered.wait(), timeout=10)
         thread.join()
         other = asyncio.Event()
         threading.Thread(target=lambda: mailbox.post(lambda _: other.set(), None)).start()
