@@ -19,9 +19,10 @@ from localserve.engine.slots import Slot, SlotState
 class LongPromptPlaces:
     def __init__(self, cap: int | None, budget: int, running: Iterable[Slot],
                  waiting: Iterable[Request]):
-        self.cap, self.budget, self.waiting = cap, budget, waiting
+        self.cap = cap
         self.held = Counter(s.request.user for s in running
                             if s.request.long_prompt and s.state is SlotState.PREFILL)
+        self.waiting_long = {r.user for r in waiting if len(r.all_tokens) > budget}
 
     def free_for(self, user: str | None) -> bool:
         """May `user` start computing one more long prompt now?"""
@@ -29,5 +30,4 @@ class LongPromptPlaces:
             return True
         if sum(self.held.values()) >= self.cap:
             return False
-        return self.held[user] < self.cap - 1 or not any(
-            r.user != user and len(r.all_tokens) > self.budget for r in self.waiting)
+        return self.held[user] < self.cap - 1 or not self.waiting_long - {user}
