@@ -109,7 +109,8 @@ def run_pull(args: argparse.Namespace) -> int:
     from localserve.models.pull import PullError, pull
 
     try:
-        path = pull(args.name, Path(args.dir) if args.dir else MODELS_DIR, args.sha256)
+        path = pull(args.name, Path(args.dir) if args.dir else MODELS_DIR, args.sha256,
+                    max_bytes=int(args.max_gb * 10**9))
     except PullError as exc:
         print(f"localserve pull: {exc}", file=sys.stderr)
         return 1
@@ -219,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     pulling.add_argument("name", help="a name from `localserve models`, or OWNER/REPO/FILE.gguf")
     pulling.add_argument("--sha256", help="the file's expected sha256, when the hub gives none")
     pulling.add_argument("--dir", help="where to put it (default: models/)")
+    pulling.add_argument("--max-gb", type=float, default=100.0,
+                         help="the most a file of no announced size may be (default 100)")
     _top_parser(sub)
     _bench_parser(sub)
     _usage_parser(sub)

@@ -25,6 +25,7 @@ class Hub(BaseHTTPRequestHandler):
     ranges: list = []
     restart_ranges = False  # a storage server that answers a Range with 206 from byte 0
     endless = False  # a storage server that never stops sending
+    unsized = False  # a mirror whose redirect announces no size
 
     def do_GET(self):
         if not self.path.startswith("/cdn"):
@@ -61,7 +62,8 @@ class Hub(BaseHTTPRequestHandler):
         self.send_response(302)
         self.send_header("Location", "/cdn" + self.path)
         self.send_header("X-Linked-Etag", f'"{self.digests.get(self.path, "")}"')
-        self.send_header("X-Linked-Size", str(len(BLOB)))
+        if not self.unsized:
+            self.send_header("X-Linked-Size", str(len(BLOB)))
         self.send_header("Content-Length", "0")
         self.end_headers()
 
@@ -76,7 +78,7 @@ def hub(monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_address[1]}")
     path = "/owner/Repo-GGUF/resolve/main/model-Q4_K_M.gguf"
     Hub.served, Hub.digests, Hub.ranges = {path: BLOB}, {path: hashlib.sha256(BLOB).hexdigest()}, []
-    Hub.restart_ranges = Hub.endless = False
+    Hub.restart_ranges = Hub.endless = Hub.unsized = False
     yield path
     Hub.endless = False
     server.shutdown()
@@ -123,6 +125,15 @@ def test_a_body_longer_than_announced_stops_at_the_announced_size(hub, tmp_path)
     with pytest.raises(PullError, match="more than"):
         pull(NAME, tmp_path, out=io.StringIO())
     assert (tmp_path / "model-Q4_K_M.gguf.part").stat().st_size <= len(BLOB)
+
+
+def test_an_endless_body_of_no_announced_size_stops_at_max_gb(hub, tmp_path, capsys):
+    """A mirror that announces no size (no X-Linked-Size, no Content-Length) and never stops:
+    the pull stops at --max-gb with one line saying so, never writing past it."""
+    Hub.endless = Hub.unsized = True
+    assert main(["pull", NAME, "--dir", str(tmp_path), "--max-gb", "0.003"]) == 1
+    assert "announced no size" in capsys.readouterr().err
+    assert (tmp_path / "model-Q4_K_M.gguf.part").stat().st_size <= 3_000_000
 
 
 def test_a_part_file_that_is_a_symlink_is_never_written_through(hub, tmp_path):

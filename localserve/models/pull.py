@@ -19,6 +19,11 @@ from pathlib import Path
 import httpx
 
 CHUNK = 1 << 20
+# A file whose size nobody announced (no X-Linked-Size, no Content-Length: a mirror, a proxy)
+# is written up to this many bytes (`--max-gb`) and never past the disk's last RESERVE bytes:
+# a server that never stops sending must not fill the disk.
+UNANNOUNCED_MAX_BYTES = 100 * 10**9
+RESERVE = 10**9
 
 
 @dataclass(frozen=True)
@@ -76,10 +81,10 @@ def resolve(name: str) -> tuple[str, str]:
 
 
 def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
-         client: httpx.Client | None = None) -> Path:
+         client: httpx.Client | None = None, max_bytes: int = UNANNOUNCED_MAX_BYTES) -> Path:
     """Download `name` into `folder` (continuing a .part left by an interrupted pull when the
-    hub gives a checksum to check it by); the finished file's path. Raises PullError with the
-    one line to show."""
+    hub gives a checksum to check it by); the finished file's path. `max_bytes` bounds a file
+    whose size was not announced. Raises PullError with the one line to show."""
     repo, file = resolve(name)
     target = folder / file
     if target.exists():
@@ -93,7 +98,7 @@ def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
     own = client is None
     client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30, read=120))
     try:
-        expected = _fetch(client, url, part, sha256, out)
+        expected = _fetch(client, url, part, sha256, out, max_bytes)
     except httpx.HTTPError as exc:
         raise PullError(f"cannot download {url} ({exc.__class__.__name__}: {exc}): pulling needs "
                         f"the internet once (or HF_ENDPOINT naming a mirror); or fetch the file "
@@ -107,13 +112,14 @@ def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,
     return target
 
 
-def _fetch(client: httpx.Client, url: str, part: Path, sha256: str | None, out) -> str | None:
+def _fetch(client: httpx.Client, url: str, part: Path, sha256: str | None, out,
+           max_bytes: int) -> str | None:
     """Download into `part` and check it; the sha256 it was checked against (None: none was
     given). A resumed .part that fails the check (another file's partial, a server that
     answered the Range wrongly) is deleted and the file fetched once more from byte 0."""
     resumed = part.exists() and part.stat().st_size > 0
     for attempt in range(2):
-        expected = _download(client, url, part, out, resume=attempt == 0) or sha256
+        expected = _download(client, url, part, out, attempt == 0, max_bytes) or sha256
         if sha256 and expected and sha256 != expected:
             raise PullError(f"--sha256 {sha256} differs from the hub's {expected}")
         digest = _sha256(part) if expected else None
@@ -127,16 +133,18 @@ def _fetch(client: httpx.Client, url: str, part: Path, sha256: str | None, out) 
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _download(client: httpx.Client, url: str, part: Path, out, resume: bool) -> str | None:
+def _download(client: httpx.Client, url: str, part: Path, out, resume: bool,
+              max_bytes: int) -> str | None:
     """Fetch into `part`, continuing what it holds when `resume` and the hub names a checksum
     to check the whole by; the hub's sha256 of the file, if given. Never writes more than the
-    hub said the file holds, nor through a symlink, nor into a disk without room for it."""
+    hub said the file holds (or `max_bytes` and the disk's room less RESERVE when it said
+    nothing), nor through a symlink, nor into a disk without room for it."""
     have = part.stat().st_size if resume and part.exists() else 0
     with client.stream("GET", url, headers={"Range": f"bytes={have}-"} if have else {}) as response:
         expected, size = _announced(response)
         if have and (expected is None or not _continues(response, have)):
             response.close()  # cannot be checked, or not a continuation: start over
-            return _download(client, url, part, out, resume=False)
+            return _download(client, url, part, out, False, max_bytes)
         if response.status_code == 416 and have:  # nothing past the .part: checked after
             return expected
         if response.status_code == 404:
@@ -144,18 +152,27 @@ def _download(client: httpx.Client, url: str, part: Path, out, resume: bool) -> 
         response.raise_for_status()
         total = size if size is not None else have + int(response.headers.get("content-length") or 0)
         _check_room(part.parent, total - have)
+        limit = total or min(max_bytes, have + shutil.disk_usage(part.parent).free - RESERVE)
         progress = Progress(total, have, out)
         fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW
                      | (os.O_APPEND if have else os.O_TRUNC), 0o644)
         with os.fdopen(fd, "wb") as fh:
             for chunk in response.iter_bytes(CHUNK):
-                if total and progress.have + len(chunk) > total:
-                    raise PullError(f"the hub sent more than the {total} bytes it announced; "
-                                    f"the partial file {part} is left to be checked on the next pull")
+                if progress.have + len(chunk) > limit:
+                    raise PullError(_too_long(total, limit, part))
                 fh.write(chunk)
                 progress.add(len(chunk))
         progress.done()
         return expected
+
+
+def _too_long(total: int, limit: int, part: Path) -> str:
+    if total:
+        return (f"the hub sent more than the {total} bytes it announced; the partial file "
+                f"{part} is left to be checked on the next pull")
+    return (f"the server announced no size and sent more than {limit / 1e9:.2f} GB (--max-gb, "
+            f"or the disk's free space less {RESERVE / 1e9:.0f} GB); the partial file {part} "
+            f"is left (delete it, or pull again with a larger --max-gb)")
 
 
 def _continues(response: httpx.Response, have: int) -> bool:
