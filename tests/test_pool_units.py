@@ -317,3 +317,61 @@ def test_a_sibling_choices_copied_prefix_takes_cells_of_its_own_in_the_pool():
         assert sched.pool.free >= 0
         sched.update(plan, runner.decode(plan))  # CacheFull here before
     assert len(sibling.output_tokens) == 5 and sibling.cached_tokens == 40
+
+
+def task(rid, n_prompt, max_tokens, first=1, user="bob"):
+    r = request(rid, n_prompt, max_tokens, first, user)
+    r.background = True
+    return r
+
+
+def step(sched, runner, n=1):
+    for _ in range(n):
+        plan = sched.schedule()
+        sched.update(plan, runner.decode(plan))
+
+
+def running_ids(sched):
+    return {s.request.request_id for s in sched.pool.slots if s.request is not None}
+
+
+def test_a_colleagues_document_takes_back_the_cells_background_tasks_borrowed():
+    """Two keys' requests dressed as a frontend's titles borrow most of the pool; a colleague's
+    document over its guarantee (so no borrower owes it cells) does not fit what is left: the
+    task borrowing most gives its cells back at once (366 steps of waiting before), and both
+    tasks still end with the tokens they would have alone."""
+    sched = Scheduler(SlotPool(600, 6, n_ctx_seq=600), FakeVocab(), 64, slot_share=5,
+                      prompt_cache=PromptCache(1 << 20))
+    runner = PositionalRunner(600)
+    sched.add(task("t1", 240, 120))
+    sched.add(task("t2", 230, 120, first=30, user="dave"))  # each key within its share
+    step(sched, runner, 40)
+    assert running_ids(sched) == {"t1", "t2"} and sched.pool.free < 150
+    out = {"t1": [], "t2": [], "doc": []}
+    sched.add(request("doc", 150, 5, first=60, user="carol"))
+    for n in range(400):
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        if n == 0:
+            assert "doc" in running_ids(sched)
+        for r, ev in sched.update(plan, runner.decode(plan)):
+            out[r.request_id].extend(ev.token_ids)
+    assert sched.stats.task_preemptions >= 1
+    assert out["doc"] == alone(lambda: request("doc", 150, 5, first=60, user="carol"))["doc"]
+    t1 = alone(lambda: task("t1", 240, 120))["t1"]
+    assert out["t1"] == t1[len(t1) - len(out["t1"]):]  # its first tokens came before "doc"
+
+
+def test_a_background_task_counts_in_its_keys_slot_share():
+    """Alice's title holds one slot, her share: her chat waits while bob's, queued after it,
+    takes the free slot (a task claimed no share, and alice's chat went first)."""
+    sched = Scheduler(SlotPool(400, 2, n_ctx_seq=400), FakeVocab(), 64, slot_share=1,
+                      prompt_cache=PromptCache(1 << 20))
+    runner = PositionalRunner(400)
+    sched.add(task("title", 20, 50, user="alice"))
+    step(sched, runner)
+    sched.add(request("alice-chat", 20, 5, first=40, user="alice"))
+    sched.add(request("bob-chat", 20, 5, first=60, user="bob"))
+    step(sched, runner)
+    assert "bob-chat" in running_ids(sched) and "alice-chat" not in running_ids(sched)

@@ -12,8 +12,10 @@ is saved to the prompt cache before its cells are cleared, so it resumes by rest
     give their cells back, the one borrowing most first, and wait behind it;
   - "share": a user over their slot share gives a slot back to a waiting colleague
     (slot_shares.py);
-  - "task": a chat waits and every slot is taken: the newest background task gives its slot
-    back, and waits at the head of the tasks' lane.
+  - "task": a chat waits and every slot is taken, or the chat does not fit the free cells
+    while a background task borrows: the newest task (the one borrowing most) gives its slot
+    back, and waits at the head of the tasks' lane. A task never keeps a chat waiting for
+    cells it borrowed.
 """
 
 from __future__ import annotations
@@ -91,11 +93,20 @@ class PoolKeeper:
     def make_way_for_chat(self, plan: StepPlan, max_running: int) -> None:
         """A chat waits and the slots are all taken, some by background tasks: the newest
         task steps aside (else the chat would wait for it, or, tasks resting while a chat
-        waits, everyone would)."""
+        waits, everyone would). A chat that does not fit the free cells takes back what
+        tasks borrow, the one borrowing most first."""
         running = self.running
         tasks = [s for s in running if s.request.background]
-        if tasks and len(running) >= max_running and self.waiting.has_foreground():
+        chat = self.waiting.first_foreground() if tasks else None
+        if chat is None:
+            return
+        if len(running) >= max_running:
             self.preempt_slot(plan, max(tasks, key=lambda s: s.admitted_seq), "task")
+        while self.pool.free <= len(chat.all_tokens):
+            borrower = max(tasks, key=self.pool.borrowed)
+            if not self.pool.borrowed(borrower) or borrower.request is None:
+                return
+            self.preempt_slot(plan, borrower, "task")
 
     def make_room_for_decode(self, plan: StepPlan) -> None:
         """Every decoding slot needs one free cell this step; find them or preempt."""
@@ -157,6 +168,7 @@ class PoolKeeper:
             self.waiting.requeue(req, behind=made_room_for)
             self.stats.share_preemptions += why == "share"
             self.stats.borrow_preemptions += why == "guarantee"
+            self.stats.task_preemptions += why == "task"
 
     def unadmit(self, plan: StepPlan) -> None:
         """Take back the admissions of a step that did not run: their sequences are cleared

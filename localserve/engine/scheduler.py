@@ -150,10 +150,10 @@ class Scheduler:
            background task (9) sits out the steps in which a chat waits or computes its prompt.
         9. A frontend's background task (Request.background) is admitted only when no chat
            waits or computes its prompt (nor in the step that admits one), its prompt chunks
-           come after every other request's, and it claims no slot share. A step of tasks
-           only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included. A chat that
-           finds every slot taken takes the newest task's (saved, resumed later); and when a
-           waiting chat still cannot start, the tasks go on rather than nobody.
+           come after every other request's; it counts in its key's slot share. A step of
+           tasks only carries at most BACKGROUND_STEP_TOKENS tokens, drafts included. A chat
+           finding every slot taken, or the cells lent to tasks, takes them back (saved,
+           resumed later); when a waiting chat still cannot start, the tasks go on.
         10. At most `max_long_prompts` requests compute a long prompt at once, one key at
            most all but one of them while another's waits (long_prompts.py); a conversation's
            next turn (its prompt cached) is admitted past the long ones waiting.

@@ -22,6 +22,7 @@ class SchedulerStats:
     preemptions: int = 0  # the shared cache pool ran short
     share_preemptions: int = 0  # a user gave a slot back to a colleague who was waiting
     borrow_preemptions: int = 0  # a borrower gave cells back to a request within its guarantee
+    task_preemptions: int = 0  # a background task gave its slot or borrowed cells to a chat
     interrupted_steps: int = 0  # steps of background tasks stopped for a chat that arrived
     prompt_tokens_computed: int = 0
     prefix_cache_queries: int = 0  # prompt tokens looked up at admission

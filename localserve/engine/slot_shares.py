@@ -1,6 +1,8 @@
 """Slot shares between identities (API keys), the scheduler's invariant 6: while another user
 waits, one user holds at most `share` slots' worth of cells. Admission skips a user at their
-share; one above it gives their newest slot back. A frontend's background task claims none."""
+share; one above it gives their newest slot back (a background task before a chat). A
+frontend's background task counts in its key's share like any request: dressed as one, two
+long requests kept a colleague's document waiting 366 steps."""
 
 from __future__ import annotations
 
@@ -21,8 +23,7 @@ class SlotShares:
         """What each user holds in slots' worth of cells (borrowing 3 guarantees weighs 3 slots)."""
         held: Counter = Counter()
         for slot in self.cells.running:
-            if not slot.request.background:
-                held[slot.request.user] += max(1, -(-slot.n_cached // self.cells.pool.guarantee))
+            held[slot.request.user] += max(1, -(-slot.n_cached // self.cells.pool.guarantee))
         return held
 
     def next_admissible(self, may_start=None, look_ahead: int = 0) -> Request | None:
@@ -51,10 +52,9 @@ class SlotShares:
         waiting_users = self.waiting.users()
         for user, n in self.held().items():
             if n > self.share and waiting_users - {user}:
-                mine = [s for s in self.cells.running
-                        if s.request.user == user and not s.request.background]
+                mine = [s for s in self.cells.running if s.request.user == user]
                 largest = max(mine, key=lambda s: s.n_cached)
                 others = [s for s in mine if s is not largest]
                 if others:
-                    newest = max(others, key=lambda s: s.admitted_seq)
+                    newest = max(others, key=lambda s: (s.request.background, s.admitted_seq))
                     self.cells.preempt_slot(plan, newest, "share")

@@ -92,6 +92,7 @@ class EngineCounters:
     preemptions: int  # the shared cache pool ran short
     share_preemptions: int  # a key gave a slot back to a waiting colleague
     borrow_preemptions: int  # a borrower gave cells back to a request within its guarantee
+    task_preemptions: int  # a background task gave its slot or borrowed cells to a chat
     interrupted_steps: int  # steps of background tasks stopped for a chat that arrived
     prompt_tokens_computed: int
     prefix_cache_queries: int
@@ -146,6 +147,7 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             requests_finished=stats.requests_finished, requests_aborted=stats.requests_aborted,
             requests_failed=stats.requests_failed, preemptions=stats.preemptions,
             share_preemptions=stats.share_preemptions, borrow_preemptions=stats.borrow_preemptions,
+            task_preemptions=stats.task_preemptions,
             interrupted_steps=stats.interrupted_steps,
             prompt_tokens_computed=stats.prompt_tokens_computed,
             prefix_cache_queries=stats.prefix_cache_queries,

@@ -85,8 +85,13 @@ class FairQueue:
         """Anything waiting that is not a background task."""
         return bool(self._resumed) or bool(self._by_user)
 
+    def first_foreground(self) -> Request | None:
+        """The first waiting request that is not a background task."""
+        return next((r for r in self if not r.background), None) if self.has_foreground() else None
+
     def users(self) -> set[str | None]:
-        """Identities with a request waiting (a background task claims no share)."""
+        """Identities with a request waiting (a waiting background task makes nobody give way:
+        it waits for every chat anyway)."""
         return {r.user for r in self._resumed} | set(self._by_user)
 
     def remove(self, request: Request) -> bool:
