@@ -86,7 +86,7 @@ class ModelHost(HostFace):
 
     def check_memory(self, model_path: str) -> str:
         return check_memory(self.settings, model_path, supports_gpu_offload(),
-                            self.context_choice(model_path).ctx_size)
+                            self.context_choice(model_path))
 
     def in_flight(self) -> int:
         """Requests accepted and not yet finished, embeddings included (what a drain waits for)."""
@@ -146,7 +146,8 @@ class ModelHost(HostFace):
             context = self.context_choice(self.model_path)
             self.runner = LlamaRunner(RunnerConfig(
                 model_path=str(self.model_path), ctx_size=context.ctx_size, n_slots=s.parallel,
-                n_batch=prefill_budget, n_threads=s.threads, n_gpu_layers=s.n_gpu_layers,
+                n_batch=prefill_budget, n_threads=s.threads,
+                n_gpu_layers=s.n_gpu_layers if context.n_gpu_layers is None else context.n_gpu_layers,
                 main_gpu=s.main_gpu, tensor_split=s.tensor_split,
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
             facts = self.facts = self.runner.describe()

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import psutil
 
 from localserve.common.config import Settings, SettingsError
+from localserve.models.fit import FIT_MIN_CTX, Device, FitError, ModelSize, fit
+from localserve.models.gguf_meta import model_size
 
 GIB = 1024 ** 3
 # llama.cpp's compute buffers, the Python process and the HTTP side: a fixed allowance.
@@ -16,9 +18,8 @@ OVERHEAD_BYTES = 512 * 1024 ** 2
 
 # With -c unset, the pool is the model's trained context, fitted to free memory with this
 # margin left over, and never under FIT_MIN_CTX unless the model is smaller (llama-server's
-# --fit and --fit-ctx).
+# --fit and --fit-ctx; on GPUs, fit.py).
 FIT_MARGIN_BYTES = GIB
-FIT_MIN_CTX = 4096
 
 
 @dataclass(frozen=True)
@@ -29,16 +30,22 @@ class ContextChoice:
     n_ctx_train: int  # the model's trained context (0: the file does not say)
     kv_bytes_per_token: int
     why: str
+    n_gpu_layers: int | None = None  # fitted to GPU memory (fit.py); None: as -ngl says
+    gpu_bytes: tuple[tuple[str, int, int], ...] = ()  # each device: name, needed, free
 
     def as_json(self) -> dict:
         return {"ctx_size": self.ctx_size, "n_ctx_train": self.n_ctx_train,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "why": self.why}
+                "kv_bytes_per_token": self.kv_bytes_per_token, "why": self.why,
+                "n_gpu_layers": self.n_gpu_layers,
+                "devices": [{"name": n, "needed_bytes": need, "free_bytes": free}
+                            for n, need, free in self.gpu_bytes]}
 
 
 def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> ContextChoice:
-    """-c as given; with -c 0 (the default) the model's trained context, bounded by the RAM
-    free now less the weights and FIT_MARGIN_BYTES (on the CPU: GPU memory is not visible
-    from here), rounded down to 256 and never under FIT_MIN_CTX (or the trained context)."""
+    """With layers on GPUs, fitted to their memory (fit.py, llama-server's --fit). Else -c as
+    given; with -c 0 (the default) the model's trained context, bounded by the RAM free now
+    less the weights and FIT_MARGIN_BYTES, rounded down to 256 and never under FIT_MIN_CTX
+    (or the trained context)."""
     from localserve.engine.runner import memory_needs
 
     try:
@@ -46,10 +53,13 @@ def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> Co
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
     trained, per_token = needs["n_ctx_train"], max(needs["kv_bytes_per_token"], 1)
+    on_gpu = gpu_offload and settings.n_gpu_layers != 0
+    fitted = fit_to_gpus(settings, model_path, trained, per_token) if on_gpu else None
+    if fitted is not None:
+        return fitted
     if settings.ctx_size:
         return ContextChoice(settings.ctx_size, trained, per_token, f"-c {settings.ctx_size}")
     wanted = trained or FIT_MIN_CTX
-    on_gpu = gpu_offload and settings.n_gpu_layers != 0
     if on_gpu:
         return ContextChoice(wanted, trained, per_token, f"the model's trained context ({wanted} "
                              f"tokens); GPU memory is not checked")
@@ -66,10 +76,39 @@ def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> Co
                          f"{more / GIB:.2f} GiB more")
 
 
-def check_memory(settings: Settings, model_path: str, gpu_offload: bool, ctx_size: int) -> str:
+def fit_to_gpus(settings: Settings, model_path: str, trained: int,
+                per_token: int) -> ContextChoice | None:
+    """The context and layers that fit the GPUs llama.cpp sees; None where it sees none (or
+    the file's tensors cannot be read: then nothing is checked, as before). A -c or -ngl that
+    does not fit stops the start with the numbers, unless --no-memory-check."""
+    from localserve.engine.runner import offload_devices
+
+    devices = [Device(d["name"], d["free"], d["unified"]) for d in offload_devices()]
+    try:
+        size = model_size(model_path) if devices else None
+    except (ValueError, OSError):
+        size = None
+    if size is None:
+        return None
+    shape = ModelSize(tuple(size["layers"]), size["output"], size["embeddings"], per_token,
+                      trained, size["n_vocab"], size["n_embd"])
+    try:
+        chosen = fit(shape, devices, settings.ctx_size, settings.n_gpu_layers, settings.tensor_split)
+    except FitError as exc:
+        if settings.memory_check:
+            raise SettingsError(f"{exc} (--no-memory-check loads it anyway)") from None
+        return ContextChoice(settings.ctx_size or trained or FIT_MIN_CTX, trained, per_token,
+                             f"as given, not checked (--no-memory-check): {exc}")
+    room = tuple((d.name, n, d.free) for d, n in zip(devices, chosen.needs))
+    return ContextChoice(chosen.ctx_size, trained, per_token, chosen.why, chosen.n_gpu_layers, room)
+
+
+def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
+                 context: ContextChoice) -> str:
     """Raise SettingsError with the numbers and a suggestion when RAM is short; else return a
     one-line summary for the start-up log. With layers on a GPU only the host share is
-    checked (GPU memory is not visible from here)."""
+    checked here (the GPUs' was, by fit_to_gpus, where llama.cpp sees them)."""
+    ctx_size = context.ctx_size
     from localserve.engine.runner import memory_needs
 
     try:
@@ -82,7 +121,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool, ctx_siz
     free = psutil.virtual_memory().available
     summary = (f"memory: model {needs['model_bytes'] / GIB:.2f} GiB + cache "
                f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {ctx_size}"
-               f"{' (on the GPU; GPU memory not checked)' if on_gpu else ''}; "
+               f"{_on_gpus(context) if on_gpu else ''}; "
                f"{free / GIB:.1f} GiB free")
     if (settings.cache_type_k, settings.cache_type_v) != ("f16", "f16"):
         gain = needs["f16_bytes_per_token"] / needs["kv_bytes_per_token"]
@@ -103,3 +142,10 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool, ctx_siz
         f"{host_bytes / GIB:.1f} GiB, but only {free / GIB:.1f} GiB is free. Rather than swap or "
         f"be killed, localserve stops here: {hint}, or offload layers to a GPU (-ngl), "
         f"or pass --no-memory-check to try anyway.")
+
+
+def _on_gpus(context: ContextChoice) -> str:
+    if not context.gpu_bytes:
+        return " (on the GPU; GPU memory not checked)"
+    return " (on the GPU: " + ", ".join(f"{name} {need / GIB:.1f} of {free / GIB:.1f} GiB free"
+                                         for name, need, free in context.gpu_bytes) + ")"

@@ -9,6 +9,7 @@ this package imports llama_cpp.
     embeddings.py  Embedder: a second context on the same model for /v1/embeddings
     model_file.py  set-up, GGUF facts without loading, memory needs, cache types
     rpc.py         llama.cpp's RPC backend: workers, and registering them as devices
+    devices.py     the GPUs layers can go to, and their free memory (fitting the model)
     aborts.py      ggml's fatal errors turned into a failed engine instead of a dead process
 """
 
@@ -17,7 +18,8 @@ from localserve.engine.runner.core import LlamaRunner
 from localserve.engine.runner.aborts import on_fatal_error
 from localserve.engine.runner.model_file import (CACHE_TYPES, load_progress, memory_needs,
                                                  supports_gpu_offload)
+from localserve.engine.runner.devices import offload_devices
 from localserve.engine.runner.rpc import add_servers, rpc_devices
 
 __all__ = ["CACHE_TYPES", "LlamaRunner", "RunnerConfig", "add_servers", "load_progress", "memory_needs",
-           "on_fatal_error", "rpc_devices", "supports_gpu_offload"]
+           "offload_devices", "on_fatal_error", "rpc_devices", "supports_gpu_offload"]

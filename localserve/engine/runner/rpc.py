@@ -39,7 +39,7 @@ def _lib(stem: str) -> ctypes.CDLL:
     return lib
 
 
-def _ggml() -> ctypes.CDLL:
+def ggml_lib() -> ctypes.CDLL:
     ggml = _lib("ggml")
     ggml.ggml_backend_dev_by_type.restype = ctypes.c_void_p
     ggml.ggml_backend_dev_by_type.argtypes = [ctypes.c_int]
@@ -72,7 +72,7 @@ def _rpc() -> ctypes.CDLL:
 
 def serve_worker(host: str, port: int, threads: int, cache_dir: str | None) -> None:
     """Serve this machine's CPU to RPC clients; blocks until the process ends."""
-    rpc, ggml = _rpc(), _ggml()
+    rpc, ggml = _rpc(), ggml_lib()
     C.llama_backend_init()
     cpu = ggml.ggml_backend_dev_by_type(DEVICE_TYPE_CPU)
     devices = (ctypes.c_void_p * 1)(cpu)
@@ -85,7 +85,7 @@ _added: set[str] = set()  # a worker registered twice would count as two devices
 
 def add_servers(endpoints: list[str]) -> None:
     """Register workers as devices; call before the model loads (llama.cpp lists devices then)."""
-    rpc, ggml = _rpc(), _ggml()
+    rpc, ggml = _rpc(), ggml_lib()
     for endpoint in endpoints:
         if endpoint in _added:
             continue
@@ -98,7 +98,7 @@ def add_servers(endpoints: list[str]) -> None:
 
 def has_local_gpu() -> bool:
     """A GPU device of this machine is registered (RPC workers, listed as GPUs, do not count)."""
-    ggml = _ggml()
+    ggml = ggml_lib()
     ggml.ggml_backend_dev_type.argtypes = [ctypes.c_void_p]
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)
@@ -112,7 +112,7 @@ def rpc_devices() -> list[dict]:
     """The registered RPC devices, for /props: name, description, memory the worker reports."""
     if not supports_rpc():
         return []
-    ggml = _ggml()
+    ggml = ggml_lib()
     found = []
     for i in range(ggml.ggml_backend_dev_count()):
         dev = ggml.ggml_backend_dev_get(i)

@@ -1,0 +1,141 @@
+"""The model fitted to GPU memory (models/fit.py, llama-server's --fit), pure: a table of fake
+devices and two real models' sizes (as their Q4_K_M files have them). Every choice leaves
+FIT_MARGIN free on each device, and is the largest that does (256 more tokens, or one more
+layer, would not fit)."""
+
+import pytest
+
+from localserve.models.fit import FIT_MARGIN, FIT_MIN_CTX, Device, FitError, ModelSize, fit, needs
+
+GIB = 1024 ** 3
+# Llama 3.1 8B Instruct Q4_K_M: 32 layers, Q4_K embeddings, Q6_K output, 8 KV heads of 128
+LLAMA_8B = ModelSize(layers=(131_000_000,) * 32, output=431_000_000, embeddings=295_500_000,
+                     kv_per_token=32 * 8 * 128 * 2 * 2, n_ctx_train=131_072, n_vocab=128_256,
+                     n_embd=4096)
+# Qwen2.5 14B Instruct Q4_K_M: 48 layers
+QWEN_14B = ModelSize(layers=(164_900_000,) * 48, output=638_000_000, embeddings=438_000_000,
+                     kv_per_token=48 * 8 * 128 * 2 * 2, n_ctx_train=32_768, n_vocab=152_064,
+                     n_embd=5120)
+
+
+def card(gib, name="CUDA0", unified=False):
+    return Device(name, int(gib * GIB), unified)
+
+
+def fits(model, devices, ctx, ngl, split=()):
+    return all(n <= d.free - FIT_MARGIN for n, d in zip(needs(model, devices, split, ctx, ngl), devices))
+
+
+def assert_largest(model, devices, chosen, split=()):
+    assert fits(model, devices, chosen.ctx_size, chosen.n_gpu_layers, split)
+    assert list(chosen.needs) == needs(model, devices, split, chosen.ctx_size, chosen.n_gpu_layers)
+
+
+def test_a_24_gb_card_holds_llama_8b_at_its_whole_trained_context():
+    chosen = fit(LLAMA_8B, [card(23)])
+    assert (chosen.ctx_size, chosen.n_gpu_layers) == (131_072, 33)
+    assert "trained context" in chosen.why
+    assert_largest(LLAMA_8B, [card(23)], chosen)
+
+
+def test_a_16_gb_card_lowers_llama_8bs_context_first_and_keeps_every_layer():
+    devices = [card(15)]
+    chosen = fit(LLAMA_8B, devices)
+    assert FIT_MIN_CTX < chosen.ctx_size < 131_072 and chosen.n_gpu_layers == 33
+    assert not fits(LLAMA_8B, devices, chosen.ctx_size + 256, 33)
+    assert "context lowered from 131072" in chosen.why
+    assert_largest(LLAMA_8B, devices, chosen)
+
+
+def test_an_8_gb_card_takes_fewer_layers_of_a_14b_model_at_the_fit_context():
+    devices = [card(7.5)]
+    assert not fits(QWEN_14B, devices, FIT_MIN_CTX, 49)
+    chosen = fit(QWEN_14B, devices)
+    assert chosen.ctx_size == FIT_MIN_CTX and 0 < chosen.n_gpu_layers < 49
+    assert not fits(QWEN_14B, devices, FIT_MIN_CTX, chosen.n_gpu_layers + 1)
+    assert f"{chosen.n_gpu_layers} of 49 layers on the GPU" in chosen.why
+    assert_largest(QWEN_14B, devices, chosen)
+
+
+def test_a_12_gb_card_serves_a_14b_model_with_a_lowered_context():
+    chosen = fit(QWEN_14B, [card(11)])
+    assert FIT_MIN_CTX <= chosen.ctx_size < 32_768 and chosen.n_gpu_layers == 49
+
+
+@pytest.mark.parametrize("split,expected", [((3.0, 1.0), (24, 8)), ((), (16, 16))])
+def test_two_cards_share_the_layers_by_tensor_split_else_by_free_memory(split, expected):
+    devices = [card(11, "CUDA0"), card(11, "CUDA1")]
+    chosen = fit(LLAMA_8B, devices, split=split)
+    per_layer = LLAMA_8B.layers[0] + LLAMA_8B.kv_per_token // 32 * chosen.ctx_size
+    assert chosen.needs[0] > chosen.needs[1] if split else chosen.needs[0] < chosen.needs[1]
+    output = LLAMA_8B.output + 512 * LLAMA_8B.n_vocab * 4  # and its logits, on the last card
+    assert chosen.needs[0] - chosen.needs[1] == (expected[0] - expected[1]) * per_layer - output
+    assert_largest(LLAMA_8B, devices, chosen, split)
+
+
+def test_apples_unified_memory_counts_what_stays_on_the_cpu_too():
+    """On unified memory, moving layers to the CPU frees nothing: the host's share is the same
+    RAM. The embeddings (always host-side) count against the device."""
+    devices = [card(12, "Metal", unified=True)]
+    chosen = fit(LLAMA_8B, devices)
+    discrete = fit(LLAMA_8B, [card(12)])
+    assert chosen.ctx_size < discrete.ctx_size and chosen.n_gpu_layers == 33
+    assert chosen.needs[0] - needs(LLAMA_8B, [card(12)], (), chosen.ctx_size, 33)[0] \
+        == LLAMA_8B.embeddings
+
+
+def test_a_context_given_is_kept_and_the_layers_lowered_to_fit():
+    chosen = fit(LLAMA_8B, [card(11)], ctx_given=65_536)
+    assert chosen.ctx_size == 65_536 and 0 < chosen.n_gpu_layers < 33
+    assert "33 layers" in chosen.why and "--fit-ctx" not in chosen.why
+
+
+def test_layers_given_are_kept_and_the_context_lowered_to_fit():
+    chosen = fit(LLAMA_8B, [card(11)], ngl_given=20)
+    assert chosen.n_gpu_layers == 20 and chosen.ctx_size < 131_072
+
+
+def test_a_context_and_layers_given_that_do_not_fit_are_refused_with_the_numbers():
+    with pytest.raises(FitError) as refused:
+        fit(LLAMA_8B, [card(11)], ctx_given=131_072, ngl_given=33)
+    message = str(refused.value)
+    assert "-c 131072 and -ngl 33" in message and "CUDA0 needs" in message
+    assert "11.00 GiB free" in message and "about -c" in message and "about -ngl" in message
+
+
+def test_what_fits_as_given_is_kept_as_given():
+    chosen = fit(LLAMA_8B, [card(23)], ctx_given=8192, ngl_given=10)
+    assert (chosen.ctx_size, chosen.n_gpu_layers) == (8192, 10)
+    assert "-c 8192 and -ngl 10 fit" in chosen.why
+
+
+def gpus(monkeypatch, *free_gib):
+    import localserve.engine.runner as runner
+    monkeypatch.setattr(runner, "offload_devices", lambda: [
+        {"name": f"CUDA{i}", "free": int(g * GIB), "unified": False} for i, g in enumerate(free_gib)])
+
+
+def test_the_start_fits_the_model_to_the_gpus_llama_cpp_lists(monkeypatch):
+    """resources.choose_context with the devices the runner reports (faked: no GPU here) and
+    the real file's tensors: the chosen layers go to the runner, the numbers to /props."""
+    from localserve.common.config import Settings, resolve_model
+    from localserve.models.resources import choose_context
+
+    gpus(monkeypatch, 8)
+    path = str(resolve_model(None))
+    choice = choose_context(Settings(), path, gpu_offload=True)
+    assert choice.ctx_size == choice.n_ctx_train and choice.n_gpu_layers == 31
+    assert choice.as_json()["devices"][0]["name"] == "CUDA0" and "fit GPU memory" in choice.why
+    assert choose_context(Settings(), path, gpu_offload=False).n_gpu_layers is None
+
+
+def test_a_start_whose_context_cannot_fit_the_gpu_stops_with_the_numbers(monkeypatch):
+    from localserve.common.config import Settings, SettingsError, resolve_model
+    from localserve.models.resources import choose_context
+
+    gpus(monkeypatch, 1.5)
+    with pytest.raises(SettingsError, match=r"-c 1000000 and -ngl 31 do not fit .*CUDA0 needs"):
+        choose_context(Settings(ctx_size=1_000_000, n_gpu_layers=31), str(resolve_model(None)), True)
+    kept = choose_context(Settings(ctx_size=1_000_000, n_gpu_layers=31, memory_check=False),
+                          str(resolve_model(None)), True)
+    assert kept.ctx_size == 1_000_000 and "--no-memory-check" in kept.why
