@@ -95,8 +95,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("out", help="where to write the model")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--embd", type=int, default=256)
+    parser.add_argument("--ff", type=int, help="feed-forward width (default: 2 x --embd)")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--ctx", type=int, default=8192, help="the trained context it declares")
+    parser.add_argument("--shape", choices=["llama-8b"], help="Llama 3.1 8B's shape (32 layers "
+                        "of 4096, 14336 feed-forward, 32 heads, 8 KV heads, 131072 context); "
+                        "--layers still applies")
     args = parser.parse_args(argv)
-    write(args.vocab, args.out, n_layer=args.layers, n_embd=args.embd, n_ff=2 * args.embd)
+    if args.shape == "llama-8b":
+        args.embd, args.ff, args.heads, args.kv_heads, args.ctx = 4096, 14336, 32, 8, 131072
+        args.layers = args.layers if "--layers" in (argv or sys.argv) else 32
+    write(args.vocab, args.out, n_layer=args.layers, n_embd=args.embd,
+          n_ff=args.ff or 2 * args.embd, n_head=args.heads, n_head_kv=args.kv_heads, n_ctx=args.ctx)
     print(args.out, file=sys.stdout)
 
 
