@@ -97,7 +97,8 @@ GROUPS: dict[str, list[Option]] = {
                "restart; 0 turns it off; the files hold prompts' state, mode 600"),
         Option("spec", ("--spec",), "speculative decoding (default ngram): drafts each answer's "
                "next tokens from its own conversation, as many a step as measured acceptance "
-               "and step cost say pay (no draft model; output unchanged; faster on answers "
+               "and step cost say pay (no draft model; the text as without drafts, though greedy text "
+               "beside other requests may differ either way: docs/api.md; faster on answers "
                "that copy text); off turns it off"),
         Option("spec", ("--spec-type",), "llama-server's spelling of --spec: ngram-mod or "
                "ngram-simple (both ngram), none (off)", convert=_spec_type),
