@@ -176,12 +176,13 @@ def test_only_the_slot_edits_what_its_cache_holds():
 
 
 def scheduler_names_used(source: str) -> set[str]:
-    """Every name the code reaches through `self.scheduler.` (the loop's handle on it)."""
+    """Every name the code reaches through a `.scheduler` handle (`self.scheduler.x`,
+    `loop.scheduler.x`, `self.loop.scheduler.x`) or a variable named `scheduler`."""
     used = set()
     for node in ast.walk(ast.parse(source)):
-        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
-                and node.value.attr == "scheduler" and isinstance(node.value.value, ast.Name)
-                and node.value.value.id == "self"):
+        if isinstance(node, ast.Attribute) and (
+                isinstance(node.value, ast.Attribute) and node.value.attr == "scheduler"
+                or isinstance(node.value, ast.Name) and node.value.id == "scheduler"):
             used.add(node.attr)
     return used
 
@@ -202,6 +203,20 @@ def test_the_loop_asks_the_scheduler_only_what_its_protocol_names():
     for name in named:
         ours, theirs = getattr(Scheduler, name), getattr(StepScheduler, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name
+
+
+def test_nothing_outside_the_scheduler_reads_past_its_protocol():
+    """The snapshot and the model host read what the scheduler publishes (view(), limits(),
+    grammar_refusal(), keep_sequences()), never its pool, queue, stats or bookkeepers: vLLM's
+    make_stats(). Every module but the scheduler's own is checked."""
+    from localserve.engine.interfaces import StepScheduler
+
+    named = {n for n in dir(StepScheduler) if not n.startswith("_")}
+    own = {"scheduler.py", "policies.py", "scheduler_view.py"}
+    past = {str(path.relative_to(PACKAGE)): sorted(scheduler_names_used(path.read_text()) - named)
+            for path in PACKAGE.rglob("*.py") if path.name not in own}
+    assert {path: names for path, names in past.items() if names} == {}
+    assert scheduler_names_used("pool = self.loop.scheduler.pool") == {"pool"}  # a break, seen
 
 
 MAX_MODULE_LINES = 400  # DEVELOPERS' layout: no module past 400 lines

@@ -62,7 +62,7 @@ def test_a_borrower_gives_its_cells_back_to_a_request_within_its_guarantee_and_r
     assert out == expected  # the same tokens as alone: nothing lost, nothing repeated
     assert sched.stats.borrow_preemptions == 1 and sched.stats.preemptions == 0
     assert runner.restored >= 150  # restored from the prompt cache, not recomputed
-    assert sched.prompt_cache.stats.tokens_restored >= 150
+    assert sched.prefixes.prompt_cache.stats.tokens_restored >= 150
 
 
 def test_a_request_over_its_guarantee_waits_and_takes_nothing_back():
@@ -110,7 +110,7 @@ def test_an_idle_slots_prefix_dropped_for_room_is_saved_first():
     run(sched, runner, {0: [request("first", 90, 4)]})
     out, _ = run(sched, runner, {0: [request("wide", 150, 4, first=40)]})
     assert len(out["wide"]) == 4 and runner.max_used <= 200
-    assert sched.prompt_cache.stats.saves == 1  # first's 93 cells, before they were cleared
+    assert sched.prefixes.prompt_cache.stats.saves == 1  # first's 93 cells, before they were cleared
 
 
 @pytest.mark.parametrize("n_prompt", [199, 250])
@@ -224,7 +224,7 @@ def test_a_restore_is_admitted_only_with_room_for_the_whole_saved_sequence():
     run(sched, runner, {0: [request("filler", 20, 2, first=60)]})  # slot 1, used last
     out, finish = run(sched, runner, {0: [request("other", 130, 40, first=40)],  # overwrites 0
                                       3: [request("short", 61, 2)]})
-    assert sched.prompt_cache.stats.tokens_restored == 60  # short restored long's prefix
+    assert sched.prefixes.prompt_cache.stats.tokens_restored == 60  # short restored long's prefix
     assert set(finish) == {"other", "short"} and runner.max_used <= 300
 
 

@@ -11,6 +11,7 @@ if TYPE_CHECKING:
     from localserve.engine.finish import FinishReason
     from localserve.engine.request import Request, TokenEvent
     from localserve.engine.plan import StepOutput, StepPlan
+    from localserve.engine.scheduler_view import PoolLimits, SchedulerView
 
     Delivery = list[tuple[Request, TokenEvent]]  # events for the loop to hand to their requests
 
@@ -39,7 +40,13 @@ class StepScheduler(Protocol):
     cache_full (no cache room: one sequence evicted, the plan made again; False when none can
     be), interrupted (the step was stopped: its saves kept, its rows planned again), or fail
     (the batch's requests end with an error). Between steps: add, abort,
-    drop_scope, expire_waiting. The loop reads nothing else (tests/test_layers.py checks)."""
+    drop_scope, expire_waiting. The loop reads nothing else (tests/test_layers.py checks).
+
+    What the rest of the server reads of it comes out here too (vLLM's make_stats()): view()
+    (slots, queue, cache, counters: scheduler_view.SchedulerView, for the snapshot), limits()
+    (the pool's and the step's), grammar_refusal() (a key's grammar lately ended as too
+    costly), and keep_sequences() (the slots' sequences into the prompt cache, once the loop
+    has stopped)."""
 
     def add(self, request: Request) -> None: ...
     def abort(self, request_id: str, reason: FinishReason = ...,
@@ -54,6 +61,10 @@ class StepScheduler(Protocol):
     def cache_full(self) -> bool: ...
     def interrupted(self, plan: StepPlan, saved: list) -> None: ...
     def fail(self, plan: StepPlan, message: str) -> Delivery: ...
+    def view(self, now: float) -> SchedulerView: ...
+    def limits(self) -> PoolLimits: ...
+    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None: ...
+    def keep_sequences(self, read_sequence) -> None: ...
 
 
 class EngineObserver(Protocol):

@@ -121,6 +121,13 @@ class PrefixBook:
             if size:
                 self.prompt_cache.put(save.scope, save.tokens, state, size)
 
+    def keep_slots(self, read_sequence) -> None:
+        """Before the cache is freed (the loop stopped): each slot's sequence, read by
+        `read_sequence(slot_id)` (the runner's), into the prompt cache unless it holds it."""
+        cache = self.prompt_cache
+        self.keep([(SlotSave(s.slot_id, s.cache_scope, list(s.cached)), *read_sequence(s.slot_id))
+                   for s in self.pool.slots if s.cached and not cache.holds(s.cached, s.cache_scope)])
+
     def forget(self, entry: CachedPrompt) -> None:
         """An entry whose state would not load (RestoreFailed): never offered again."""
         self.prompt_cache.remove(entry)

@@ -1,25 +1,16 @@
 """The continuous-batching scheduler: pure Python, no llama.cpp, testable with a fake vocab. Its
 contract with the loop (one schedule() and one update() per step): interfaces.StepScheduler.
 
-One token budget per step (`max_num_batched_tokens`), spent in this order:
-  1. one decode token for every slot generating (running streams never wait for a prefill);
-  2. prompt chunks for slots still prefilling (chunked prefill: a long prompt spreads over steps);
-  3. admission of waiting requests into idle slots (FairQueue order; past new long prompts
-     for a conversation's next turn while `max_long_prompts` run), while budget, slots,
-     `max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
-The cache is one pool (slots.py): every slot is guaranteed its share, a request may borrow
-beyond it. Room is checked first: idle slots' kept prefixes are dropped, then a borrower (else
-the most recently admitted sequence) is preempted: saved to the prompt cache, put back in the
-queue, restored later. A waiting request within its guarantee takes borrowed cells back.
-
-Shares between identities (API keys), `slot_share`: while another user waits, one user holds
-at most that many slots; admission skips a user at their share, and one above it gives their
-newest slot back (never their largest) when someone else arrives (slot_shares.py).
-The prompt cache (prompt_cache.py): a sequence a slot is about to lose (overwritten, dropped,
-preempted, or parked: an idle slot's, since every row attends over the whole pool) is saved
-first (StepPlan.saves), and restored for an admission whose longest cached prefix is there
-(Admission.restore). Speculative drafts (drafts.py) take the budget a step has left. Each is
-kept by a bookkeeper the scheduler asks (reuse.py: PrefixBook, DraftBook; pool_keeper.py).
+One token budget per step (`max_num_batched_tokens`), spent in this order: one decode token
+for every slot generating; prompt chunks for slots still prefilling (chunked prefill); then
+admission of waiting requests into idle slots (FairQueue order), while budget, slots,
+`max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
+The cache is one pool (slots.py, pool_keeper.py): every slot is guaranteed its share, a
+request may borrow beyond it, and a sequence preempted for room is saved to the prompt cache
+(prompt_cache.py) and restored later. Shares between identities (slot_shares.py): while
+another user waits, one user holds at most `slot_share` slots' worth of cells. Each concern
+is kept by a bookkeeper the scheduler asks (reuse.py: PrefixBook, DraftBook; PoolKeeper;
+SlotShares); the invariants are written in schedule() and pinned by tests.
 """
 
 from __future__ import annotations
@@ -35,6 +26,7 @@ from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.reuse import DraftBook, Placement, PrefixBook
 from localserve.engine.scheduler_stats import SchedulerStats
+from localserve.engine.scheduler_view import PoolLimits, SchedulerView, limits_of, view_of
 from localserve.engine.slot_shares import SlotShares
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
@@ -76,9 +68,18 @@ class Scheduler:
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
 
-    @property
-    def prompt_cache(self) -> PromptCache | None:
-        return self.prefixes.prompt_cache
+    # ---- what the rest reads (interfaces.StepScheduler; scheduler_view.py) -----------
+    def view(self, now: float) -> SchedulerView:
+        return view_of(self, now)
+
+    def limits(self) -> PoolLimits:
+        return limits_of(self)
+
+    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
+        return self.costly_grammars.refusal(user, grammar)
+
+    def keep_sequences(self, read_sequence) -> None:  # PrefixBook.keep_slots
+        self.prefixes.keep_slots(read_sequence)
 
     def drop_scope(self, scope: str) -> int:
         """A removed key's prompts, in idle slots and the prompt cache (PrefixBook)."""

@@ -122,21 +122,14 @@ class EngineSnapshot:
 
 
 def build_snapshot(loop, plan=None) -> EngineSnapshot:
-    """Read the loop's scheduler, pool and counters (on the loop thread, between steps)."""
-    sched, now = loop.scheduler, time.monotonic()
-    pool = sched.pool
-    slots = tuple(_slot_view(slot, pool, now) for slot in pool.slots)
-    oldest = sched.waiting.oldest_arrival()
-    waiting = tuple(WaitingView(r.request_id, r.user, i, round(now - r.arrival_time, 3),
-                                r.preemptions > 0)
-                    for i, r in zip(range(QUEUE_ROWS), sched.waiting))
-    stats = sched.stats
+    """The loop's scheduler's view (scheduler_view.py) and the loop's own counters, on the loop
+    thread between steps."""
+    view = loop.scheduler.view(time.monotonic())
+    stats = view.stats
     return EngineSnapshot(
-        slots=slots,
-        queue=QueueView(len(sched.waiting), loop.max_queue,
-                        round(now - oldest, 3) if oldest else 0.0, waiting),
-        cache=CacheView(pool.ctx_size, pool.used, pool.guarantee,
-                        sum(pool.borrowed(s) for s in pool.slots), _ram_view(sched.prompt_cache)),
+        slots=view.slots,
+        queue=QueueView(view.queue_length, loop.max_queue, view.oldest_wait_s, view.waiting),
+        cache=view.cache,
         engine=EngineCounters(
             alive=loop.failure is None and not loop.stopping, failure=loop.failure,
             steps=stats.steps, tokens_batched=stats.tokens_batched,
@@ -153,27 +146,6 @@ def build_snapshot(loop, plan=None) -> EngineSnapshot:
             prefix_cache_queries=stats.prefix_cache_queries,
             prefix_cache_hits=stats.prefix_cache_hits, draft_tokens=stats.draft_tokens,
             draft_tokens_accepted=stats.draft_tokens_accepted,
-            draft_held=sched.drafts.acceptance.view(), step_ms=sched.drafts.cost.view(),
+            draft_held=view.draft_held, step_ms=view.step_ms,
             busy_s=round(loop.busy_seconds, 3),
             llama_decode_s=round(loop.llama_decode_s, 3), sampling_s=round(loop.sampling_s, 3)))
-
-
-def _ram_view(cache) -> RamCacheView | None:
-    if cache is None:
-        return None
-    return RamCacheView(cache.max_bytes, cache.nbytes, len(cache.ram),
-                        cache.disk.max_bytes if cache.disk else 0, cache.disk_bytes,
-                        len(cache.on_disk), **dataclasses.asdict(cache.stats))
-
-
-def _slot_view(slot, pool, now: float) -> SlotView:
-    req = slot.request
-    return SlotView(
-        id=slot.slot_id, state=slot.state.value, n_ctx=slot.n_ctx, n_cached=slot.n_cached,
-        n_guaranteed=pool.guarantee, n_borrowed=pool.borrowed(slot),
-        request_id=req.request_id if req else None, user=req.user if req else None,
-        n_prompt_tokens=req.num_prompt_tokens if req else 0,
-        n_decoded=req.num_output_tokens if req else 0,
-        cached_tokens=req.cached_tokens if req else 0,
-        prefix_source=req.prefix_source if req else None,
-        age_s=round(now - req.arrival_time, 3) if req else None, is_processing=req is not None)

@@ -5,6 +5,7 @@ engine loop past it, so a change of engine shows here and nowhere else."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from localserve.models.chat_template import PromptPart
@@ -83,19 +84,16 @@ class HostFace:
     def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
         """Why this key's grammar is refused at once (the engine lately ended it as too
         costly), else None."""
-        return self.loop.scheduler.costly_grammars.refusal(user, grammar)
+        return self.loop.scheduler.grammar_refusal(user, grammar)
 
     # ---- the pool -----------------------------------------------------------------------------
     def pool_view(self) -> PoolView:
-        scheduler = self.loop.scheduler
-        pool = scheduler.pool
-        return PoolView(pool.ctx_size, len(pool.slots), pool.n_ctx_per_slot, pool.guarantee,
-                        pool.describe(), scheduler.budget, scheduler.max_num_seqs)
+        return PoolView(**dataclasses.asdict(self.loop.scheduler.limits()))
 
     @property
     def n_ctx_per_slot(self) -> int:
         """The most one request may use: the model's trained context, at most the pool."""
-        return self.loop.scheduler.pool.n_ctx_per_slot
+        return self.loop.scheduler.limits().n_ctx_per_slot
 
     @property
     def n_ctx_embedding(self) -> int:
@@ -105,8 +103,8 @@ class HostFace:
     def context_bound(self) -> str:
         """What bounds one request, in the words a refusal uses (never a slot's share: a
         request borrows past it)."""
-        pool, trained = self.loop.scheduler.pool, self.runner.n_ctx_train
-        if trained and pool.n_ctx_per_slot >= trained:
-            return f"this model's context is {pool.n_ctx_per_slot} tokens (what it was trained on)"
-        return (f"one request may use the whole cache pool, {pool.n_ctx_per_slot} tokens "
+        limits, trained = self.loop.scheduler.limits(), self.runner.n_ctx_train
+        if trained and limits.n_ctx_per_slot >= trained:
+            return f"this model's context is {limits.n_ctx_per_slot} tokens (what it was trained on)"
+        return (f"one request may use the whole cache pool, {limits.n_ctx_per_slot} tokens "
                 f"(raise -c for more; the model was trained on {trained})")

@@ -21,7 +21,6 @@ from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.models.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
-from localserve.engine.plan import SlotSave
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import TokenEvent
 from localserve.engine.policies import make_scheduler
@@ -181,8 +180,8 @@ class ModelHost(HostFace):
             log.info("context: %d tokens, %s", pool.ctx_size, context.why)
             log.info("cache pool: %s", pool.describe())
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
-                     "decodes), --max-num-seqs %d, --max-queue %s", scheduler.budget,
-                     scheduler.prefill_budget, scheduler.max_num_seqs, s.max_queue)
+                     "decodes), --max-num-seqs %d, --max-queue %s", budget,
+                     max(prefill_budget, budget), scheduler.limits().max_num_seqs, s.max_queue)
             if shares:
                 log.info("shares per key: %s queue places, %s slots while others wait, %s "
                          "requests/s (burst %d), prefix cache %s", s.queue_share(), s.slot_share(),
@@ -237,11 +236,7 @@ class ModelHost(HostFace):
         cache = self.prompt_cache
         if cache is None or cache.disk is None or self.loop is None or self.loop.is_alive():
             return
-        scheduler = self.loop.scheduler
-        scheduler.prefixes.keep([(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)),
-                                  *self.runner.read_sequence(slot.slot_id))
-                                 for slot in scheduler.pool.slots
-                                 if slot.cached and not cache.holds(slot.cached, slot.cache_scope)])
+        self.loop.scheduler.keep_sequences(self.runner.read_sequence)
         log.info("prompt cache: %d prompts written to %s", cache.spill(), cache.disk.folder)
 
     def unload(self) -> None:
