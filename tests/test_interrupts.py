@@ -166,13 +166,17 @@ def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_ag
     assert steps[2:4] == [(["title"], True), (["chat"], False)]
 
 
-def test_a_task_is_told_by_its_last_message_in_openais_shape_and_in_ollamas():
+def test_a_task_is_told_by_its_last_message():
     """What makes way for nobody (a frontend's task) and what steps of tasks make way for (any
-    other chat); Ollama's /api/chat asks with its own message dicts, before translating them."""
-    from localserve.api.serving import task_message
+    other chat), on the request every chat-shaped API is translated into (Ollama's too)."""
+    from localserve.api.schemas import ChatCompletionRequest
+    from localserve.api.serving import background_task
+
+    def last(role, content):
+        return background_task(ChatCompletionRequest(messages=[
+            {"role": "system", "content": "You help."}, {"role": role, "content": content}]))
 
     title = "### Task:\nGenerate a title.\n### Chat History:\n<chat_history>\nUSER: hi\n</chat_history>"
-    assert task_message("user", title) and task_message("user", "\n" + title)
-    assert not task_message("assistant", title) and not task_message(None, title)
-    assert not task_message("user", "### Task:\nno chat quoted")
-    assert not task_message("user", None) and not task_message("user", [title])
+    assert last("user", title) and last("user", "\n" + title)
+    assert not last("assistant", title) and not last("user", "### Task:\nno chat quoted")
+    assert not background_task(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]))

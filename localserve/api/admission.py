@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from localserve.api.auth import Caller, caller, require_key
-from localserve.api.schemas import OpenAIError, _Sampling
+from localserve.api.schemas import OpenAIError, SamplingBody
 from localserve.office.quotas import QuotaError, Reservation
 from localserve.office.ledger import Ledger
 from localserve.office.office import Office
@@ -53,7 +53,7 @@ class Admitted:
             return []
         return ["keep_alive"]
 
-    def user(self, body: _Sampling) -> str | None:
+    def user(self, body: SamplingBody) -> str | None:
         """Who is billed: the API key's name when keys are set, else the body's `user`."""
         return self.caller.user(body.user)
 

@@ -15,9 +15,6 @@ from localserve.api.chat_message import valid_text
 from localserve.api.prompt import check_size, check_token_ids
 from localserve.api.schemas import OpenAIError
 from localserve.engine.errors import DecodeError
-from localserve.engine.finish import FinishReason
-from localserve.engine.request import Request as EngineRequest
-from localserve.engine.request import SamplingParams, TokenEvent
 
 MAX_INPUTS = 256
 
@@ -30,7 +27,6 @@ class EmbeddingRequest(BaseModel):
     encoding_format: str = Field("float", pattern="^(float|base64)$")
     dimensions: int | None = None  # the first N of each vector, normalised again
     user: str | None = None
-    _truncate: bool = False  # Ollama's truncate: a long input is cut to fit, not refused
 
 
 def shortened(vector: list[float], dimensions: int | None) -> list[float]:
@@ -43,7 +39,7 @@ def shortened(vector: list[float], dimensions: int | None) -> list[float]:
     return [x / norm for x in cut] if norm > 0 else cut
 
 
-def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
+def _inputs(host, body: EmbeddingRequest, truncate: bool) -> list[list[int]]:
     raw = body.input
     if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):
         raw = [raw]
@@ -56,14 +52,14 @@ def _inputs(host, body: EmbeddingRequest) -> list[list[int]]:
                 text = valid_text(item, f"input[{i}]").encode()
             except ValueError as exc:  # an unpaired surrogate
                 raise OpenAIError(400, str(exc), param="input") from None
-            if body._truncate:  # no more than `most` tokens could spell, then `most` tokens
+            if truncate:  # no more than `most` tokens could spell, then `most` tokens
                 text = text[:(most + 1) * host.max_piece_bytes]
             check_size(host, 1, len(text), f"input[{i}]")
             tokens = host.tokenize(text.decode("utf-8", "ignore"), add_special=True,
                                    parse_special=False)
         else:
             tokens = check_token_ids(host, item, f"input[{i}]")
-        if body._truncate:
+        if truncate:
             tokens = tokens[:most]
         if not 0 < len(tokens) <= most:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
@@ -94,22 +90,19 @@ async def _embed_one(request: Request, host, embedder, tokens: list[int],
 
 
 async def embed(request: Request, admitted: Admitted, host, body: EmbeddingRequest,
-                endpoint: str) -> tuple[list[list[float]], int]:
-    """(a vector per input, the tokens embedded), billed to the caller like any answer."""
-    if body.dimensions is not None and not 0 < body.dimensions <= host.runner.n_embd:
-        raise OpenAIError(400, f"dimensions: 1 to {host.runner.n_embd} (this model's vectors "
-                          f"have {host.runner.n_embd}), not {body.dimensions}",
-                          param="dimensions")
+                endpoint: str, truncate: bool = False) -> tuple[list[list[float]], int]:
+    """(a vector per input, the tokens embedded), billed to the caller like any answer.
+    `truncate` (Ollama's): a long input is cut to fit, not refused."""
+    if body.dimensions is not None and not 0 < body.dimensions <= host.n_embd:
+        raise OpenAIError(400, f"dimensions: 1 to {host.n_embd} (this model's vectors "
+                          f"have {host.n_embd}), not {body.dimensions}", param="dimensions")
     arrived = time.monotonic()
     with host.embedding_running():  # in flight from its first input to its last: a drain waits
-        inputs = await run_in_threadpool(_inputs, host, body)
-        embedder = await run_in_threadpool(host.runner.embedder, host.kind == "embedding")
+        inputs = await run_in_threadpool(_inputs, host, body, truncate)
+        embedder = await run_in_threadpool(host.embedder)
         user = admitted.user(body)
         vectors = [shortened(await _embed_one(request, host, embedder, tokens, user),
                              body.dimensions) for tokens in inputs]
     n_tokens = sum(len(t) for t in inputs)
-    billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
-                           endpoint=endpoint)
-    billed.admitted_time = arrived
-    host.bill(billed, TokenEvent("", finish_reason=FinishReason.STOP, prompt_tokens=n_tokens))
+    host.bill_embedding(user, endpoint, arrived, n_tokens)
     return vectors, n_tokens

@@ -27,7 +27,7 @@ from sse_starlette.sse import EventSourceResponse
 from localserve import __version__
 from localserve.api.answer import (FAILED_REASON, ChoiceReader, Choices, Failed, Finish, Text,
                                    Thought, ToolCalls, joined_content, read, whole_answers)
-from localserve.api.schemas import _Sampling
+from localserve.api.schemas import SamplingBody
 from localserve.api.structured import ToolPlan
 
 
@@ -61,7 +61,7 @@ async def respond_with(collect, events, stream: Choices, request: Request,
 
 
 class Reply:
-    def __init__(self, kind: str, model: str, body: _Sampling, fingerprint: str,
+    def __init__(self, kind: str, model: str, body: SamplingBody, fingerprint: str,
                  tools: ToolPlan | None = None, piece=None, reasoning: bool = False):
         self.kind, self.model, self.body, self.tools = kind, model, body, tools
         # <think> blocks to reasoning_content (api/reasoning.py); not in tool answers (JSON)

@@ -17,12 +17,12 @@ from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
-from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, _Sampling
+from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, SamplingBody
 
 router = APIRouter()
 
 
-class NativeCompletion(_Sampling):
+class NativeCompletion(SamplingBody):
     refused: ClassVar[dict] = {k: v for k, v in UNSUPPORTED.items() if k != "n_probs"}
 
     prompt: str | list[int] = ""

@@ -32,8 +32,9 @@ from localserve.api.embedding import EmbeddingRequest, embed
 from localserve.api.ollama_model import show, tags_entry
 from localserve.api.ollama_reply import OllamaReply, now_iso
 from localserve.api.replies import ignored_header
-from localserve.api.schemas import CompletionRequest, OpenAIError, translated_chat
-from localserve.api.serving import chat_tokens, reasons, submit, task_message
+from localserve.api.schemas import (ChatCompletionRequest, CompletionRequest, OpenAIError,
+                                    translated_chat)
+from localserve.api.serving import queue_chat, reasons, submit
 
 router = APIRouter(prefix="/api")  # runs a model: admitted (app.py)
 catalog_router = APIRouter(prefix="/api")  # what is served, and model management's 501s
@@ -176,13 +177,9 @@ def thinking(body: OllamaBody, host) -> bool:
     return body.think is not False
 
 
-def as_chat(body: OllamaBody, messages: list[dict], fields: dict, num_ctx: int | None, host):
-    # A num_ctx above what one request may use here is held to it, as Ollama does: a prompt
-    # that does not fit is refused naming the real bound (serving.submit).
-    chat = translated_chat({"model": body.model, "messages": messages, **fields,
+def as_chat(body: OllamaBody, messages: list[dict], fields: dict) -> ChatCompletionRequest:
+    return translated_chat({"model": body.model, "messages": messages, **fields,
                             "tools": getattr(body, "tools", None) or None, "stream": body.stream})
-    chat._context_limit = num_ctx
-    return chat
 
 
 def loaded_or_unloaded(admitted: Admitted, body: OllamaBody, host, keep_alive: float | None,
@@ -217,11 +214,10 @@ async def chat(body: ChatBody, request: Request,
         if not body.messages:  # Ollama's way to load a model: an empty chat
             return loaded_or_unloaded(admitted, body, host, keep_alive, {"message": {
                 "role": "assistant", "content": ""}})
-        with host.chat_on_its_way(task_message(body.messages[-1].get("role"),
-                                               body.messages[-1].get("content"))):
-            chat_request = as_chat(body, chat_messages(body.messages), fields, num_ctx, host)
-            tokens, grammar, plan = await chat_tokens(host, chat_request)
-            stream = submit(admitted, host, tokens, chat_request, grammar, "/api/chat")
+        # A num_ctx above what one request may use here is held to it, as Ollama does: a
+        # prompt that does not fit is refused naming the real bound (serving.submit).
+        stream, plan = await queue_chat(admitted, host, as_chat(
+            body, chat_messages(body.messages), fields), "/api/chat", num_ctx)
     ignored += admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, True, plan, reasons(host), show_thinking, started, loaded)
     return await respond(reply, stream, request, body.stream, ignored)
@@ -252,15 +248,13 @@ async def generate(body: GenerateBody, request: Request,
             plan = None  # Ollama's default num_predict is no limit: max_tokens None, not 16
             completion = translated_chat({"prompt": body.prompt or " ", "max_tokens": None,
                                           **fields}, CompletionRequest)
-            completion._context_limit = num_ctx
             tokens, grammar = await raw_tokens(host, body), await grammar_of(host, completion)
-            stream = submit(admitted, host, tokens, completion, grammar, "/api/generate")
+            stream = submit(admitted, host, tokens, completion, grammar, "/api/generate", num_ctx)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) \
                 + [{"role": "user", "content": body.prompt}]
-            chat_request = as_chat(body, messages, fields, num_ctx, host)
-            tokens, grammar, plan = await chat_tokens(host, chat_request)
-            stream = submit(admitted, host, tokens, chat_request, grammar, "/api/generate")
+            stream, plan = await queue_chat(admitted, host, as_chat(body, messages, fields),
+                                            "/api/generate", num_ctx)
     ignored += admitted.keep_alive(body.model, keep_alive)
     reply = OllamaReply(host.model_id, False, plan, reasons(host) and not body.raw,
                         show_thinking, started, loaded)
@@ -297,8 +291,7 @@ async def embed_route(body: EmbedBody, request: Request,
     async with admitted.lease(body.model, kind="embedding") as host:
         loaded = time.monotonic()
         asked = EmbeddingRequest(input=body.input, model=body.model, dimensions=body.dimensions)
-        asked._truncate = body.truncate
-        vectors, n_tokens = await embed(request, admitted, host, asked, "/api/embed")
+        vectors, n_tokens = await embed(request, admitted, host, asked, "/api/embed", body.truncate)
     admitted.keep_alive(body.model, keep_alive)
     return {"model": host.model_id, "embeddings": vectors,
             "total_duration": int((time.monotonic() - started) * 1e9),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import (BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator,
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, field_validator,
                       model_validator)
 
 from localserve.api.chat_message import TOOL_NAME, ChatMessage, valid_text
@@ -95,19 +95,12 @@ class NamedToolChoice(BaseModel):
     function: NamedFunction
 
 
-class _Sampling(BaseModel):
+class SamplingBody(BaseModel):
     """Fields shared by chat and text completions (OpenAI names plus llama-server's extras)."""
 
     model_config = ConfigDict(extra="allow")
 
     refused: ClassVar[dict] = UNSUPPORTED  # a route that implements one of them narrows it
-    # A context smaller than the slot that the client asked for (Ollama's num_ctx): the prompt
-    # and the answer must fit in it. Set by an adapter, never from the body.
-    _context_limit: int | None = PrivateAttr(None)
-
-    @property
-    def context_limit(self) -> int | None:
-        return self._context_limit
 
     @model_validator(mode="before")
     @classmethod
@@ -122,6 +115,18 @@ class _Sampling(BaseModel):
     @property
     def ignored_fields(self) -> list[str]:
         return sorted(self.model_extra or {})
+
+    @property
+    def token_limit(self) -> int | None:
+        """The most the answer may be, from each shape's own fields (max_tokens here;
+        max_completion_tokens, n_predict); None: no bound sent."""
+        return self.max_tokens
+
+    @property
+    def logprob_n(self) -> int | None:
+        """How many alternatives each token reports, None for no logprobs (each shape's
+        own fields: logprobs and top_logprobs, n_probs)."""
+        return None
 
     response_format: ResponseFormat | None = None
     json_schema: dict | None = None  # llama-server's spelling of a schema constraint
@@ -237,7 +242,7 @@ class PromptEnding(BaseModel):
                 and last.role == "assistant" and not last.tool_calls and bool(last.content))
 
 
-class ChatCompletionRequest(_Sampling, PromptEnding):
+class ChatCompletionRequest(SamplingBody, PromptEnding):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # Variables for the chat template (vLLM's and llama-server's chat_template_kwargs, e.g.
@@ -280,7 +285,7 @@ class ChatCompletionRequest(_Sampling, PromptEnding):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(SamplingBody):
     prompt: str | list[int] | list[str]
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -300,10 +305,6 @@ class CompletionRequest(_Sampling):
         if isinstance(value, list) and not value:
             raise ValueError("prompt must not be empty")
         return valid_text(value, "prompt") if isinstance(value, str) else value
-
-    @property
-    def token_limit(self) -> int | None:
-        return self.max_tokens
 
 
 def translated_chat(fields: dict, kind: type[BaseModel] | None = None) -> ChatCompletionRequest:

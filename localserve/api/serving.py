@@ -15,7 +15,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
 from localserve.api.reasoning import uses_reasoning
-from localserve.api.schemas import ChatCompletionRequest, OpenAIError, _Sampling
+from localserve.api.schemas import ChatCompletionRequest, OpenAIError, SamplingBody
 from localserve.common.config import Settings
 from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
@@ -31,7 +31,7 @@ SERVER_DEFAULTS = {"temperature": "temp", "top_k": "top_k", "top_p": "top_p", "s
 def server_defaults(server: Settings) -> dict:
     """What a request that leaves these fields out gets (shown in /props)."""
     return {field: getattr(server, flag) if getattr(server, flag) is not None
-            else _Sampling.model_fields[field].default for field, flag in SERVER_DEFAULTS.items()}
+            else SamplingBody.model_fields[field].default for field, flag in SERVER_DEFAULTS.items()}
 
 
 # Open WebUI's background tasks (a chat's title, its tags, follow-ups, search queries): each
@@ -39,22 +39,19 @@ def server_defaults(server: Settings) -> dict:
 TASK_OPENING, TASK_QUOTE = "### Task:", "<chat_history>"
 
 
-def background_task(body: _Sampling) -> bool:
+def background_task(body: SamplingBody) -> bool:
     """A frontend's background task, told by its prompt's shape (what Open WebUI forwards says
     nothing else of it). A client that dresses a request so only gets it served after every
     chat, with a small default answer: nothing to gain."""
     messages = getattr(body, "messages", None)
-    return bool(messages) and task_message(messages[-1].role, messages[-1].text)
-
-
-def task_message(role: object, text: object) -> bool:
-    """A last message shaped as Open WebUI's task prompts are (Ollama's chat asks with its own
-    message dicts)."""
+    if not messages:
+        return False
+    role, text = messages[-1].role, messages[-1].text
     return role == "user" and isinstance(text, str) and text.lstrip().startswith(TASK_OPENING) \
         and TASK_QUOTE in text
 
 
-def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | None = None,
+def sampling_params(body: SamplingBody, n_prompt: int, n_ctx: int, grammar: str | None = None,
                     server: Settings | None = None, background: bool = False) -> SamplingParams:
     """The engine's sampling settings: the body's, else the server's defaults, else OpenAI's.
     An answer the body does not bound gets the server's -n, else the room left in its
@@ -78,12 +75,12 @@ def sampling_params(body: _Sampling, n_prompt: int, n_ctx: int, grammar: str | N
         logit_bias=logit_bias(body), **chosen)
 
 
-def logit_bias(body: _Sampling) -> tuple[tuple[int, float], ...]:
+def logit_bias(body: SamplingBody) -> tuple[tuple[int, float], ...]:
     """OpenAI's {token id: bias} (ids checked against the vocabulary by submit)."""
     return tuple(sorted((int(token), bias) for token, bias in (body.logit_bias or {}).items()))
 
 
-def tools_share(host: ModelHost, body: _Sampling) -> str:
+def tools_share(host: ModelHost, body: SamplingBody) -> str:
     """What the tools sent take of a prompt too long for its slot (frontends such as Open
     WebUI send a dozen built-in tools with every chat): said in the refusal."""
     tools = getattr(body, "tools", None)
@@ -101,17 +98,19 @@ def tools_share(host: ModelHost, body: _Sampling) -> str:
 REFUSED_AGAIN_DELAY_S = 1.0
 
 
-def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: _Sampling,
-           grammar: str | None = None, endpoint: str = "") -> ChoiceStreams:
+def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: SamplingBody,
+           grammar: str | None = None, endpoint: str = "",
+           context_limit: int | None = None) -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
-    is held against the key's token quotas first."""
+    is held against the key's token quotas first. `context_limit`: a context smaller than one
+    request may use, that the client asked for (Ollama's num_ctx); prompt and answer fit in it."""
     user = admitted.user(body)
     refused = host.grammar_refusal(user, grammar)
     if refused:  # sent again after the engine ended it: answered late, at no cost (tarpit)
         raise OpenAIError(400, refused, code="grammar_cost", param="grammar",
                           delay_s=REFUSED_AGAIN_DELAY_S)
-    n_ctx = min(host.n_ctx_per_slot, body.context_limit or host.n_ctx_per_slot)
+    n_ctx = min(host.n_ctx_per_slot, context_limit or host.n_ctx_per_slot)
     if not tokens:
         raise OpenAIError(400, "The prompt is empty: there is nothing to continue.", param="prompt")
     if len(tokens) >= n_ctx < host.n_ctx_per_slot:
@@ -175,9 +174,16 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
 
 
 async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):
-    """Admit and queue a chat request: (its model's host, its streams, its tool plan). The
-    one path for every chat-shaped API (OpenAI chat, Anthropic Messages)."""
+    """Admit and queue a chat request: (its model's host, its streams, its tool plan)."""
     async with admitted.lease(body.model) as host:
-        with host.chat_on_its_way(background_task(body)):
-            tokens, grammar, plan = await chat_tokens(host, body)
-            return host, submit(admitted, host, tokens, body, grammar, endpoint), plan
+        return (host, *await queue_chat(admitted, host, body, endpoint))
+
+
+async def queue_chat(admitted: Admitted, host: ModelHost, body: ChatCompletionRequest,
+                     endpoint: str, context_limit: int | None = None):
+    """Tokenize and queue a chat on a leased model: (its streams, its tool plan). The one path
+    for every chat-shaped API: OpenAI's chat, Anthropic's Messages and Responses through
+    start_chat, Ollama's chat and generate inside their own lease (which may only load)."""
+    with host.chat_on_its_way(background_task(body)):
+        tokens, grammar, plan = await chat_tokens(host, body)
+        return submit(admitted, host, tokens, body, grammar, endpoint, context_limit), plan

@@ -28,7 +28,7 @@ from localserve.api import tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schema_patterns import PatternError, plain_patterns
 from localserve.api.tool_formats import NativeFormat
-from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, _Sampling
+from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, SamplingBody
 from localserve.models.model_host import ModelHost
 
 MAX_SCHEMA_BYTES = 64 * 1024  # a schema (or all tools' schemas) as JSON
@@ -134,7 +134,7 @@ class CheckedGrammars:
 CHECKED = CheckedGrammars()
 
 
-def request_grammar(host: ModelHost, body: _Sampling) -> str | None:
+def request_grammar(host: ModelHost, body: SamplingBody) -> str | None:
     """The grammar for response_format / json_schema / grammar (at most one of them)."""
     fmt = body.response_format
     sources = [name for name, present in (

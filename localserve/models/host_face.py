@@ -100,6 +100,16 @@ class HostFace:
         """The most one embedding input may hold: one slot's share of the pool."""
         return self.runner.n_ctx_embedding
 
+    @property
+    def n_embd(self) -> int:
+        """The length of this model's vectors."""
+        return self.runner.n_embd
+
+    def embedder(self):
+        """The model's embedder (engine/runner/embeddings.py; made on first use, blocking:
+        call it on a worker thread): `embed(tokens)` gives one input's vector."""
+        return self.runner.embedder(self.kind == "embedding")
+
     def context_bound(self) -> str:
         """What bounds one request, in the words a refusal uses (never a slot's share: a
         request borrows past it)."""

@@ -22,7 +22,8 @@ from localserve.models.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
 from localserve.engine.request import Request as EngineRequest
-from localserve.engine.request import TokenEvent
+from localserve.engine.request import SamplingParams, TokenEvent
+from localserve.engine.finish import FinishReason
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
@@ -70,12 +71,19 @@ class ModelHost(HostFace):
         self._embeddings_running = 0  # requests embedding now: a drain waits for them
         self.ended = False  # the drain ran out (end_work): no input starts any more
 
-    def bill(self, request: EngineRequest, event: TokenEvent) -> None:
-        """A request answered outside the engine loop (an embedding): its finished event goes
-        to the loop's observers (metrics, per-key counters, ledger), which bill every answer."""
-        if self.loop is not None:
-            for observer in self.loop.observers:
-                observer.on_event(request, event)
+    def bill_embedding(self, user: str | None, endpoint: str, arrived: float,
+                       n_tokens: int) -> None:
+        """An embedding request, answered outside the engine loop: billed as a finished answer
+        of `n_tokens` prompt tokens to the loop's observers (metrics, per-key counters,
+        ledger), which bill every answer."""
+        if self.loop is None:
+            return
+        billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
+                               endpoint=endpoint)
+        billed.admitted_time = arrived
+        event = TokenEvent("", finish_reason=FinishReason.STOP, prompt_tokens=n_tokens)
+        for observer in self.loop.observers:
+            observer.on_event(billed, event)
 
     def context_choice(self, model_path: str | Path) -> ContextChoice:
         """The pool's size (-c, else fitted from the model and the machine), chosen once."""
