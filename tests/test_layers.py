@@ -177,12 +177,17 @@ def test_only_the_slot_edits_what_its_cache_holds():
 
 def scheduler_names_used(source: str) -> set[str]:
     """Every name the code reaches through a `.scheduler` handle (`self.scheduler.x`,
-    `loop.scheduler.x`, `self.loop.scheduler.x`) or a variable named `scheduler`."""
+    `loop.scheduler.x`, `self.loop.scheduler.x`), a variable named `scheduler`, or any name
+    given such a handle (`s = self.scheduler; s.x`)."""
+    tree = ast.parse(source)
+    aliases = {"scheduler"} | {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                               and isinstance(node.value, ast.Attribute) and node.value.attr == "scheduler"
+                               for target in node.targets if isinstance(target, ast.Name)}
     used = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and (
                 isinstance(node.value, ast.Attribute) and node.value.attr == "scheduler"
-                or isinstance(node.value, ast.Name) and node.value.id == "scheduler"):
+                or isinstance(node.value, ast.Name) and node.value.id in aliases):
             used.add(node.attr)
     return used
 
@@ -217,6 +222,45 @@ def test_nothing_outside_the_scheduler_reads_past_its_protocol():
             for path in PACKAGE.rglob("*.py") if path.name not in own}
     assert {path: names for path, names in past.items() if names} == {}
     assert scheduler_names_used("pool = self.loop.scheduler.pool") == {"pool"}  # a break, seen
+    assert scheduler_names_used("s = self.loop.scheduler\nn = s.waiting") == {"waiting"}  # aliased
+
+
+def imported_names(source: str, module: str) -> set[str]:
+    return {alias.name for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.ImportFrom) and node.module == module for alias in node.names}
+
+
+def test_writers_take_only_answer_pys_own_names_from_it():
+    """answer.py reads the engine's events for every writer; a writer that imported an engine
+    name through it (TokenEvent, ChoiceStreams...) would depend on the engine unseen."""
+    answer = ast.parse((PACKAGE / "api" / "answer.py").read_text())
+    own = {node.name for node in answer.body if isinstance(node, (ast.ClassDef, ast.FunctionDef,
+                                                                  ast.AsyncFunctionDef))}
+    own |= {t.id for node in answer.body if isinstance(node, ast.Assign) for t in node.targets
+            if isinstance(t, ast.Name)}
+    taken = {str(path.relative_to(PACKAGE)): imported_names(path.read_text(), "localserve.api.answer") - own
+             for path in PACKAGE.rglob("*.py")}
+    assert {path: names for path, names in taken.items() if names} == {}
+    assert imported_names("from localserve.api.answer import TokenEvent, Text",
+                          "localserve.api.answer") - own == {"TokenEvent"}  # a break, seen
+
+
+def host_internals_named(source: str) -> set[str]:
+    """`host.runner`, `host.loop` (or through `x.host`): the model host's insides, which only
+    its face (models/host_face.py) reads."""
+    def is_host(node) -> bool:
+        return isinstance(node, ast.Name) and node.id == "host" \
+            or isinstance(node, ast.Attribute) and node.attr == "host"
+    return {node.attr for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Attribute)
+            and node.attr in ("runner", "loop") and is_host(node.value)}
+
+
+def test_the_http_side_reaches_no_runner_or_loop_past_the_hosts_face():
+    named = {str(path.relative_to(PACKAGE)): host_internals_named(path.read_text())
+             for path in (PACKAGE / "api").rglob("*.py")}
+    assert {path: names for path, names in named.items() if names} == {}
+    assert host_internals_named("n = host.runner.n_embd") == {"runner"}  # a break, seen
+    assert host_internals_named("s = self.host.loop.snapshot") == {"loop"}
 
 
 MAX_MODULE_LINES = 400  # DEVELOPERS' layout: no module past 400 lines

@@ -30,7 +30,7 @@ import asyncio
 import time
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import AsyncIterator, Union
+from typing import AsyncIterator, Protocol, Union
 
 from fastapi import Request
 
@@ -43,7 +43,16 @@ from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import TokenEvent
 from localserve.engine.streams import ChoiceStreams
 
-Choices = ChoiceStreams
+
+class Answers(Protocol):
+    """One request's choices as a writer holds them (engine/streams.ChoiceStreams): how many,
+    whether all ended, and a cancel for a client gone. Only answer.py reads their events."""
+
+    @property
+    def n(self) -> int: ...
+    @property
+    def finished(self) -> bool: ...
+    def cancel(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -90,6 +99,12 @@ class Finish:
     usage: Usage
     timings: Timings
     tokens: tuple[int, ...]  # the answer's token ids
+
+    @property
+    def cut(self) -> bool:
+        """Cut at its token limit or its context (finish_reason "length", stop_type "limit"):
+        the one test every writer asks."""
+        return self.reason == "length"
 
 
 def finish(reason: str, event: TokenEvent, request: EngineRequest, reasoning: int) -> Finish:

@@ -60,7 +60,7 @@ class OllamaReply:
 
     def _final(self, end: Finish, **whole) -> dict:
         return {**self._line(**whole), "done": True,
-                "done_reason": "length" if end.reason == "length" else "stop",
+                "done_reason": "length" if end.cut else "stop",
                 "total_duration": ns(time.monotonic() - self.started),
                 "load_duration": ns(self.loaded - self.started),
                 "prompt_eval_count": end.usage.prompt,

@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
-from localserve.api.answer import (FAILED_REASON, ChoiceReader, Choices, Failed, Finish, Text,
+from localserve.api.answer import (FAILED_REASON, Answers, ChoiceReader, Failed, Finish, Text,
                                    Thought, ToolCalls, joined_content, read, whole_answers)
 from localserve.api.schemas import SamplingBody
 from localserve.api.structured import ToolPlan
@@ -48,7 +48,7 @@ def ignored_header(names: list[str]) -> dict | None:
     return {"X-Ignored-Fields": header_list(names)} if names else None
 
 
-async def respond_with(collect, events, stream: Choices, request: Request,
+async def respond_with(collect, events, stream: Answers, request: Request,
                        streaming: bool, headers: dict | None, ping: int = 10):
     """One JSON body (`await collect(stream, request)`) or the SSE of `events(stream)`."""
     if not streaming:
@@ -76,7 +76,7 @@ class Reply:
     def chat(self) -> bool:
         return self.kind == "chat.completion"
 
-    async def respond(self, stream: Choices, request: Request):
+    async def respond(self, stream: Answers, request: Request):
         """SSE or one JSON body; fields nobody defines are named in X-Ignored-Fields."""
         return await respond_with(self.collect, self.sse, stream, request, self.body.stream,
                                   ignored_header(self.body.ignored_fields), ping=15)
@@ -117,7 +117,7 @@ class Reply:
     def readers(self, n: int) -> list[ChoiceReader]:
         return [ChoiceReader(self.tools, self.reasoning) for _ in range(n)]
 
-    async def sse(self, stream: Choices):
+    async def sse(self, stream: Answers):
         """Each choice's chunks carry its index; they interleave as the choices progress."""
         n = stream.n
         readers = self.readers(n)
@@ -160,7 +160,7 @@ class Reply:
             yield self._chunk([self._delta(i, {"tool_calls": [{"index": index, **call}]})])
 
     # ---- one response ------------------------------------------------------------------
-    async def collect(self, stream: Choices, request: Request) -> dict:
+    async def collect(self, stream: Answers, request: Request) -> dict:
         answers = await whole_answers(stream, self.readers(stream.n), request)
         return {"id": self.id, "object": self.kind, "created": self.created, "model": self.model,
                 "system_fingerprint": self.fingerprint,

@@ -62,7 +62,7 @@ class ResponseReply:
 
     def _response(self, status: str, output: list, end: Finish | None = None) -> dict:
         body = self.body
-        cut = end is not None and end.stop == "limit"
+        cut = end is not None and end.cut
         used = end.usage.completion if end is not None else 0
         return {"id": self.id, "object": "response", "created_at": self.created,
                 "status": "incomplete" if cut and status == "completed" else status,

@@ -69,7 +69,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     if not is_admin(request):
         hide_others(snap, caller(request).key)
     if view is None:
-        spec = host.settings.spec != "off"
+        spec = host.settings.drafting
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
                  "next_token": {"has_next_token": row["is_processing"],
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
@@ -172,7 +172,7 @@ async def props(request: Request, model: str | None = None):
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
             "task_max_tokens": s.task_max_tokens,
-            "speculative": s.spec != "off"}},
+            "speculative": s.drafting}},
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": pool.max_num_batched_tokens,
                       "max_num_seqs": pool.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},

@@ -98,6 +98,11 @@ class Settings:
     memory_budget: str | None = None  # cap on loaded models' estimated memory, e.g. 6G
     memory_check: bool = True
 
+    @property
+    def drafting(self) -> bool:
+        """Speculative decoding on (--spec ngram): the one test of it."""
+        return self.spec != "off"
+
     def step_token_budget(self, gpu_offload: bool = False) -> int:
         """Tokens per engine step: the prefill-vs-smoothness knob. Measured on 2 CPU cores
         (README, Performance): 64 keeps the worst stall of running streams near 0.5 s but

@@ -168,7 +168,7 @@ class ModelHost(HostFace):
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
                                        prompt_cache=self.prompt_cache,
-                                       speculative=s.spec == "ngram",
+                                       speculative=s.drafting,
                                        max_long_prompts=s.max_long_prompts)
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
@@ -205,7 +205,7 @@ class ModelHost(HostFace):
     def _pool(self, context: ContextChoice) -> SlotPool:
         """One pool of the context llama.cpp made (it may round -c up), each slot guaranteed
         its share; one request may use the model's trained context, at most the pool."""
-        s, made = self.settings, self.runner.n_ctx_per_slot  # unified: the whole pool
+        s, made = self.settings, self.runner.n_ctx_seq  # unified: the whole pool
         if made != context.ctx_size:
             log.info("llama.cpp made a cache of %d tokens for -c %d", made, context.ctx_size)
         trained = self.runner.n_ctx_train
