@@ -410,3 +410,18 @@ def test_invariant_11_a_new_chat_starts_beside_a_colleagues_long_prompt():
     assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 32, "bob": 30}
     plan, _ = step(sched, runner)  # nobody waits: her prompt has the step again
     assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 63, "bob": 1}
+
+
+def test_invariant_11_no_budget_is_kept_for_a_chat_that_cannot_start_yet():
+    """Carol's chat waits with a slot free but no room in the pool for her prompt: alice's
+    prompt keeps the whole step (half of it went unused every step before: colleagues'
+    documents ran at 0.96x llama-server)."""
+    sched = Scheduler(SlotPool(1200, 4, n_ctx_seq=1200), FakeVocab(), 64)
+    runner = PositionalRunner(1200)
+    sched.add(request("alice", range(1, 1001), max_tokens=5, user="alice"))
+    for _ in range(13):  # 832 of her 1,000 tokens in the pool: 368 cells free
+        step(sched, runner)
+    sched.add(request("carol", range(2000, 2400), max_tokens=5, user="carol"))
+    plan, _ = step(sched, runner)
+    assert not plan.admitted and sched.pool.free < 400
+    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 64}

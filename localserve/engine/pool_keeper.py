@@ -69,6 +69,12 @@ class PoolKeeper:
             self.drop(plan, victim)
         return True
 
+    def fits_now(self, plan: StepPlan, req: Request, where) -> bool:
+        """Whether `req`, placed at `where` (reuse.Placement), fits this step's free cells and
+        idle slots' kept prefixes (room_to_admit drops those for it)."""
+        idle = sum(s.n_cached for s in self.pool.slots if not s.busy)
+        return len(req.all_tokens) - where.keep < self.room(plan) + idle
+
     def reclaim_guarantee(self, plan: StepPlan, req: Request | None) -> int:
         """The next request to admit fits a slot's guarantee but not the free cells: take them
         back from borrowers, the one borrowing most first. Returns the cells kept back for it

@@ -118,9 +118,7 @@ class Scheduler:
         return [self.abort(r.request_id, FinishReason.TIMEOUT, message)
                 for r in self.waiting.overdue(max_wait_s, now)]
 
-    @property
-    def running(self) -> list[Slot]:
-        return self.cells.running
+    running = property(lambda self: self.cells.running)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.held) or any(s.busy for s in self.pool.slots)
@@ -160,7 +158,8 @@ class Scheduler:
            next turn (its prompt cached) is admitted past the long ones waiting.
         11. A waiting request that cannot fit in the pool yet (and was never preempted: 2) is
            passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
-           chat waits with a slot free, prompts computing leave it half the step's budget.
+           chat waits that a free slot and the cells can take, prompts computing leave it half
+           the step's budget (none for one that cannot start: that half would go unused).
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         self.cells.make_room_for_decode(plan)
@@ -184,8 +183,9 @@ class Scheduler:
         if not chats and not self.waiting.has_foreground():  # tasks only: a small step (9)
             budget = min(budget, BACKGROUND_STEP_TOKENS)
         budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
-        kept = budget // 2 if self.waiting.has_foreground() and len(running) < min(
-            self.max_num_seqs, len(self.pool.slots)) else 0  # a chat waits, a slot is free (11)
+        kept = budget // 2 if chosen and not chosen[0].background and len(running) < min(
+            self.max_num_seqs, len(self.pool.slots)) and self.cells.fits_now(plan, *chosen) \
+            else 0  # a chat waits that a free slot and the cells can take now (11)
         budget = kept + self._chunks(plan, chats, SlotState.PREFILL, budget - kept, reserved)
         budget = self._admit_waiting(plan, budget, tasks_too=False)
         for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)  # the tasks' share, admissions too
