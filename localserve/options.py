@@ -56,7 +56,10 @@ GROUPS: dict[str, list[Option]] = {
                "keeps serving"),
         Option("memory_budget", ("--memory-budget",), "cap on the loaded models' memory, e.g. 6G",
                "free memory"),
-        Option("model_alias", ("--alias",), "model id to report in /v1/models", "the file stem"),
+        Option("model_alias", ("--alias",), "model id to report in /v1/models; several, "
+               "comma-separated, as llama-server takes them: the first in sorted order is the "
+               "id, all are listed as `aliases`", "the file stem"),
+        Option("model_tags", ("--tags",), "comma-separated tags listed in /v1/models (llama-server's)"),
         Option("memory_check", ("--no-memory-check",), "load even if the model and cache look "
                "larger than free memory"),
     ],

@@ -11,7 +11,8 @@ from conftest import running
 @pytest.fixture(scope="module")
 def srv():
     with running("-c", "1024", "-np", "2", "-t", "2", "--temp", "0", "-n", "6",
-                 "--chat-template", "llama3", *LLAMA_SERVER_ALWAYS, log_name="knobs") as server:
+                 "--chat-template", "llama3", "--alias", "tinyllama-2,fim,code", "--tags",
+                 "chat,fim,small", *LLAMA_SERVER_ALWAYS, log_name="knobs") as server:
         yield server
 
 
@@ -24,6 +25,15 @@ def test_llama_servers_flags_for_what_is_always_on_start_it_and_are_said_to_chan
     for flag in ("--kv-unified", "--cont-batching", "--jinja", "--metrics", "--slots"):
         assert f"{flag}: nothing to change" in line
     assert httpx.get(srv.url + "/metrics").status_code == 200
+
+
+def test_aliases_and_tags_are_listed_as_llama_servers_own_test_reads_them(srv):
+    """llama-server's tests/unit/test_basic.py: --alias takes several names (the id is the
+    first in sorted order), --tags some tags, and /models lists both."""
+    model = httpx.get(srv.url + "/models").json()["data"][0]
+    assert set(model["aliases"]) == {"tinyllama-2", "fim", "code"}
+    assert set(model["tags"]) == {"chat", "fim", "small"} and model["id"] == "code"
+    assert httpx.get(srv.url + "/v1/models/fim").json()["id"] == "code"
 
 
 def post(srv, path, body):

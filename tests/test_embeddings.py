@@ -48,6 +48,26 @@ def test_base64_token_ids_and_refusals(server):
     assert httpx.post(server.url + "/embeddings", json={"input": "hi"}).status_code == 200
 
 
+def test_llama_servers_mixed_and_object_inputs_as_its_own_test_sends_them(server):
+    """llama-server's tests/unit/test_embedding.py: token ids with text mixed in (one input),
+    a list of strings and token lists (one input each), objects with prompt_string or text
+    parts (the same vector as the string); an image part or a bare content string refused."""
+    url = server.url + "/v1/embeddings"
+    for body, n in (([12, 34, "string", 56, 78], 1), (["string1", [12, 34, 56]], 2),
+                    ([[12, 34, 56], [12, "string", 34, 56]], 2), ({"prompt_string": "string"}, 1),
+                    (["string1", {"prompt_string": "string2"},
+                      {"content": [{"type": "text", "text": "string3"}]}], 3)):
+        r = httpx.post(url, json={"input": body}, timeout=60)
+        assert r.status_code == 200 and len(r.json()["data"]) == n, (body, r.text)
+    same = httpx.post(url, json={"input": ["hello world", {"content": [
+        {"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}]}).json()["data"]
+    assert same[0]["embedding"] == same[1]["embedding"]
+    for body in ({"content": "string"}, {"content": [{"type": "unknown"}]},
+                 {"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}):
+        r = httpx.post(url, json={"input": body})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "input", body
+
+
 def test_similar_meanings_are_closer(server):
     data = httpx.post(server.url + "/v1/embeddings", timeout=60, json={
         "input": ["a cat", "a kitten", "quarterly revenue"]}).json()["data"]

@@ -1,5 +1,8 @@
 """Settings precedence (CLI > environment > TOML file > defaults) and validation messages."""
 
+import subprocess
+import sys
+
 import pytest
 
 from localserve.common.config import Settings, SettingsError
@@ -136,3 +139,18 @@ def test_generated_flags_parse_into_settings():
         (4096, 2, "ngram", None, False)
     assert s.api_keys == ("k" * 12, "j" * 12) and s.tensor_split == (3.0, 1.0)
     assert (s.cache_type_k, s.rate_limit, s.ledger) == ("q8_0", 2.5, True)
+
+
+def test_a_missing_recommended_file_names_the_pull_that_fetches_it():
+    """`localserve up -m Qwen2.5-7B-Instruct-Q4_K_M.gguf` before pulling it: the refusal says
+    which `localserve pull` gives exactly that file (a file of no recommended model: no hint)."""
+    from localserve.models.model_specs import find_model
+
+    with pytest.raises(SettingsError, match=r"no such file .*`localserve pull qwen2.5-7b` fetches"):
+        find_model("Qwen2.5-7B-Instruct-Q4_K_M.gguf")
+    with pytest.raises(SettingsError, match=r"no such file \(looked as given and in [^)]*\)$"):
+        find_model("absent.gguf")
+    refused = subprocess.run([sys.executable, "-m", "localserve", "up", "-m",
+                              "Qwen2.5-7B-Instruct-Q4_K_M.gguf", "--port", "1"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0 and "localserve pull qwen2.5-7b" in refused.stderr

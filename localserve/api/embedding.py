@@ -22,7 +22,8 @@ MAX_INPUTS = 256
 class EmbeddingRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    input: str | list[str] | list[int] | list[list[int]]
+    # OpenAI's shapes, and llama-server's: token ids with text mixed in, objects (_prompts)
+    input: str | dict | list[int | str | list[int | str] | dict]
     model: str | None = None
     encoding_format: str = Field("float", pattern="^(float|base64)$")
     dimensions: int | None = None  # the first N of each vector, normalised again
@@ -40,33 +41,74 @@ def shortened(vector: list[float], dimensions: int | None) -> list[float]:
 
 
 def _inputs(host, body: EmbeddingRequest, truncate: bool) -> list[list[int]]:
-    raw = body.input
-    if isinstance(raw, str) or (isinstance(raw, list) and raw and isinstance(raw[0], int)):
-        raw = [raw]
+    raw = _prompts(body.input)
     if not raw or len(raw) > MAX_INPUTS:
         raise OpenAIError(400, f"send 1 to {MAX_INPUTS} inputs", param="input")
-    out, most = [], host.n_ctx_embedding
-    for i, item in enumerate(raw):
-        if isinstance(item, str):
-            try:
-                text = valid_text(item, f"input[{i}]").encode()
-            except ValueError as exc:  # an unpaired surrogate
-                raise OpenAIError(400, str(exc), param="input") from None
-            if truncate:  # no more than `most` tokens could spell, then `most` tokens
-                text = text[:(most + 1) * host.max_piece_bytes]
-            check_size(host, 1, len(text), f"input[{i}]")
-            tokens = host.tokenize(text.decode("utf-8", "ignore"), add_special=True,
-                                   parse_special=False)
-        else:
-            tokens = check_token_ids(host, item, f"input[{i}]")
-        if truncate:
-            tokens = tokens[:most]
+    most = host.n_ctx_embedding
+    out = [_tokens(host, item, f"input[{i}]", truncate) for i, item in enumerate(raw)]
+    for i, tokens in enumerate(out):
         if not 0 < len(tokens) <= most:
             raise OpenAIError(400, f"input[{i}] is {len(tokens)} tokens; each must be 1 to "
-                              f"{host.n_ctx_embedding}", code="context_length_exceeded",
-                              param="input")
-        out.append(tokens)
+                              f"{most}", code="context_length_exceeded", param="input")
     return out
+
+
+def _prompts(raw) -> list:
+    """The inputs, as llama-server reads `input`: a string or an object is one; a list of
+    token ids (strings mixed in are tokenized in place) is one; any other list is one input
+    per element (strings, token lists, objects, mixed)."""
+    if isinstance(raw, (str, dict)):
+        return [raw]
+    if raw and all(isinstance(x, (int, str)) for x in raw) and any(isinstance(x, int) for x in raw):
+        return [raw]
+    return raw
+
+
+def _tokens(host, item, where: str, truncate: bool) -> list[int]:
+    """One input's tokens; `truncate` (Ollama's): cut to what one input may hold."""
+    most = host.n_ctx_embedding
+    if isinstance(item, dict):
+        item = _object_text(item, where)
+    if isinstance(item, str):
+        try:
+            text = valid_text(item, where).encode()
+        except ValueError as exc:  # an unpaired surrogate
+            raise OpenAIError(400, str(exc), param="input") from None
+        if truncate:  # no more than `most` tokens could spell, then `most` tokens
+            text = text[:(most + 1) * host.max_piece_bytes]
+        check_size(host, 1, len(text), where)
+        tokens = host.tokenize(text.decode("utf-8", "ignore"), add_special=True, parse_special=False)
+    elif isinstance(item, list) and all(isinstance(x, (int, str)) for x in item):
+        tokens = []
+        try:
+            for part in item:  # token ids, with text spliced in (llama-server's mixed prompt)
+                tokens += [part] if isinstance(part, int) else host.tokenize(
+                    valid_text(part, where), add_special=False, parse_special=False)
+        except ValueError as exc:  # an unpaired surrogate
+            raise OpenAIError(400, str(exc), param="input") from None
+        tokens = check_token_ids(host, tokens, where)
+    else:
+        raise OpenAIError(400, f"{where}: a string, a list of token ids (strings mixed in), or "
+                          f"an object with prompt_string or text content", param="input")
+    return tokens[:most] if truncate else tokens
+
+
+def _object_text(item: dict, where: str) -> str:
+    """llama-server's object inputs: {"prompt_string": text} or {"content": [text parts]}."""
+    if isinstance(item.get("prompt_string"), str):
+        return item["prompt_string"]
+    parts = item.get("content")
+    if not isinstance(parts, list) or not parts:
+        raise OpenAIError(400, f"{where}: an object input needs prompt_string, or content as a "
+                          f"list of parts", param="input")
+    for part in parts:
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in ("image_url", "input_image", "image"):
+            raise OpenAIError(400, f"{where}: this model reads text only (no image input)",
+                              param="input")
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise OpenAIError(400, f"{where}: content parts must be of type text", param="input")
+    return "".join(part["text"] for part in parts)
 
 
 async def _embed_one(request: Request, host, embedder, tokens: list[int],

@@ -34,9 +34,11 @@ async def list_models(request: Request):
 @catalog_router.get("/v1/models/{model:path}")
 @catalog_router.get("/models/{model:path}", include_in_schema=False)
 async def get_model(model: str, request: Request):
-    cards = {card["id"]: card for card in request.app.state.models.cards()}
+    cards = {name: card for card in request.app.state.models.cards()
+             for name in (*card["aliases"], card["id"])}
     host = request.app.state.default_host
-    if len(cards) == 1 and host.model_path and model == host.model_path.name:
+    if len({c["id"] for c in cards.values()}) == 1 and host.model_path \
+            and model == host.model_path.name:
         return next(iter(cards.values()))  # the file name, as llama-server accepts
     if model not in cards:
         raise request.app.state.models.unknown(model)

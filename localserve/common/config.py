@@ -52,7 +52,8 @@ class Settings:
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8080
-    model_alias: str | None = None
+    model_alias: str | None = None  # llama-server's --alias: one name, or several with commas
+    model_tags: str | None = None  # llama-server's --tags, comma-separated: /v1/models shows them
     api_keys: tuple[str, ...] = ()
     api_key_file: str | None = None
     cors_origins: tuple[str, ...] = ()
@@ -97,6 +98,16 @@ class Settings:
     model_switch_timeout: float = 60.0  # most a request waits for another model's requests
     memory_budget: str | None = None  # cap on loaded models' estimated memory, e.g. 6G
     memory_check: bool = True
+
+    @property
+    def aliases(self) -> list[str]:
+        """--alias's names, in llama-server's order (sorted, without repeats): the first is the
+        model's id."""
+        return sorted({a.strip() for a in (self.model_alias or "").split(",") if a.strip()})
+
+    @property
+    def tags(self) -> list[str]:
+        return sorted({t.strip() for t in (self.model_tags or "").split(",") if t.strip()})
 
     @property
     def drafting(self) -> bool:

@@ -91,7 +91,9 @@ def model_card(entry: Entry) -> dict:
     status = {"value": str(entry.state)}
     if entry.state is ModelState.LOADING:  # one load at a time: llama.cpp's load progress is this one's
         status["progress"] = round(load_progress(), 2)
-    return {"id": entry.spec.name, "object": "model", "created": created,
+    settings = entry.host.settings
+    return {"id": entry.spec.name, "aliases": settings.aliases or [entry.spec.name],
+            "tags": settings.tags, "object": "model", "created": created,
             "owned_by": "localserve", "status": status, "kind": entry.spec.kind}
 
 

@@ -16,7 +16,8 @@ from typing import Callable
 
 from localserve.models.chat_template import ChatTemplate, fallback_for, override_source
 from localserve.models.host_face import HostFace
-from localserve.common.config import Settings, resolve_model
+from localserve.common.config import Settings
+from localserve.models.model_specs import find_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
 from localserve.models.turns import Turns
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
@@ -123,12 +124,12 @@ class ModelHost(HostFace):
     def model_file(self) -> Path:
         """The GGUF file the settings name (the embedded model's when none): SettingsError
         when it is missing."""
-        return resolve_model(self.settings.model)
+        return find_model(self.settings.model)
 
     @property
     def model_id(self) -> str:
-        if self.settings.model_alias:
-            return self.settings.model_alias
+        if self.settings.aliases:
+            return self.settings.aliases[0]
         return self.model_path.stem if self.model_path else "loading"
 
     @property

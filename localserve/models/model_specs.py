@@ -10,6 +10,21 @@ from pathlib import Path
 from localserve.common.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
+
+
+def find_model(model: str | None, named: str = "-m/--model") -> Path:
+    """resolve_model's file; a missing one that a recommended model's file is named like says
+    which `localserve pull NAME` fetches exactly it."""
+    try:
+        return resolve_model(model, named)
+    except SettingsError as exc:
+        from localserve.models.pull import RECOMMENDED
+
+        wanted = Path(model or "").name
+        pull = next((m.name for m in RECOMMENDED if m.file == wanted), None)
+        if pull is None:
+            raise
+        raise SettingsError(f"{exc}; `localserve pull {pull}` fetches exactly it") from None
 TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
               "chat_template", "chat_template_file"}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
@@ -100,12 +115,12 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
             named.setdefault(path.stem, {"path": str(path)})
     specs = []
     if settings.model is not None or not named:
-        path = resolve_model(settings.model)
-        specs.append(ModelSpec(settings.model_alias or path.stem, settings.model,
+        path = find_model(settings.model)
+        specs.append(ModelSpec((settings.aliases or [path.stem])[0], settings.model,
                                chat_template=settings.chat_template,
                                chat_template_file=settings.chat_template_file))
     for name, table in named.items():
-        resolve_model(table["path"], f"[models.{name}] path =")  # refused at start, named
+        find_model(table["path"], f"[models.{name}] path =")  # refused at start, named
         specs.append(ModelSpec(name, **table))
     names = [s.name for s in specs]
     duplicate = next((n for n in names if names.count(n) > 1), None)

@@ -89,7 +89,7 @@ class ModelRegistry:
     @classmethod
     def single(cls, host: ModelHost) -> "ModelRegistry":
         """A registry of one ready-made ModelHost (tests, and embedders of the app)."""
-        name = host.settings.model_alias or host.model_file.stem
+        name = (host.settings.aliases or [host.model_file.stem])[0]
         return cls(Office(host.settings), host, [ModelSpec(name, host.settings.model)])
 
     @property
