@@ -123,12 +123,27 @@ class Failed:
     error: OpenAIError
 
 
+@dataclass(frozen=True)
+class Progress:
+    """How far the prompt is computed, before the first token (llama-server's prompt_progress,
+    for a request that sent return_progress)."""
+
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
+
+    def as_json(self) -> dict:
+        return {"total": self.total, "cache": self.cache, "processed": self.processed,
+                "time_ms": self.time_ms}
+
+
 # The finish_reason a stream's open choices end with when the answer fails midway (a drain
 # that ran out), before the error itself: the engine's own word for it.
 FAILED_REASON = str(FinishReason.ERROR)
 
 
-Piece = Union[Text, Thought, ToolCalls, Finish, Failed]
+Piece = Union[Text, Thought, ToolCalls, Finish, Failed, Progress]
 
 
 def failure(event: TokenEvent) -> OpenAIError | None:
@@ -166,6 +181,8 @@ class ChoiceReader:
             return [Failed(failed)]
         if event.finish_reason is FinishReason.ABORT:
             return [Failed(client_closed())]
+        if event.progress is not None:
+            return [Progress(*event.progress)]
         pieces = self._text(event)
         if event.finished:
             pieces += self._end(event, request)

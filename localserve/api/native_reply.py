@@ -15,7 +15,7 @@ from typing import Callable
 
 from fastapi import Request
 
-from localserve.api.answer import ChoiceReader, Failed, Finish, Text, read, whole_answer
+from localserve.api.answer import ChoiceReader, Failed, Finish, Progress, Text, read, whole_answer
 
 
 class NativeReply:
@@ -42,6 +42,9 @@ class NativeReply:
                     yield {"data": json.dumps(chunk)}
                 elif isinstance(piece, Finish):
                     yield {"data": json.dumps(self._final("", piece))}
+                elif isinstance(piece, Progress):
+                    yield {"data": json.dumps({"content": "", "stop": False, "id_slot": -1,
+                                               "prompt_progress": piece.as_json()})}
 
     def _probabilities(self, found: list) -> dict:
         """llama-server's completion_probabilities for n_probs: each token with its top N."""

@@ -25,8 +25,8 @@ from fastapi.responses import JSONResponse
 from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
-from localserve.api.answer import (FAILED_REASON, Answers, ChoiceReader, Failed, Finish, Text,
-                                   Thought, ToolCalls, joined_content, read, whole_answers)
+from localserve.api.answer import (FAILED_REASON, Answers, ChoiceReader, Failed, Finish, Progress,
+                                   Text, Thought, ToolCalls, joined_content, read, whole_answers)
 from localserve.api.schemas import SamplingBody
 from localserve.api.structured import ToolPlan
 
@@ -149,6 +149,9 @@ class Reply:
                 elif isinstance(piece, Finish):
                     yield self._chunk([self._delta(i, {}, piece.reason)])
                     last[i] = piece
+                elif isinstance(piece, Progress):  # llama-server's shape for it
+                    delta = {"role": "assistant", "content": None} if self.chat else {"content": ""}
+                    yield self._chunk([self._delta(i, delta)], prompt_progress=piece.as_json())
             if self.body.include_usage and len(last) == n:
                 yield self._chunk([], usage=usage(last))
             yield {"data": "[DONE]"}

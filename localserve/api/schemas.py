@@ -131,6 +131,7 @@ class SamplingBody(BaseModel):
     response_format: ResponseFormat | None = None
     json_schema: dict | None = None  # llama-server's spelling of a schema constraint
     grammar: str | None = None  # llama-server's raw GBNF constraint
+    return_progress: bool = False  # llama-server's: streamed prompt_progress before the answer
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)

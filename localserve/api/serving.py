@@ -72,6 +72,7 @@ def sampling_params(body: SamplingBody, n_prompt: int, n_ctx: int, grammar: str 
         penalty_last_n=n_ctx if body.repeat_last_n < 0 else min(body.repeat_last_n, n_ctx),
         presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
         stop=tuple(body.stop or ()), ignore_eos=body.ignore_eos,
+        progress=body.return_progress and bool(getattr(body, "stream", False)),
         logit_bias=logit_bias(body), **chosen)
 
 

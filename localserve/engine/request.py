@@ -51,6 +51,7 @@ class SamplingParams:
     penalty_last_n: int = 64
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    progress: bool = False  # llama-server's return_progress: events as the prompt is computed
     grammar: str | None = None  # GBNF the output must follow (response_format, tools, grammar)
     logprobs: int | None = None  # None: off; N: each token's log-probability and the top N
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit); -100 bans
@@ -79,6 +80,9 @@ class TokenEvent:
     stop_type: str = "none"  # a completed end's cause, llama-server's words: eos, word, limit
     # With SamplingParams.logprobs: (token, its log-probability, ((token, logprob), ...) top N)
     logprobs: tuple[int, float, tuple[tuple[int, float], ...]] | None = None
+    # With SamplingParams.progress, before the first token: (prompt tokens, of those cached,
+    # computed so far, milliseconds since admission); no text (engine/progress.py)
+    progress: tuple[int, int, int, int] | None = None
 
     @property
     def finished(self) -> bool:

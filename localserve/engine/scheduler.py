@@ -5,12 +5,10 @@ One token budget per step (`max_num_batched_tokens`), spent in this order: one d
 for every slot generating; prompt chunks for slots still prefilling (chunked prefill); then
 admission of waiting requests into idle slots (FairQueue order), while budget, slots,
 `max_num_seqs` and cache room last. A new request therefore waits one step, not a batch.
-The cache is one pool (slots.py, pool_keeper.py): every slot is guaranteed its share, a
-request may borrow beyond it, and a sequence preempted for room is saved to the prompt cache
-(prompt_cache.py) and restored later. Shares between identities (slot_shares.py): while
-another user waits, one user holds at most `slot_share` slots' worth of cells. Each concern
-is kept by a bookkeeper the scheduler asks (reuse.py: PrefixBook, DraftBook; PoolKeeper;
-SlotShares); the invariants are written in schedule() and pinned by tests.
+The cache is one pool (slots.py, pool_keeper.py): a slot's share guaranteed, more borrowed, a
+sequence preempted for room saved to the prompt cache and restored. Each concern is kept by a
+bookkeeper the scheduler asks (reuse.py, pool_keeper.py, slot_shares.py: keys' shares; drafts,
+grammar shares, long prompts); the invariants are written in schedule(), pinned by tests.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ from localserve.engine.interfaces import Vocab
 from localserve.engine.long_prompts import LongPromptPlaces
 from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
 from localserve.engine.pool_keeper import PoolKeeper
+from localserve.engine.progress import prompt_progress
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.reuse import DraftBook, Placement, PrefixBook
 from localserve.engine.scheduler_stats import SchedulerStats
@@ -315,6 +314,7 @@ class Scheduler:
             if chunk.start_pos < chunk.request.num_prompt_tokens:
                 self.stats.prompt_tokens_computed += min(
                     len(chunk.tokens), chunk.request.num_prompt_tokens - chunk.start_pos)
+                events += prompt_progress(chunk)  # only for a request that asked
             if not chunk.sample:
                 slot.computed(chunk.tokens)
                 continue
