@@ -272,3 +272,22 @@ def test_no_module_is_past_400_lines():
                                                         *(root / "tui").rglob("*.py")]
             if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}
+
+
+def long_functions(source: str, most: int) -> dict[str, int]:
+    """Functions whose code, docstring aside, runs past `most` lines."""
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = node.body[1:] if ast.get_docstring(node) is not None else node.body
+            if body and (n := body[-1].end_lineno - body[0].lineno + 1) > most:
+                found[node.name] = n
+    return found
+
+
+def test_the_schedulers_rules_are_named_steps_of_at_most_30_lines():
+    """Scheduler.schedule reads as its steps (room, lanes, decode rows, chats, tasks), each a
+    method a newcomer reads at once; its invariants stay written in its docstring."""
+    source = (PACKAGE / "engine" / "scheduler.py").read_text()
+    assert long_functions(source, 30) == {}
+    assert long_functions("def f():\n    '''doc'''\n" + "    x = 1\n" * 31, 30) == {"f": 31}

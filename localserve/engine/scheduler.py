@@ -13,8 +13,8 @@ grammar shares, long prompts); the invariants are written in schedule(), pinned 
 
 from __future__ import annotations
 
-import logging
 import time
+from typing import NamedTuple
 
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares, too_costly
 from localserve.engine.interfaces import Vocab
@@ -27,13 +27,12 @@ from localserve.engine.reuse import DraftBook, Placement, PrefixBook
 from localserve.engine.scheduler_stats import SchedulerStats
 from localserve.engine.scheduler_view import PoolLimits, SchedulerView, limits_of, view_of
 from localserve.engine.slot_shares import SlotShares
+from localserve.engine.endings import Endings
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.slots import Slot, SlotPool, SlotState
-from localserve.engine.stop_rules import after_token
 from localserve.engine.waiting import FairQueue
 
-log = logging.getLogger("localserve.scheduler")
 # Background tasks' prompt tokens in a step beside chats, and a step's tokens with tasks only:
 # a chat arriving meanwhile waits for a step this small, not a whole title prompt.
 BACKGROUND_PREFILL_TOKENS = 64
@@ -41,6 +40,16 @@ BACKGROUND_STEP_TOKENS = 16
 # A waiting request that cannot fit yet is passed by requests behind it that fit at most this
 # many times; then the queue waits for it (invariant 11): counted in admissions, not time.
 MAX_TIMES_PASSED = 16
+
+
+class Lanes(NamedTuple):
+    """This step's running slots, by who may step (invariants 8 and 9)."""
+    running: list[Slot]
+    chat_starting: bool  # a chat waits or computes its prompt: tasks rest
+    resting: list[Slot]  # tasks sitting this step out
+    stepping: list[Slot]  # everyone who steps
+    chats: list[Slot]
+    tasks: list[Slot]
 
 
 class Scheduler:
@@ -58,7 +67,8 @@ class Scheduler:
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
         self._admissions = 0
-        self.held: list[Request] = []  # RequestStatus.HELD: n > 1 siblings (see request.py)
+        self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
+        self.held = self.endings.held  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
@@ -105,10 +115,10 @@ class Scheduler:
             for req in queued:
                 if req.request_id == request_id:
                     queued.remove(req)
-                    return req, self._close(req, reason, error)
+                    return req, self.endings.close(req, reason, error)
         for slot in self.pool.slots:
             if slot.request is not None and slot.request.request_id == request_id:
-                return slot.request, self._end(slot, reason, error=error)
+                return slot.request, self.endings.end(slot, reason, error=error)
         return None
 
     def expire_waiting(self, max_wait_s: float, now: float) -> list[tuple[Request, TokenEvent]]:
@@ -161,6 +171,20 @@ class Scheduler:
            the step's budget (none for one that cannot start: that half would go unused).
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
+        chosen, reserved = self._make_room(plan)
+        self._admit_batch(plan)
+        lanes = self._lanes()
+        budget = self._decode_rows(plan, lanes)
+        budget = self._chats(plan, lanes, budget, chosen, reserved)
+        budget = self._tasks(plan, lanes, budget, reserved)
+        self.drafts.add(plan, min(budget, self.cells.room(plan)))
+        self.cells.park_idle(plan)
+        return plan
+
+    def _make_room(self, plan: StepPlan) -> tuple[tuple[Request, Placement] | None, int]:
+        """Cells for every decoding row (1), slots back from users over their share (6) and
+        from tasks a chat waits for (9), cells back for the next request within its guarantee:
+        (that request and its placement, the cells kept back for it from prompt chunks)."""
         self.cells.make_room_for_decode(plan)
         self.shares.enforce(plan)
         self.cells.make_way_for_chat(plan, self.max_num_seqs)
@@ -168,34 +192,46 @@ class Scheduler:
         owed = chosen[0] if chosen else None
         if owed is not None and owed.background and self._chat_starting(self.running):
             owed = None  # a task waits for the chat (9): no cells are kept back for it
-        reserved = self.cells.reclaim_guarantee(plan, owed)
-        self._admit_batch(plan)
+        return chosen, self.cells.reclaim_guarantee(plan, owed)
+
+    def _lanes(self) -> Lanes:
+        """Who steps (8, 9): tasks rest while a chat starts, grammar-heavy users sit out."""
         running = self.running
-        chat_starting = self._chat_starting(running)  # then tasks sit out the step (9)
+        chat_starting = self._chat_starting(running)
         resting = [s for s in running if s.request.background] if chat_starting else []
-        decoding = any(s.state is SlotState.DECODE and s not in resting for s in running)
-        budget = self.budget if decoding else self.prefill_budget
         waits = self.grammar_shares.sitting_out(running, bool(self.waiting)) + resting
         stepping = [s for s in running if s not in waits]
-        tasks = [s for s in stepping if s.request.background]
-        chats = [s for s in stepping if not s.request.background]
-        if not chats and not self.waiting.has_foreground():  # tasks only: a small step (9)
+        return Lanes(running, chat_starting, resting, stepping,
+                     [s for s in stepping if not s.request.background],
+                     [s for s in stepping if s.request.background])
+
+    def _decode_rows(self, plan: StepPlan, lanes: Lanes) -> int:
+        """One row for each decoding slot that steps (1), within the step's budget (7); a step
+        of tasks only is small (9). The budget left."""
+        decoding = any(s.state is SlotState.DECODE and s not in lanes.resting for s in lanes.running)
+        budget = self.budget if decoding else self.prefill_budget
+        if not lanes.chats and not self.waiting.has_foreground():
             budget = min(budget, BACKGROUND_STEP_TOKENS)
-        budget = self._chunks(plan, stepping, SlotState.DECODE, budget, 0)
-        kept = budget // 2 if chosen and not chosen[0].background and len(running) < min(
-            self.max_num_seqs, len(self.pool.slots)) and self.cells.fits_now(plan, *chosen) \
-            else 0  # a chat waits that a free slot and the cells can take now (11)
-        budget = kept + self._chunks(plan, chats, SlotState.PREFILL, budget - kept, reserved)
-        budget = self._admit_waiting(plan, budget, tasks_too=False)
+        return self._chunks(plan, lanes.stepping, SlotState.DECODE, budget, 0)
+
+    def _chats(self, plan: StepPlan, lanes: Lanes, budget: int, chosen, reserved: int) -> int:
+        """Chats' prompt chunks (2), half the budget kept for a waiting chat that can start now
+        (11), then admissions (3). The budget left."""
+        kept = budget // 2 if chosen and not chosen[0].background and len(lanes.running) < min(
+            self.max_num_seqs, len(self.pool.slots)) and self.cells.fits_now(plan, *chosen) else 0
+        budget = kept + self._chunks(plan, lanes.chats, SlotState.PREFILL, budget - kept, reserved)
+        return self._admit_waiting(plan, budget, tasks_too=False)
+
+    def _tasks(self, plan: StepPlan, lanes: Lanes, budget: int, reserved: int) -> int:
+        """Background tasks' prompt chunks and admissions, after every chat's (9); if a chat
+        waits that cannot start yet, the resting tasks go on rather than nobody."""
         for_tasks = min(budget, BACKGROUND_PREFILL_TOKENS)  # the tasks' share, admissions too
-        left = self._chunks(plan, tasks, SlotState.PREFILL, for_tasks, reserved)
-        budget -= for_tasks - (left if chat_starting else self._admit_waiting(plan, left, True))
-        if not plan and resting:  # the waiting chat cannot start yet: the tasks go on (9)
-            budget = self._chunks(plan, resting, SlotState.DECODE, BACKGROUND_STEP_TOKENS, 0)
-            budget = self._chunks(plan, resting, SlotState.PREFILL, budget, reserved)
-        self.drafts.add(plan, min(budget, self.cells.room(plan)))
-        self.cells.park_idle(plan)
-        return plan
+        left = self._chunks(plan, lanes.tasks, SlotState.PREFILL, for_tasks, reserved)
+        budget -= for_tasks - (left if lanes.chat_starting else self._admit_waiting(plan, left, True))
+        if not plan and lanes.resting:
+            budget = self._chunks(plan, lanes.resting, SlotState.DECODE, BACKGROUND_STEP_TOKENS, 0)
+            budget = self._chunks(plan, lanes.resting, SlotState.PREFILL, budget, reserved)
+        return budget
 
     def _chat_starting(self, running: list[Slot]) -> bool:
         """A chat waits or computes its prompt: background tasks sit this step out (9)."""
@@ -272,13 +308,6 @@ class Scheduler:
         req = self.shares.next_admissible(may_start, len(self.pool.slots))
         return None if req is None else (req, placed[id(req)])
 
-    def _release_siblings(self, first: Request) -> None:
-        """HELD -> WAITING: the first choice's prompt is in cache (or it ended without it)."""
-        for sibling in [r for r in self.held if r.prefix_of is first]:
-            self.held.remove(sibling)
-            sibling.status = RequestStatus.WAITING
-            self.waiting.follow(sibling)
-
     def _assign(self, plan: StepPlan, req: Request, where: Placement) -> None:
         slot, keep, source, restore = where.slot, where.keep, where.source, where.restore
         self.prefixes.taken(where)
@@ -321,23 +350,14 @@ class Scheduler:
             tokens = self.drafts.take(chunk, out.sampled[chunk.slot_id])
             slot.computed(self.drafts.kept_in_cache(chunk, tokens))
             for token in tokens:
-                events.append((chunk.request, self._accept_or_fail(slot, token)))
+                events.append((chunk.request, self.endings.accept(slot, token)))
                 if slot.request is not chunk.request:
                     break  # it ended there: tokens drafted past its end never reach the client
             if chunk.slot_id in out.costly_grammars and slot.request is chunk.request:
                 self.costly_grammars.ended(chunk.request.user, chunk.request.params.grammar)
-                events.append((chunk.request, self._end(slot, FinishReason.GRAMMAR_COST,
+                events.append((chunk.request, self.endings.end(slot, FinishReason.GRAMMAR_COST,
                                                         error=too_costly(chunk.request))))
         return events
-
-    def _accept_or_fail(self, slot: Slot, token: int) -> TokenEvent:
-        """A bug in one request's stop rules or detokenizing ends that request alone."""
-        try:
-            return self._accept_token(slot, token)
-        except Exception as exc:
-            log.exception("request %s failed while handling its token",  # pragma: no mutate block
-                          slot.request.request_id)
-            return self._end(slot, FinishReason.ERROR, error=f"internal error in this request: {exc!r}")
 
     def restore_failed(self, plan: StepPlan, entry) -> None:
         """llama.cpp could not take a restored state: the entry is never offered again, and the
@@ -362,39 +382,5 @@ class Scheduler:
             slot = self.pool.slots[chunk.slot_id]
             if slot.request is chunk.request:
                 slot.forget()
-                events.append((chunk.request, self._end(slot, FinishReason.ERROR, error=message)))
+                events.append((chunk.request, self.endings.end(slot, FinishReason.ERROR, error=message)))
         return events
-
-    # ---- stop rules ----------------------------------------------------------------
-    def _accept_token(self, slot: Slot, token: int) -> TokenEvent:
-        req = slot.request
-        req.output_tokens.append(token)
-        if req.first_token_time is None:
-            req.first_token_time = time.monotonic()
-            self._release_siblings(req)
-        text, reason, stop_type = after_token(req, token, self.vocab, slot.n_cached, slot.n_ctx)
-        if reason is None:
-            return TokenEvent(text, (token,))
-        return self._end(slot, reason, text, token, stop_type=stop_type)
-
-    def _end(self, slot: Slot, reason: FinishReason, text: str = "", token: int | None = None,
-             error: str | None = None, stop_type: str = "none") -> TokenEvent:
-        req = slot.request
-        if reason.completed and req.detokenizer is not None:
-            text += req.detokenizer.flush()
-        slot.release()
-        event = self._close(req, reason, error)
-        event.text, event.token_ids = text, (() if token is None else (token,))
-        event.stop_type = stop_type
-        return event
-
-    def _close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:
-        self._release_siblings(req)  # ended before its first token: they compute it themselves
-        req.status = RequestStatus.FINISHED
-        req.finish_reason = reason
-        self.stats.count_end(reason)
-        billed = req.prefix_of is None  # n > 1: the prompt is counted once, on the first choice
-        return TokenEvent("", finish_reason=reason, error=error,
-                          prompt_tokens=req.num_prompt_tokens if billed else 0,
-                          completion_tokens=req.num_output_tokens,
-                          cached_tokens=req.cached_tokens if billed else 0)
