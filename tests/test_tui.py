@@ -250,3 +250,32 @@ def test_every_model_is_named_at_80_columns_however_many():
             assert all(f"{name} (loaded)" in shown for name in names), shown
 
     asyncio.run(run())
+
+
+def test_at_80_columns_the_header_shows_the_url_and_the_system_line_does_not_wrap():
+    """A real model's name and split, and a busy machine's figures, at 80 columns: the URL is
+    on the header line (it was cut after the split), the system panel is one line."""
+    payload = {**slots(10), "model": "SmolLM2-135M-Instruct.Q4_1",
+               "split": "6 slots sharing one cache pool of 8192 tokens, 1365 guaranteed to each "
+                        "(one request may use up to 8192)"}
+    metrics = METRICS.format(gen=100, b1=0, b2=0) + (
+        "localserve:process_cpu_percent 191.0\nlocalserve:system_cpu_count 16\n"
+        "localserve:process_resident_memory_bytes 325582848\n"
+        "localserve:system_memory_total_bytes 25232932864\n"
+        "localserve:system_memory_available_bytes 24570000000\n")
+
+    async def fetch(model=None):
+        return payload, metrics, PROPS
+
+    async def run():
+        app = Dashboard(fetch, url="http://office-server:8080", interval=3600)
+        async with app.run_test(size=(80, 24)) as pilot:
+            await poll_done(pilot)
+            header = app.query_one("#header")
+            line = header.render_lines(header.region.reset_offset)[0].text
+            assert "http://office-server:8080" in line, line
+            system = app.query_one("#system")
+            rows = [r.text.strip(" │") for r in system.render_lines(system.region.reset_offset)]
+            assert sum(1 for r in rows if r.strip("─╭╮╰╯ ")) == 1, rows
+
+    asyncio.run(run())

@@ -149,8 +149,8 @@ class Dashboard(App):
         if view is None:
             return
         backend = f" · {view.backend}" if view.backend else ""
-        header = Text.assemble((view.model, "bold"),
-                               f"{backend} · {view.split.split(' (')[0]} · {self.url}")
+        header = Text.assemble((view.model, "bold"),  # the URL before the split: 80 columns
+                               f" · {self.url}{backend} · {view.split.split(' (')[0]}")
         self.query_one("#header", Static).update(header)
         models = self.query_one("#models", Static)  # several: m shows the next one's slots
         models.update("models: " + ", ".join(f"{name} ({state})" for name, state in view.models))

@@ -113,9 +113,9 @@ class SystemPanel(Static):
 
     def show(self, view: View) -> None:
         used = view.mem_total - view.mem_available
-        text = Text(f"server CPU {view.cpu_percent:.0f}% of {view.cpu_count} cores   "
-                    f"RSS {human_bytes(view.rss_bytes)}   "
-                    f"machine memory {human_bytes(used)} / {human_bytes(view.mem_total)}")
+        text = Text(f"server CPU {view.cpu_percent:.0f}% of {view.cpu_count} cores · "  # 80 columns
+                    f"RSS {human_bytes(view.rss_bytes)} · "
+                    f"memory {human_bytes(used)} / {human_bytes(view.mem_total)}")
         if view.cache_hit_rate is not None:
             text.append(f"\nprompt cache: {view.cache_hit_rate:.0%} of admissions restored, "
                         f"{human_bytes(view.cache_bytes)} in RAM")
