@@ -103,6 +103,7 @@ def test_keys_sign_in_refusals_shown_and_each_sees_only_their_own(browser, tmp_p
         page = open_page(browser, srv.url)
         page.wait_for_selector("#login", state="visible", timeout=30_000)
         assert not page.locator("#app").is_visible()
+        assert page.refused == []  # it asked /web/sign-in, not a route that needs the key
         page.fill("#key", "not-the-key-0000")
         page.click("#login button")
         wait_for(lambda: page.inner_text("#login-error"), what="the sign-in error")

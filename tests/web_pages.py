@@ -24,8 +24,9 @@ def open_page(browser, url):
     """A fresh page in its own browser context (own session storage); it records every
     request that leaves this server, and every dialog."""
     page = browser.new_context().new_page()
-    page.outside, page.dialogs = [], []
+    page.outside, page.dialogs, page.refused = [], [], []
     page.on("request", lambda r: None if r.url.startswith(url) else page.outside.append(r.url))
+    page.on("response", lambda r: page.refused.append(r.url) if r.status == 401 else None)
     page.on("dialog", lambda d: (page.dialogs.append(d.message), d.dismiss()))
     page.goto(url + "/")
     return page

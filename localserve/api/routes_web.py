@@ -50,6 +50,13 @@ async def favicon():
     return Response(_asset("icon.svg"), media_type="image/svg+xml", headers=SECURITY)
 
 
+@page_router.get("/web/sign-in", include_in_schema=False)
+async def sign_in(request: Request):
+    """Whether the page must ask for a key before anything else: so that it never probes a
+    route without one and logs a 401 in the browser before anyone could sign in."""
+    return {"needs_key": request.app.state.office.keys_enabled}
+
+
 class ConversationBody(BaseModel):
     title: str = Field("New chat", max_length=200)
     messages: list[dict] = Field(default_factory=list, max_length=2000)

@@ -305,7 +305,10 @@ function signOut(message) {
 
 async function start() {
   let r;
-  try { r = await reach("/v1/models", { headers: headers(false) }); } catch (e) {
+  try {
+    if (!state.key && (await (await reach("/web/sign-in")).json()).needs_key) return signOut("");
+    r = await reach("/v1/models", { headers: headers(false) });
+  } catch (e) {
     // the server is away (restarting?): say so, and try again until it answers
     $("app").hidden = true;
     $("login").hidden = false;
