@@ -24,10 +24,9 @@ def progress_reports(url: str, path: str, body: dict) -> list[dict]:
     return reports
 
 
-def check(reports: list[dict], reused: bool) -> None:
+def check(reports: list[dict]) -> None:
     first, last = reports[0], reports[-1]
     assert first["total"] > 0 and first["cache"] == first["processed"]
-    assert (first["cache"] > 0) == reused
     for before, after in zip(reports, reports[1:]):
         assert after["total"] == before["total"] and after["cache"] == before["cache"]
         assert after["processed"] > before["processed"] and after["time_ms"] >= before["time_ms"]
@@ -37,16 +36,17 @@ def check(reports: list[dict], reused: bool) -> None:
 def test_a_long_prompts_progress_is_reported_step_by_step_and_from_the_cache(server):
     chat = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4}
     fresh = progress_reports(server.url, "/v1/chat/completions", chat)
-    check(fresh, reused=False)
-    assert len(fresh) == 1 + -(-fresh[0]["total"] // 512)  # before, then after each step
+    check(fresh)  # (its cache may hold the chat template's opening, from earlier chats)
+    total, cache = fresh[0]["total"], fresh[0]["cache"]
+    assert cache < total // 2 and len(fresh) == 1 + -(-(total - cache) // 512)  # before, each step
     again = progress_reports(server.url, "/v1/chat/completions", chat)
-    check(again, reused=True)
-    assert len(again) == 2  # the cached prompt's last token is computed in one step
+    check(again)
+    assert again[0]["cache"] == total - 1 and len(again) == 2  # its last token, in one step
 
 
 def test_llama_servers_completion_reports_it_too_and_nobody_unasked_gets_it(server):
     native = progress_reports(server.url, "/completion", {"prompt": "Once " + PROMPT, "n_predict": 2})
-    check(native, reused=False)
+    check(native)
     with httpx.stream("POST", server.url + "/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": "Hi " + PROMPT}], "max_tokens": 2,
             "stream": True}) as r:

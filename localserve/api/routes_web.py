@@ -37,7 +37,14 @@ async def page():
     return Response(_asset("index.html"), media_type="text/html; charset=utf-8", headers=SECURITY)
 
 
-@page_router.get("/web/{name}", include_in_schema=False)
+@page_router.get("/web/sign-in", include_in_schema=False)
+async def sign_in(request: Request):
+    """Whether the page must ask for a key before anything else: so that it never probes a
+    route without one and logs a 401 in the browser before anyone could sign in."""
+    return {"needs_key": request.app.state.office.keys_enabled}
+
+
+@page_router.get("/web/{name}", include_in_schema=False)  # after /web/sign-in
 async def asset(name: str):
     if name not in ASSETS:
         raise OpenAIError(404, f"no such asset: {name}", "not_found_error")
@@ -48,13 +55,6 @@ async def asset(name: str):
 async def favicon():
     """Browsers ask for it whatever the page says: the page's icon (SVG), not a 404."""
     return Response(_asset("icon.svg"), media_type="image/svg+xml", headers=SECURITY)
-
-
-@page_router.get("/web/sign-in", include_in_schema=False)
-async def sign_in(request: Request):
-    """Whether the page must ask for a key before anything else: so that it never probes a
-    route without one and logs a 401 in the browser before anyone could sign in."""
-    return {"needs_key": request.app.state.office.keys_enabled}
 
 
 class ConversationBody(BaseModel):
