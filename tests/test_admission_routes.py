@@ -12,7 +12,7 @@ from localserve.api.auth import require_key
 from localserve.common.config import Settings
 
 OUTSIDE_THE_RATE = {"/health", "/slots", "/openapi.json", "/metrics", "/v1/usage", "/props",
-                    "/", "/chat", "/web/{name}", "/favicon.ico"}
+                    "/", "/chat", "/web/{name}", "/web/sign-in", "/favicon.ico"}
 
 
 def routes_and_guards(app):
@@ -38,7 +38,7 @@ def test_every_model_route_checks_the_key_and_the_rate():
     unguarded = {path for _, path, guards in seen if not guards & {limit_rate, admit}}
     assert unguarded <= OUTSIDE_THE_RATE, unguarded - OUTSIDE_THE_RATE
     keyless = {path for _, path, guards in seen if not guards & {require_key, admit}}
-    assert keyless <= {"/health", "/", "/chat", "/web/{name}", "/favicon.ico"}, keyless
+    assert keyless <= {"/health", "/", "/chat", "/web/{name}", "/web/sign-in", "/favicon.ico"}, keyless
 
 
 # Routes that run no model: the catalog, stored answers, the page's conversations, monitoring.
