@@ -17,20 +17,10 @@ NUMBERS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "
 
 
 def string_metadata(path: str | Path) -> dict[str, str]:
-    """Every string-valued key of the file's header (arrays and numbers are skipped)."""
+    """Every string-valued key of the file's header (arrays and numbers are left out)."""
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        _version, _tensors, n_kv = struct.unpack("<IQQ", f.read(20))
-        found = {}
-        for _ in range(n_kv):
-            key = _string(f)
-            kind, = struct.unpack("<I", f.read(4))
-            if kind == STRING:
-                found[key] = _string(f)
-            else:
-                _skip(f, kind)
-        return found
+        _n_tensors, meta = _metadata(f, path)
+    return {key: value for key, value in meta.items() if isinstance(value, str)}
 
 
 def model_size(path: str | Path) -> dict:
@@ -38,14 +28,7 @@ def model_size(path: str | Path) -> dict:
     token embeddings again where the file ties them), of the token embeddings (`embeddings`,
     kept in host memory by llama.cpp), and the numbers a compute buffer grows with."""
     with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        _version, n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
-        meta = {}
-        for _ in range(n_kv):
-            key = _string(f)
-            kind, = struct.unpack("<I", f.read(4))
-            meta[key] = _value(f, kind)
+        n_tensors, meta = _metadata(f, path)
         offsets = {}
         for _ in range(n_tensors):
             name = _string(f)
@@ -76,6 +59,19 @@ def template_for_peer(path: str | Path) -> str | None:
     return fallback_for(meta.get("general.architecture"))[1]
 
 
+def _metadata(f, path: str | Path) -> tuple[int, dict]:
+    """The header's tensor count and every key's value (_value), `f` left at the tensors."""
+    if f.read(4) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    _version, n_tensors, n_kv = struct.unpack("<IQQ", f.read(20))
+    meta = {}
+    for _ in range(n_kv):
+        key = _string(f)
+        kind, = struct.unpack("<I", f.read(4))
+        meta[key] = _value(f, kind)
+    return n_tensors, meta
+
+
 def _string(f) -> str:
     n, = struct.unpack("<Q", f.read(8))
     return f.read(n).decode("utf-8", "replace")
@@ -87,13 +83,11 @@ def _value(f, kind: int):
         return _string(f)
     if kind == ARRAY:
         item, n = struct.unpack("<IQ", f.read(12))
-        f.seek(-12, 1)
-        _skip(f, kind)
+        _skip_items(f, item, n)
         return n
-    raw = f.read(FIXED[kind]) if kind in FIXED else None
-    if raw is None:
+    if kind not in NUMBERS:
         raise ValueError(f"unknown GGUF value type {kind}")
-    return struct.unpack("<" + NUMBERS[kind], raw)[0]
+    return struct.unpack("<" + NUMBERS[kind], f.read(FIXED[kind]))[0]
 
 
 def _skip(f, kind: int) -> None:
@@ -103,11 +97,14 @@ def _skip(f, kind: int) -> None:
         n, = struct.unpack("<Q", f.read(8))
         f.seek(n, 1)
     elif kind == ARRAY:
-        item, n = struct.unpack("<IQ", f.read(12))
-        if item in FIXED:
-            f.seek(FIXED[item] * n, 1)
-        else:
-            for _ in range(n):
-                _skip(f, item)
+        _skip_items(f, *struct.unpack("<IQ", f.read(12)))
     else:
         raise ValueError(f"unknown GGUF value type {kind}")
+
+
+def _skip_items(f, item: int, n: int) -> None:
+    if item in FIXED:
+        f.seek(FIXED[item] * n, 1)
+    else:
+        for _ in range(n):
+            _skip(f, item)

@@ -5,23 +5,12 @@ engine loop past it, so a change of engine shows here and nowhere else."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from localserve.models.chat_template import PromptPart
 
-
-@dataclass(frozen=True)
-class PoolView:
-    """The pool and the scheduler's limits, as /props and /slots show them."""
-
-    ctx_size: int
-    n_slots: int
-    n_ctx_per_slot: int  # the most one request may use
-    guarantee: int  # what each slot holds for sure; more is borrowed
-    split: str  # the -c split, in words
-    max_num_batched_tokens: int
-    max_num_seqs: int
+if TYPE_CHECKING:
+    from localserve.engine.scheduler_view import PoolLimits
 
 
 class HostFace:
@@ -87,8 +76,9 @@ class HostFace:
         return self.loop.scheduler.grammar_refusal(user, grammar)
 
     # ---- the pool -----------------------------------------------------------------------------
-    def pool_view(self) -> PoolView:
-        return PoolView(**dataclasses.asdict(self.loop.scheduler.limits()))
+    def pool_view(self) -> PoolLimits:
+        """The pool and the scheduler's limits, as /props and /slots show them."""
+        return self.loop.scheduler.limits()
 
     @property
     def n_ctx_per_slot(self) -> int:
