@@ -110,7 +110,7 @@ class PoolKeeper:
             self.preempt_slot(plan, max(tasks, key=lambda s: s.admitted_seq), "task")
         while self.pool.free <= len(chat.all_tokens):
             borrower = max(tasks, key=self.pool.borrowed)
-            if not self.pool.borrowed(borrower) or borrower.request is None:
+            if not self.pool.borrowed(borrower):  # a slot given back borrows nothing
                 return
             self.preempt_slot(plan, borrower, "task")
 

@@ -68,7 +68,6 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._admissions = 0
         self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
-        self.held = self.endings.held  # RequestStatus.HELD: n > 1 siblings (see request.py)
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
@@ -103,7 +102,7 @@ class Scheduler:
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:
             request.status = RequestStatus.HELD
-            self.held.append(request)
+            self.endings.held.append(request)
         else:
             request.status = RequestStatus.WAITING
             self.waiting.append(request)
@@ -111,7 +110,7 @@ class Scheduler:
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
               error: str | None = None) -> tuple[Request, TokenEvent] | None:
         """Drop a request wherever it is; its slot is free for the very next schedule()."""
-        for queued in (self.waiting, self.held):
+        for queued in (self.waiting, self.endings.held):
             for req in queued:
                 if req.request_id == request_id:
                     queued.remove(req)
@@ -127,14 +126,16 @@ class Scheduler:
         return [self.abort(r.request_id, FinishReason.TIMEOUT, message)
                 for r in self.waiting.overdue(max_wait_s, now)]
 
-    running = property(lambda self: self.cells.running)
+    @property
+    def running(self) -> list[Slot]:
+        return self.cells.running
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.held) or any(s.busy for s in self.pool.slots)
+        return bool(self.waiting or self.endings.held) or any(s.busy for s in self.pool.slots)
 
     def pending(self) -> list[Request]:
         """Every request not yet ended: waiting, held, or in a slot."""
-        return list(self.waiting) + self.held + [s.request for s in self.running]
+        return list(self.waiting) + self.endings.held + [s.request for s in self.running]
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:

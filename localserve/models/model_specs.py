@@ -10,6 +10,9 @@ from pathlib import Path
 from localserve.common.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
+TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
+              "chat_template", "chat_template_file"}
+SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
 def find_model(model: str | None, named: str = "-m/--model") -> Path:
@@ -25,9 +28,6 @@ def find_model(model: str | None, named: str = "-m/--model") -> Path:
         if pull is None:
             raise
         raise SettingsError(f"{exc}; `localserve pull {pull}` fetches exactly it") from None
-TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
-              "chat_template", "chat_template_file"}
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
