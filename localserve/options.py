@@ -60,6 +60,8 @@ GROUPS: dict[str, list[Option]] = {
                "comma-separated, as llama-server takes them: the first in sorted order is the "
                "id, all are listed as `aliases`", "the file stem"),
         Option("model_tags", ("--tags",), "comma-separated tags listed in /v1/models (llama-server's)"),
+        Option("mmproj", ("--mmproj",), "the model's projector file (a path, or a file name "
+               "inside models/): the model reads images in chats, as llama-server's --mmproj"),
         Option("memory_check", ("--no-memory-check",), "load even if the model and cache look "
                "larger than free memory"),
     ],

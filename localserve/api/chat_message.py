@@ -5,9 +5,11 @@ and call ids that cannot forge a turn."""
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from localserve.models.host_face import IMAGE_MARKER
 
 
 def valid_text(value: str, field: str) -> str:
@@ -36,6 +38,31 @@ class TextPart(BaseModel):
         return valid_text(value, "content")
 
 
+class ImageURL(BaseModel):
+    url: str
+    detail: str | None = None  # OpenAI's low/high/auto: the projector decides the size here
+
+
+class ImagePart(BaseModel):
+    """OpenAI's image part; the other APIs' images are translated to it."""
+
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    @field_validator("image_url", mode="before")
+    @classmethod
+    def _bare_url(cls, value):  # some clients send the address as a bare string
+        return {"url": value} if isinstance(value, str) else value
+
+    @classmethod
+    def of_base64(cls, media_type: str, data: str) -> "ImagePart":
+        return cls(type="image_url", image_url={"url": f"data:{media_type};base64,{data}"})
+
+
+ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+READ_PARTS = ("text", "image_url")
+
+
 class ToolCallFunction(BaseModel):
     name: str = Field(..., pattern=TOOL_NAME)  # an earlier call's, as a tool's name
     arguments: str
@@ -51,7 +78,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
+    content: str | list[ContentPart] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = Field(None, pattern=CALL_ID)  # a tool's result answers this call
@@ -62,13 +89,13 @@ class ChatMessage(BaseModel):
     @field_validator("content", mode="before")
     @classmethod
     def _text_parts_only(cls, value):
-        """Say plainly that images, audio and files are not read (instead of a union error)."""
+        """Say plainly that audio and files are not read (instead of a union error)."""
         if isinstance(value, list):
             for part in value:
                 kind = part.get("type") if isinstance(part, dict) else None
-                if kind != "text":
+                if kind not in READ_PARTS:
                     raise ValueError(f"content parts of type {kind!r} are not supported: this "
-                                     f"server's model reads text only; send the text as a string "
+                                     f"server reads text and images; send the text as a string "
                                      f"or as {{'type': 'text', 'text': ...}} parts")
         return value
 
@@ -83,9 +110,19 @@ class ChatMessage(BaseModel):
 
     @property
     def text(self) -> str:
-        """The content as one text (text parts joined; none: "")."""
+        """The content as one text (text parts joined, each image as IMAGE_MARKER; none: "")."""
         content = self.content
-        return "".join(part.text for part in content) if isinstance(content, list) else content or ""
+        if not isinstance(content, list):
+            return content or ""
+        return "".join(p.text if isinstance(p, TextPart) else IMAGE_MARKER for p in content)
+
+    def image_urls(self, where: str) -> list[tuple[str, str]]:
+        """The message's images in order, as (url, the field it came in); `where` names the
+        message."""
+        if not isinstance(self.content, list):
+            return []
+        return [(p.image_url.url, f"{where}.content[{j}]")
+                for j, p in enumerate(self.content) if isinstance(p, ImagePart)]
 
     def as_template_dict(self, native: bool = False) -> dict:
         """The message as the chat template reads it. Tool calls: written into the text in

@@ -53,7 +53,8 @@ def show(entry: Entry, reasons: bool) -> dict:
     host, details = entry.host, model_details(entry)
     facts = (host.facts or {}).get("model", {}) if entry.loaded else {}
     capabilities = (["embedding"] if entry.spec.kind == "embedding"
-                    else ["completion", "tools"] + (["thinking"] if reasons else []))
+                    else ["completion", "tools"] + (["thinking"] if reasons else [])
+                    + (["vision"] if entry.loaded and host.reads_images else []))
     info = {"general.architecture": details["family"],
             "general.parameter_count": facts.get("n_params", 0)}
     if details["family"]:

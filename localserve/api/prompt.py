@@ -15,7 +15,9 @@ from __future__ import annotations
 from starlette.concurrency import run_in_threadpool
 
 from localserve.models.chat_template import ChatTemplateError, as_alternating_turns
+from localserve.api import images as image_input
 from localserve.api.schemas import OpenAIError
+from localserve.models.host_face import ImageError
 from localserve.models.model_host import ModelHost
 
 
@@ -71,10 +73,11 @@ async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str
 
 
 def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None,
-                 ending: str = "assistant", variables: dict | None = None) -> list[int]:
+                 ending: str = "assistant", variables: dict | None = None,
+                 images: list = ()) -> tuple[list[int], dict]:
     """ending: "assistant" (the template's generation prompt: a new answer), "none" (the
     messages as they are), "continue" (the final assistant message left open); variables:
-    the request's chat_template_kwargs."""
+    the request's chat_template_kwargs; images: the messages' ImageRefs, in order."""
     shape = {"add_generation_prompt": ending == "assistant", "continue_final": ending == "continue",
              "variables": variables}
     try:
@@ -89,16 +92,25 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
             parts = host.template.render_parts(as_alternating_turns(messages), **shape)
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
-    return host.tokenize_parts(parts)
+    try:
+        return host.tokenize_parts(parts, image_input.decode(list(images)))
+    except ImageError as exc:
+        raise OpenAIError(400, str(exc), param="messages") from None
 
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
-                      ending: str = "assistant", variables: dict | None = None) -> list[int]:
-    """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any tool prompt);
-    tools for a template that renders them itself; ending, variables: see _chat_tokens."""
+                      ending: str = "assistant", variables: dict | None = None,
+                      images: list = ()) -> tuple[list[int], dict]:
+    """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any
+    tool prompt); tools for a template that renders them itself; ending, variables, images:
+    see _chat_tokens. (tokens, the images placed among them by hash)"""
+    if images and not host.reads_images:
+        raise OpenAIError(400, f"{images[0].where}: the model '{host.model_id}' reads text only; "
+                          f"serve it with its projector (--mmproj FILE) to send images, or "
+                          f"send text", param=images[0].where)
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")
-    return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables)
+    return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables, images)
 
 
 async def text_prompt(host: ModelHost, prompt: str) -> list[int]:

@@ -166,6 +166,7 @@ async def props(request: Request, model: str | None = None):
         "kv_unified": True, "split": pool.split, "n_ctx_guaranteed": pool.guarantee,
         "context": host.context.as_json() if host.context else None,
         "total_slots": pool.n_slots,  # llama-server's name for n_slots
+        "modalities": {"vision": host.reads_images, "audio": False},  # llama-server's
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
         "chat_template": host.template.source if host.template else None,
         "model_path": model_path if is_admin(request) else Path(model_path).name if model_path else None,

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import Admitted, admit
+from localserve.api.chat_message import ImagePart
 from localserve.api.message_reply import MessageReply
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.serving import chat_tokens, reasons, start_chat
@@ -58,14 +59,42 @@ def _text(blocks, where: str) -> str:
     """A string, or text blocks joined; any other block kind is refused by name."""
     if isinstance(blocks, str):
         return blocks
+    return _joined(_parts(blocks, where, images=False))
+
+
+def _parts(blocks, where: str, images: bool = True) -> list[dict]:
+    """Text and image blocks as OpenAI's content parts; any other kind is refused by name."""
+    if isinstance(blocks, str):
+        return [{"type": "text", "text": blocks}]
     parts = []
     for block in blocks or []:
         kind = block.get("type") if isinstance(block, dict) else None
-        if kind != "text":
-            raise OpenAIError(400, f"{where}: content blocks of type {kind!r} are not supported: "
-                              f"this server's model reads text only", param=where)
-        parts.append(str(block.get("text", "")))
-    return "".join(parts)
+        if kind == "image" and images:
+            parts.append(_image(block.get("source"), where))
+        elif kind == "text":
+            parts.append({"type": "text", "text": str(block.get("text", ""))})
+        else:
+            raise OpenAIError(400, f"{where}: content blocks of type {kind!r} are not supported "
+                              f"here: this server reads text{' and images' if images else ''}",
+                              param=where)
+    return parts
+
+
+def _image(source, where: str) -> dict:
+    """An image block's source: base64 (or a URL, which the chat path refuses to fetch)."""
+    if isinstance(source, dict) and source.get("type") == "base64":
+        return ImagePart.of_base64(str(source.get("media_type", "image/*")),
+                                   str(source.get("data", ""))).model_dump()
+    if isinstance(source, dict) and source.get("type") == "url":
+        return {"type": "image_url", "image_url": {"url": str(source.get("url", ""))}}
+    raise OpenAIError(400, f"{where}: an image's source must be base64 data", param=where)
+
+
+def _joined(parts: list[dict]):
+    """Parts as a string when they are all text (what every template reads), else the parts."""
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def _messages(body: MessagesRequest) -> list[dict]:
@@ -85,7 +114,7 @@ def _messages(body: MessagesRequest) -> list[dict]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "tool_result" and role == "user":
                 out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _text(block.get("content", ""), where)})
+                            "content": _joined(_parts(block.get("content", ""), where))})
             elif kind == "tool_use" and role == "assistant":
                 calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
                     "name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
@@ -94,9 +123,9 @@ def _messages(body: MessagesRequest) -> list[dict]:
             elif kind == "redacted_thinking" and role == "assistant":
                 continue  # encrypted by another server: nothing a model here could read
             else:
-                text.append(_text([block], where))
+                text += _parts([block], where, images=role == "user")
         if text or calls or role == "assistant":
-            message = {"role": role, "content": "".join(text)}
+            message = {"role": role, "content": _joined(text)}
             if calls:
                 message["tool_calls"] = calls
             if thoughts:
@@ -196,5 +225,5 @@ async def count_tokens(body: CountTokensRequest, request: Request,
                        admitted: Admitted = Depends(admit)):
     chat = as_chat(body.model_copy(update={"max_tokens": body.max_tokens or 1}))
     async with admitted.lease(chat.model) as host:
-        tokens, _, _ = await chat_tokens(host, chat)
+        tokens = (await chat_tokens(host, chat)).tokens
     return {"input_tokens": len(tokens)}

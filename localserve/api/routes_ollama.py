@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted, admit
+from localserve.api.chat_message import ImagePart
 from localserve.api.embedding import EmbeddingRequest, embed
 from localserve.api.ollama_model import show, tags_entry
 from localserve.api.ollama_reply import OllamaReply, now_iso
@@ -114,6 +115,17 @@ def sampling(body: OllamaBody) -> tuple[dict, list[str], int | None]:
     return fields, ignored + sorted(body.model_extra or {}), num_ctx
 
 
+def with_images(text, images, where: str):
+    """Ollama's `images` (base64, no media type) as OpenAI's image parts, before the text (as
+    Ollama's own templates place them)."""
+    if not images:
+        return text
+    if not isinstance(images, list) or not all(isinstance(x, str) for x in images):
+        raise OpenAIError(400, f"{where} must be a list of base64 strings", param=where)
+    parts = [ImagePart.of_base64("image/*", data).model_dump() for data in images]
+    return parts + ([{"type": "text", "text": text}] if text else [])
+
+
 def chat_messages(messages: list[dict]) -> list[dict]:
     """Ollama's messages as OpenAI's: calls get ids (Ollama's have none), a tool's result
     answers the latest call of its tool_name."""
@@ -121,10 +133,9 @@ def chat_messages(messages: list[dict]) -> list[dict]:
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise OpenAIError(400, f"messages[{i}] must be an object", param="messages")
-        if message.get("images"):
-            raise OpenAIError(400, "images are not supported: this server's model reads text "
-                              "only", param=f"messages[{i}].images")
-        turn = {"role": message.get("role"), "content": message.get("content") or ""}
+        turn = {"role": message.get("role"),
+                "content": with_images(message.get("content") or "", message.get("images"),
+                                       f"messages[{i}].images")}
         calls = message.get("tool_calls") or []
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
             raise OpenAIError(400, f"messages[{i}].tool_calls must be a list of objects",
@@ -229,10 +240,12 @@ async def generate(body: GenerateBody, request: Request,
     started = time.monotonic()
     for name, why in (("template", "the model's own chat template is used; send raw: true "
                                    "with a prompt you formatted yourself"),
-                      ("context", "send the conversation to /api/chat instead"),
-                      ("images", "this server's model reads text only")):
+                      ("context", "send the conversation to /api/chat instead")):
         if getattr(body, name):
             raise OpenAIError(400, f"'{name}' is not supported: {why}", param=name)
+    if body.images and (body.raw or body.suffix is not None):
+        raise OpenAIError(400, "'images' go through the chat template, which raw: true and "
+                          "suffix skip", param="images")
     if body.raw and body.system:
         raise OpenAIError(400, "'system' needs the chat template, which raw: true skips",
                           param="system")
@@ -252,7 +265,7 @@ async def generate(body: GenerateBody, request: Request,
             stream = submit(admitted, host, tokens, completion, grammar, "/api/generate", num_ctx)
         else:
             messages = ([{"role": "system", "content": body.system}] if body.system else []) \
-                + [{"role": "user", "content": body.prompt}]
+                + [{"role": "user", "content": with_images(body.prompt, body.images, "images")}]
             stream, plan = await queue_chat(admitted, host, as_chat(body, messages, fields),
                                             "/api/generate", num_ctx)
     ignored += admitted.keep_alive(body.model, keep_alive)

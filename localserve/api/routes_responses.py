@@ -67,18 +67,25 @@ def _owner(request: Request) -> str:
     return caller(request).owner
 
 
-def _text(content, where: str) -> str:
-    """A string, or text parts joined; images and files are refused by name."""
+def _text(content, where: str):
+    """A string, or text parts joined; with input_image parts, OpenAI's chat parts (images
+    as image_url parts); files are refused by name."""
     if isinstance(content, str):
         return content
     parts = []
     for part in content if isinstance(content, list) else [content]:
         kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "input_image" and isinstance(part.get("image_url"), str):
+            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            continue
         if kind not in TEXT_PARTS and kind != "refusal":
             raise OpenAIError(400, f"{where}: parts of type {kind!r} are not supported: this "
-                              f"server's model reads text only", param=where)
-        parts.append(str(part.get("text", part.get("refusal", ""))))
-    return "".join(parts)
+                              f"server reads text, and images sent as image_url data URIs",
+                              param=where)
+        parts.append({"type": "text", "text": str(part.get("text", part.get("refusal", "")))})
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 def input_messages(items: str | list[dict]) -> list[dict]:
@@ -276,5 +283,5 @@ async def input_tokens(body: ResponsesRequest, request: Request,
                        admitted: Admitted = Depends(admit)):
     chat = as_chat(body, await in_store_thread(request, _earlier, request, body))
     async with admitted.lease(chat.model) as host:
-        tokens, _, _ = await chat_tokens(host, chat)
+        tokens = (await chat_tokens(host, chat)).tokens
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
+from typing import NamedTuple
 
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
+from localserve.api.images import from_url
 from localserve.api.reasoning import uses_reasoning
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, SamplingBody
 from localserve.common.config import Settings
@@ -101,11 +103,12 @@ REFUSED_AGAIN_DELAY_S = 1.0
 
 def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: SamplingBody,
            grammar: str | None = None, endpoint: str = "",
-           context_limit: int | None = None) -> ChoiceStreams:
+           context_limit: int | None = None, images: dict | None = None) -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first. `context_limit`: a context smaller than one
-    request may use, that the client asked for (Ollama's num_ctx); prompt and answer fit in it."""
+    request may use, that the client asked for (Ollama's num_ctx); prompt and answer fit in it.
+    `images`: the prompt's images by hash (prompt.chat_prompt)."""
     user = admitted.user(body)
     refused = host.grammar_refusal(user, grammar)
     if refused:  # sent again after the engine ended it: answered late, at no cost (tarpit)
@@ -134,7 +137,7 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: Samplin
         seeded = params if params.seed is None else replace(params, seed=params.seed + i)
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
                                      cache_scope=admitted.office.cache_scope(user),
-                                     background=background,
+                                     background=background, images=images or {},
                                      prefix_of=choices[0] if choices else None))
     try:
         return host.engine.submit_choices(choices)
@@ -154,9 +157,16 @@ def reasons(host: ModelHost) -> bool:
                           host.template.source if host.template else None)
 
 
-async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
-    """(prompt tokens, grammar, tool plan) of a chat request: tools or response_format become
-    a grammar, the messages go through the template (worker threads: see prompt.py)."""
+class ChatPrompt(NamedTuple):
+    tokens: list[int]
+    grammar: str | None
+    plan: object  # structured.ToolPlan or None
+    images: dict  # the images placed among the tokens, by hash
+
+
+async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPrompt:
+    """A chat request's prompt: tools or response_format become a grammar, the messages go
+    through the template, their images through the projector (worker threads: prompt.py)."""
     tools = await run_in_threadpool(structured.tool_setup, host, body)
     if tools is not None:
         messages, grammar, plan = tools
@@ -169,9 +179,11 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest):
         raise OpenAIError(400, f"'{host.model_id}' has no reasoning effort to set (its chat "
                           f"template does not read reasoning_effort); leave it out",
                           param="reasoning_effort")
-    tokens = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
-                                      body.template_kwargs)
-    return tokens, grammar, plan
+    images = [from_url(url, where) for i, m in enumerate(body.messages)
+              for url, where in m.image_urls(f"messages[{i}]")]
+    tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
+                                              body.template_kwargs, images)
+    return ChatPrompt(tokens, grammar, plan, placed)
 
 
 async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):
@@ -186,5 +198,6 @@ async def queue_chat(admitted: Admitted, host: ModelHost, body: ChatCompletionRe
     for every chat-shaped API: OpenAI's chat, Anthropic's Messages and Responses through
     start_chat, Ollama's chat and generate inside their own lease (which may only load)."""
     with host.chat_on_its_way(background_task(body)):
-        tokens, grammar, plan = await chat_tokens(host, body)
-        return submit(admitted, host, tokens, body, grammar, endpoint, context_limit), plan
+        chat = await chat_tokens(host, body)
+        return submit(admitted, host, chat.tokens, body, chat.grammar, endpoint, context_limit,
+                      chat.images), chat.plan

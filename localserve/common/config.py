@@ -85,6 +85,7 @@ class Settings:
     # (chat_template.BUILTIN), a Jinja template, or a file.
     chat_template: str | None = None
     chat_template_file: str | None = None
+    mmproj: str | None = None  # the model's projector (llama-server's --mmproj): images in chats
     config: str | None = None  # the TOML file these settings were read from (SIGHUP rereads it)
     state_dir: str | None = None  # the ledger lives here; None: ~/.local/share/localserve
     ledger: bool = True  # keep per-request usage in <state-dir>/ledger.db

@@ -88,7 +88,8 @@ def continued(tokens: list[int], end: int, want: int) -> list[int]:
     period = len(tokens) - end
     while len(draft) < want:
         draft.append(draft[-period])
-    return draft
+    image = next((i for i, token in enumerate(draft) if token < 0), None)
+    return draft if image is None else draft[:image]  # an image's rows are never drafted
 
 
 def matched_length(tokens: list[int], earlier_end: int, tail_end: int) -> int:

@@ -89,3 +89,4 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
+    mmproj: str | None = None  # the model's projector: images in prompts (runner/images.py)

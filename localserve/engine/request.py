@@ -118,6 +118,9 @@ class Request:
     # copies it (llama_memory_seq_cp) instead of computing it again.
     prefix_of: Request | None = None
     drafter: NgramDrafter | None = None  # speculative decoding: its n-gram index (drafts.py)
+    # the prompt's images by hash: their rows are placeholder ids in prompt_tokens, decoded
+    # from the image's embeddings (runner/images.py); opaque to the scheduler
+    images: dict = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:

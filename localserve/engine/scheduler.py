@@ -17,6 +17,7 @@ import time
 from typing import NamedTuple
 
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares, too_costly
+from localserve.engine.image_rows import chunk_length
 from localserve.engine.interfaces import Vocab
 from localserve.engine.long_prompts import LongPromptPlaces
 from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
@@ -255,7 +256,7 @@ class Scheduler:
 
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
         pending = slot.pending_tokens()
-        tokens = pending[:limit]
+        tokens = pending[:chunk_length(pending, limit)]  # an image kept whole (image_rows.py)
         plan.chunks.append(SeqChunk(slot.slot_id, slot.request, tokens, slot.n_cached,
                                     sample=len(tokens) == len(pending)))
         return len(tokens)

@@ -5,12 +5,34 @@ engine loop past it, so a change of engine shows here and nowhere else."""
 
 from __future__ import annotations
 
+import secrets
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from localserve.models.chat_template import PromptPart
 
 if TYPE_CHECKING:
     from localserve.engine.scheduler_view import PoolLimits
+
+# What stands for an image in a rendered chat (a caller's text, split there by tokenize_parts):
+# random per process, so no text a client writes can place an image where none was sent.
+IMAGE_MARKER = f"<image-{secrets.token_hex(12)}>"
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An image read by the API (api/images.py): RGB pixels, the file's bytes (its identity
+    in the prompt cache) and where it came from, for errors."""
+
+    rgb: bytes
+    width: int
+    height: int
+    raw: bytes
+    where: str
+
+
+class ImageError(ValueError):
+    """An image the projector refused; the message names it."""
 
 
 class HostFace:
@@ -27,15 +49,43 @@ class HostFace:
         add_special = not (bos and text.startswith(bos))
         return self.runner.tokenize(text, add_special=add_special, parse_special=True)
 
-    def tokenize_parts(self, parts: list[PromptPart]) -> list[int]:
+    def tokenize_parts(self, parts: list[PromptPart],
+                       images: list[DecodedImage] = ()) -> tuple[list[int], dict]:
         """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
-        text as plain text. BOS is added unless the template wrote it."""
+        text as plain text, each IMAGE_MARKER in it as the next image's rows (placeholder ids,
+        runner/images.py). BOS is added unless the template wrote it. (tokens, the images by
+        hash)"""
         bos = self.runner.bos_text
         tokens: list[int] = []
+        placed: dict = {}
+        waiting = list(images)
         for i, part in enumerate(parts):
             add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
-            tokens += self.runner.tokenize(part.text, add_special=add_bos, parse_special=part.trusted)
+            pieces = part.text.split(IMAGE_MARKER) if images and not part.trusted else [part.text]
+            for j, text in enumerate(pieces):
+                if j:
+                    tokens += self._image_rows(waiting.pop(0), placed)
+                if text or (add_bos and j == 0):
+                    tokens += self.runner.tokenize(text, add_special=add_bos and j == 0,
+                                                   parse_special=part.trusted)
+        if waiting:
+            raise ImageError(f"{waiting[0].where}: the chat template left no place for this image")
+        return tokens, placed
+
+    def _image_rows(self, image: DecodedImage, placed: dict) -> list[int]:
+        try:
+            tokens, inputs = self.runner.projector.prepare(image.rgb, image.width, image.height,
+                                                           image.raw)
+        except ValueError as exc:
+            raise ImageError(f"{image.where}: {exc}") from None
+        for h, found in inputs.items():
+            placed.setdefault(h, found)  # the same image twice: encoded once
         return tokens
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether this model was given a projector (--mmproj): images in its chats."""
+        return getattr(self.runner, "projector", None) is not None
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")

@@ -157,7 +157,8 @@ class ModelHost(HostFace):
                 n_batch=prefill_budget, n_threads=s.threads,
                 n_gpu_layers=s.n_gpu_layers if context.n_gpu_layers is None else context.n_gpu_layers,
                 main_gpu=s.main_gpu, tensor_split=s.tensor_split,
-                cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn))
+                cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
+                mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))
             if s.rpc_servers:  # asked once here: a worker that dies later must not be queried
@@ -274,7 +275,7 @@ class ModelHost(HostFace):
         """A slot whose guaranteed share cannot hold a one-line chat plus a short answer
         serves its colleagues only by borrowing: say so."""
         one_line = self.template.render_parts([{"role": "user", "content": "Hello, how are you?"}])
-        need = len(self.tokenize_parts(one_line)) + answer_room
+        need = len(self.tokenize_parts(one_line)[0]) + answer_room
         if pool.guarantee < need:
             s = self.settings
             log.warning("each slot holds %d tokens of the pool for sure, but a one-line chat with "

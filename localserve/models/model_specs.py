@@ -10,7 +10,7 @@ from pathlib import Path
 from localserve.common.config import Settings, SettingsError, resolve_model
 
 KINDS = ("chat", "embedding")
-TABLE_KEYS = {"path", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
+TABLE_KEYS = {"path", "mmproj", "ctx_size", "parallel", "n_gpu_layers", "n_predict", "kind", "pin",
               "chat_template", "chat_template_file"}
 SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
 
@@ -45,11 +45,13 @@ class ModelSpec:
     pin: bool = False  # never unloaded, by idle time or to make room
     chat_template: str | None = None  # instead of the GGUF's (a built-in name or Jinja)
     chat_template_file: str | None = None
+    mmproj: str | None = None  # its projector: images in its chats (runner/images.py)
 
     def settings(self, server: Settings) -> Settings:
         """The server's settings with this model's file and its own overrides."""
         changes = {"model": self.path, "model_alias": self.name,  # each model its own template
-                   "chat_template": self.chat_template, "chat_template_file": self.chat_template_file}
+                   "chat_template": self.chat_template, "chat_template_file": self.chat_template_file,
+                   "mmproj": self.mmproj}
         for name in ("ctx_size", "parallel", "n_gpu_layers", "n_predict"):
             if getattr(self, name) is not None:
                 changes[name] = getattr(self, name)
@@ -116,11 +118,16 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
     specs = []
     if settings.model is not None or not named:
         path = find_model(settings.model)
+        if settings.mmproj:
+            find_model(settings.mmproj, "--mmproj")  # refused at start, named
         specs.append(ModelSpec((settings.aliases or [path.stem])[0], settings.model,
                                chat_template=settings.chat_template,
-                               chat_template_file=settings.chat_template_file))
+                               chat_template_file=settings.chat_template_file,
+                               mmproj=settings.mmproj))
     for name, table in named.items():
         find_model(table["path"], f"[models.{name}] path =")  # refused at start, named
+        if table.get("mmproj"):
+            find_model(table["mmproj"], f"[models.{name}] mmproj =")
         specs.append(ModelSpec(name, **table))
     names = [s.name for s in specs]
     duplicate = next((n for n in names if names.count(n) > 1), None)

@@ -26,6 +26,7 @@ from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_
                                                  supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
 from localserve.engine.runner.calls import compacts, decode_calls, interleaved, one_call
+from localserve.engine.runner.image_steps import ImageSteps
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
@@ -34,7 +35,7 @@ from localserve.engine.runner.upper_state import clear_upper_state
 log = logging.getLogger("localserve.llama")
 
 
-class LlamaRunner(Sampling):
+class LlamaRunner(Sampling, ImageSteps):
     def __init__(self, config: RunnerConfig):
         self.config = config
         _quiet_llama()
@@ -96,6 +97,7 @@ class LlamaRunner(Sampling):
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
+        self._open_images(config.mmproj, threads)  # a projector: images in prompts
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -182,7 +184,7 @@ class LlamaRunner(Sampling):
         """The bytes a generated token adds to the text (control tokens add none). Cached."""
         cached = self._pieces.get(token)
         if cached is None:
-            if self.vocab is None:  # unloaded (several models): a late reply gets no text
+            if self.vocab is None or token < 0:  # unloaded (several models), or an image row  # unloaded (several models): a late reply gets no text
                 return b""
             buf = ctypes.create_string_buffer(256)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
@@ -225,7 +227,9 @@ class LlamaRunner(Sampling):
         self.costly_grammars, self.grammar_seconds = set(), {}
         if self.cpu_tiles and compacts(plan, self.interleaved_rows):
             self._compact(plan.num_tokens)
-        decode_s = 0.0
+        whole, decode_s = plan, 0.0
+        if self.projector is not None:  # image rows first, in order (image_steps.py)
+            plan, decode_s = self._place_images(plan, saved)
         for call in decode_calls(plan) if self.cpu_tiles else one_call(plan):  # calls.py
             n, rows = self._fill(call)
             started = time.perf_counter()
@@ -233,7 +237,7 @@ class LlamaRunner(Sampling):
             clear_upper_state()  # else this thread's sampling runs ~17x slower (upper_state.py)
             decode_s += time.perf_counter() - started
             if rc != 0:
-                self._undo(plan, rc, n, saved)
+                self._undo(whole, rc, n, saved)
             self.interleaved_rows += interleaved(call)
         decoded = time.perf_counter()
         sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
@@ -338,6 +342,7 @@ class LlamaRunner(Sampling):
             return self._embedder
 
     def close(self) -> None:
+        self._close_images()
         if self._embedder is not None:
             self._embedder.close()
         for chain in (*self.samplers.values(), *self.grammars.values()):

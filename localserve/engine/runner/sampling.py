@@ -79,7 +79,8 @@ class Sampling:
             add(C.llama_sampler_init_dist(seed))
         if p.penalized:
             for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:
-                C.llama_sampler_accept(chain, token)
+                if token >= 0:  # an image's rows are no token (images.py)
+                    C.llama_sampler_accept(chain, token)
         self.samplers[slot_id] = chain
         # Greedy alone (no bias, no penalties) picks the first largest logit, which numpy
         # reads in place; llama_sampler_sample first copies the whole vocabulary into a

@@ -1,0 +1,95 @@
+"""Images in chats, as every API sends them, read into pixels before the model sees them.
+
+Each API's image (OpenAI's `image_url` part, Anthropic's `image` block, Responses'
+`input_image`, Ollama's `images`) becomes an ImageRef in the message: its bytes, and where it
+sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it on a worker thread with bounds
+on bytes, pixels and count, each refusal a 400 naming the image; the projector then resizes it
+as llama.cpp does (runner/images.py). Image URLs are not fetched: the server would reach out
+on a client's word.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import re
+import warnings
+from dataclasses import dataclass
+
+from localserve.api.schemas import OpenAIError
+from localserve.models.host_face import DecodedImage
+
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+MAX_PIXELS = 40_000_000  # about 8K x 5K: bigger is a decompression bomb, not a photo
+MAX_SIDE = 2048  # larger images are shrunk to this first (the projector shrinks them further)
+MAX_IMAGES = 16  # per request
+FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
+DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class ImageRef:
+    """An image as a client sent it: base64 text, and the field it came in (for errors)."""
+
+    data: str
+    where: str
+
+
+def from_url(url: str, where: str) -> ImageRef:
+    """OpenAI's image_url: a data URI; an http(s) address is refused (never fetched)."""
+    match = DATA_URI.match(url)
+    if match is None:
+        if url.startswith(("http://", "https://")):
+            raise OpenAIError(400, f"{where}: this server does not fetch images from addresses; "
+                              "send the image itself as a data URI "
+                              "(data:image/png;base64,...)", param=where)
+        raise OpenAIError(400, f"{where}: expected a data URI (data:image/png;base64,...)",
+                          param=where)
+    return ImageRef(url[match.end():], where)
+
+
+def decode(refs: list[ImageRef]) -> list[DecodedImage]:
+    """Every image as RGB pixels, or a 400 naming the first that cannot be read. Blocking
+    (Pillow): call it on a worker thread."""
+    if len(refs) > MAX_IMAGES:
+        raise OpenAIError(400, f"{len(refs)} images in one request; at most {MAX_IMAGES}",
+                          param=refs[MAX_IMAGES].where)
+    return [_decode_one(ref) for ref in refs]
+
+
+def _decode_one(ref: ImageRef) -> DecodedImage:
+    from PIL import Image  # Pillow, which matplotlib brings
+
+    if len(ref.data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+        raise OpenAIError(400, f"{ref.where}: the image is over {MAX_IMAGE_BYTES >> 20} MB",
+                          param=ref.where)
+    try:
+        raw = base64.b64decode(ref.data, validate=True)
+    except (binascii.Error, ValueError):
+        raise OpenAIError(400, f"{ref.where}: the image is not valid base64", param=ref.where) \
+            from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            image = Image.open(io.BytesIO(raw), formats=FORMATS)
+            if image.width * image.height > MAX_PIXELS:
+                raise OpenAIError(400, f"{ref.where}: the image is {image.width}x{image.height} "
+                                  f"pixels; at most {MAX_PIXELS // 1_000_000} million",
+                                  param=ref.where)
+            image.draft("RGB", (MAX_SIDE, MAX_SIDE))  # JPEG: decode at a smaller scale
+            image = image.convert("RGB")
+    except OpenAIError:
+        raise
+    except Image.DecompressionBombError:  # Pillow's own bound, far past ours: said the same
+        raise OpenAIError(400, f"{ref.where}: the image has more pixels than the "
+                          f"{MAX_PIXELS // 1_000_000} million allowed", param=ref.where) from None
+    except Exception as exc:  # truncated, corrupt, or not an image Pillow reads
+        kind = "an unsupported format" if "cannot identify" in str(exc) else "unreadable"
+        raise OpenAIError(400, f"{ref.where}: the image is {kind} ({exc.__class__.__name__}); "
+                          f"send PNG, JPEG, GIF, WebP or BMP", param=ref.where) from None
+    if max(image.size) > MAX_SIDE:
+        image.thumbnail((MAX_SIDE, MAX_SIDE))
+    if min(image.size) < 1:
+        raise OpenAIError(400, f"{ref.where}: the image has no pixels", param=ref.where)
+    return DecodedImage(image.tobytes(), image.width, image.height, raw, ref.where)

@@ -1,0 +1,117 @@
+"""A step's image rows (images.py): decoded from the image's embeddings, in the order the
+sequence needs them, before the step's usual call(s).
+
+llama_decode takes tokens or embeddings in one batch, never both, and a row sees only the cells
+already in the cache: so a chunk that holds image rows is decoded up to its last image row
+first, run by run (text before an image as tokens, the image as embeddings), and what follows
+(at least the generation prompt after the last image, where the sampled row is) goes on with
+every other sequence's rows in the step's usual call(s) (calls.py).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+import llama_cpp as C
+
+from localserve.engine.image_rows import image_row
+from localserve.engine.plan import SeqChunk, StepPlan
+
+if TYPE_CHECKING:  # mtmd's library loads only for a model with a projector
+    from localserve.engine.runner.images import ImageInput, Projector
+
+
+def image_runs(tokens: list[int], end: int) -> list[tuple[int, int, int | None]]:
+    """tokens[:end] as runs (start, stop, image hash or None for text); an image's run ends
+    where its rows stop following one another (the next image starts)."""
+    runs: list[tuple[int, int, int | None]] = []
+    start, current, last_row = 0, None, -1
+    for i in range(end):
+        token = tokens[i]
+        h, row, _ = image_row(token) if token < 0 else (None, -1, False)
+        if i > start and (h != current or (h is not None and row != last_row + 1)):
+            runs.append((start, i, current))
+            start = i
+        current, last_row = h, row
+    if end > start:
+        runs.append((start, end, current))
+    return runs
+
+
+class ImageSteps:
+    """Mixed into LlamaRunner: `projector` (None for a text model), `embd_batch`."""
+
+    projector: Projector | None = None
+
+    def _open_images(self, mmproj: str | None, n_threads: int) -> None:
+        if mmproj:
+            from localserve.engine.runner.images import Projector
+
+            self.projector = Projector(mmproj, self.model, n_threads, self.n_gpu_layers > 0)
+            self.embd_batch = C.llama_batch_init(self.config.n_batch, self.n_embd, 1)
+
+    def _close_images(self) -> None:
+        if self.projector is not None:
+            C.llama_batch_free(self.embd_batch)
+            self.projector.close()
+            self.projector = None
+
+    def _place_images(self, plan: StepPlan, saved) -> tuple[StepPlan, float]:
+        """Decode every chunk's rows up to its last image row; the plan of what is left, and
+        the seconds spent in llama_decode."""
+        chunks, spent = [], 0.0
+        for chunk in plan.chunks:
+            last = max((i for i, t in enumerate(chunk.tokens) if t < 0), default=-1)
+            if last < 0:
+                chunks.append(chunk)
+                continue
+            if chunk.sample and last == len(chunk.tokens) - 1:
+                raise ValueError("a prompt ends with an image: nothing to answer from")
+            for start, stop, h in image_runs(chunk.tokens, last + 1):
+                spent += self._decode_run(plan, chunk, start, stop, h, saved)
+            if last + 1 < len(chunk.tokens):
+                chunks.append(SeqChunk(chunk.slot_id, chunk.request, chunk.tokens[last + 1:],
+                                       chunk.start_pos + last + 1, chunk.sample, chunk.drafts))
+        return replace(plan, chunks=chunks), spent
+
+    def _decode_run(self, plan, chunk: SeqChunk, start: int, stop: int, h, saved) -> float:
+        if h is None:
+            n, _ = self._fill([(chunk, start, stop)])
+            batch = self.batch
+        else:
+            n, batch = stop - start, self._fill_image(chunk, start, stop, h)
+        image: ImageInput | None = chunk.request.images.get(h) if h is not None else None
+        non_causal = image is not None and image.non_causal
+        started = time.perf_counter()
+        if non_causal:  # Gemma 3's images attend both ways: the whole image in one call
+            C.llama_set_causal_attn(self.ctx, False)
+        try:
+            rc = C.llama_decode(self.ctx, batch)
+        finally:
+            if non_causal:
+                C.llama_set_causal_attn(self.ctx, True)
+        spent = time.perf_counter() - started
+        if rc != 0:
+            self._undo(plan, rc, n, saved)
+        return spent
+
+    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, h: int):
+        image = chunk.request.images.get(h)
+        if image is None or self.projector is None:
+            raise ValueError("a step reached an image this model cannot place")
+        first_row = image_row(chunk.tokens[start])[1]
+        if image.non_causal and (first_row != 0 or stop - start != image.n_rows):
+            raise ValueError("an image that attends both ways was split between steps")
+        rows = self.projector.encode(image, self.n_embd)[first_row:first_row + stop - start]
+        batch = self.embd_batch
+        ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+        for i in range(stop - start):
+            batch.pos[i] = chunk.start_pos + start + i
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = chunk.slot_id
+            batch.logits[i] = 0
+        batch.n_tokens = stop - start
+        return batch

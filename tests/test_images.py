@@ -1,0 +1,185 @@
+"""Images in chats (issue 70), on the real server: the embedded model with a random-weight
+projector of its width (scripts/make-projector; no hub download). Its answers about an image
+are noise; the counts, the cache and the refusals are what is checked."""
+
+from __future__ import annotations
+
+import base64
+import io
+import subprocess
+
+import httpx
+import pytest
+from PIL import Image
+
+from conftest import ROOT, running
+
+pytestmark = pytest.mark.model
+
+ROWS = 16  # the random projector's image tokens (random_projector.py: 64 px in 16-px patches)
+
+
+@pytest.fixture(scope="module")
+def projector() -> str:
+    return subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
+                          capture_output=True).stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def vision(projector):
+    with running("-c", "4096", "-np", "4", "-t", "2", "--mmproj", projector,
+                 log_name="images") as srv:
+        yield srv
+
+
+def png(color=(200, 30, 40), size=(100, 80), kind="PNG") -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, kind)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def openai_chat(image: str, question: str = "What is in the picture?", **extra) -> dict:
+    return {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": question},
+        {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{image}"}}]}],
+        "max_tokens": 8, "temperature": 0, **extra}
+
+
+def text_only(question: str = "What is in the picture?") -> dict:
+    return {"messages": [{"role": "user", "content": question}], "max_tokens": 8,
+            "temperature": 0}
+
+
+def post(srv, path: str, body: dict) -> httpx.Response:
+    return httpx.post(srv.url + path, json=body, timeout=120)
+
+
+def test_an_image_is_counted_in_the_prompt_and_cached_on_a_follow_up(vision):
+    image = png()
+    plain = post(vision, "/v1/chat/completions", text_only()).json()["usage"]
+    first = post(vision, "/v1/chat/completions", openai_chat(image))
+    assert first.status_code == 200, first.text
+    usage = first.json()["usage"]
+    # the image's rows are prompt tokens (as llama-server counts them)
+    assert usage["prompt_tokens"] == plain["prompt_tokens"] + ROWS
+    again = post(vision, "/v1/chat/completions", openai_chat(image)).json()["usage"]
+    assert again["prompt_tokens_details"]["cached_tokens"] >= usage["prompt_tokens"] - 1
+    other = post(vision, "/v1/chat/completions", openai_chat(png((10, 200, 30)))).json()["usage"]
+    # another image: only the text before it is reused
+    assert other["prompt_tokens_details"]["cached_tokens"] < usage["prompt_tokens"] - ROWS
+
+
+def test_greedy_answers_about_the_same_image_are_the_same_and_differ_from_text_only(vision):
+    image = png((1, 2, 250))
+    answers = {post(vision, "/v1/chat/completions", openai_chat(image)).json()["choices"][0]
+               ["message"]["content"] for _ in range(2)}
+    assert len(answers) == 1
+
+
+def test_every_api_shape_places_the_image(vision):
+    image = png((90, 90, 90))
+    base = post(vision, "/v1/chat/completions", text_only("Describe.")).json()["usage"]
+    anthropic = post(vision, "/v1/messages", {
+        "model": "m", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": image}},
+            {"type": "text", "text": "Describe."}]}]})
+    assert anthropic.status_code == 200, anthropic.text
+    assert anthropic.json()["usage"]["input_tokens"] >= base["prompt_tokens"] + ROWS - 2
+    responses = post(vision, "/v1/responses", {
+        "max_output_tokens": 16, "temperature": 0, "store": False, "input": [
+            {"role": "user", "content": [
+                {"type": "input_text", "text": "Describe."},
+                {"type": "input_image", "image_url": f"data:image/png;base64,{image}"}]}]})
+    assert responses.status_code == 200, responses.text
+    assert responses.json()["usage"]["input_tokens"] >= base["prompt_tokens"] + ROWS - 2
+    ollama = post(vision, "/api/chat", {"model": "m", "stream": False, "options": {
+        "num_predict": 8, "temperature": 0}, "messages": [
+        {"role": "user", "content": "Describe.", "images": [image]}]})
+    assert ollama.status_code == 200, ollama.text
+    assert ollama.json()["prompt_eval_count"] >= base["prompt_tokens"] + ROWS - 2
+    generate = post(vision, "/api/generate", {"model": "m", "stream": False, "prompt": "Describe.",
+                                              "images": [image], "options": {"num_predict": 4}})
+    assert generate.status_code == 200, generate.text
+    assert generate.json()["prompt_eval_count"] >= ROWS
+
+
+def test_an_image_inside_a_tool_result(vision):
+    image = png((5, 5, 5))
+    reply = post(vision, "/v1/messages", {
+        "model": "m", "max_tokens": 8, "messages": [
+            {"role": "user", "content": "Take a screenshot."},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "shot",
+                                               "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": image}}]}]}],
+        "tools": [{"name": "shot", "description": "a screenshot", "input_schema": {
+            "type": "object", "properties": {}}}]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["input_tokens"] > ROWS
+
+
+@pytest.mark.parametrize("content, says", [
+    ("data:image/png;base64,not base64!", "not valid base64"),
+    ("data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\n" + b"\0" * 40).decode(),
+     "image is"),
+    ("data:image/png;base64," + png()[:60], "image is"),  # truncated
+    ("data:image/tiff;base64," + base64.b64encode(b"II*\0" + b"\0" * 64).decode(), "image is"),
+    ("https://example.com/cat.png", "does not fetch"),
+    ("file:///etc/passwd", "data URI"),
+])
+def test_bad_images_are_refused_with_a_400_naming_them(vision, content, says):
+    body = openai_chat("x")
+    body["messages"][0]["content"][1]["image_url"]["url"] = content
+    reply = post(vision, "/v1/chat/completions", body)
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert says in error["message"] and error["param"] == "messages[0].content[1]"
+    assert post(vision, "/v1/chat/completions", text_only()).status_code == 200
+
+
+def test_a_huge_image_and_too_many_images_are_refused(vision):
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    # a 20000 x 20000 PNG header: a decompression bomb is refused before any pixel is decoded
+    bomb = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 20000, 20000, 8, 2, 0, 0, 0))
+    reply = post(vision, "/v1/chat/completions",
+                 openai_chat(base64.b64encode(bomb + chunk(b"IEND", b"")).decode()))
+    assert reply.status_code == 400 and "million" in reply.json()["error"]["message"]
+    many = openai_chat(png())
+    many["messages"][0]["content"] += [many["messages"][0]["content"][1]] * 16
+    reply = post(vision, "/v1/chat/completions", many)
+    assert reply.status_code == 400 and "at most 16" in reply.json()["error"]["message"]
+    assert post(vision, "/v1/chat/completions", text_only()).status_code == 200
+
+
+def test_a_text_model_refuses_an_image_naming_the_model_and_the_fix(server):
+    for path, body in (
+            ("/v1/chat/completions", openai_chat(png())),
+            ("/api/chat", {"model": "m", "stream": False, "messages": [
+                {"role": "user", "content": "hi", "images": [png()]}]})):
+        reply = post(server, path, body)
+        assert reply.status_code == 400, reply.text
+        assert "reads text only" in reply.text and "--mmproj" in reply.text
+
+
+def test_two_colleagues_with_images_at_once(vision):
+    import concurrent.futures
+
+    bodies = [openai_chat(png((i * 40, 10, 10))) for i in range(4)]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        replies = list(pool.map(lambda b: post(vision, "/v1/chat/completions", b), bodies))
+    assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
+    assert len({r.json()["usage"]["prompt_tokens"] for r in replies}) == 1
+
+
+def test_props_and_models_say_the_model_reads_images(vision, server):
+    props = httpx.get(vision.url + "/props").json()
+    assert props["modalities"]["vision"] is True
+    assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
+    show = httpx.post(vision.url + "/api/show", json={"model": "m"}).json()
+    assert "vision" in show["capabilities"]
