@@ -94,7 +94,9 @@ def run_models(_: argparse.Namespace) -> int:
 
     models = available_models()
     for name, path in models:
-        print(f"{path.stat().st_size / 2**20:8.1f} MiB  {name}  ({path})")
+        # a projector (mmproj) is no model: it lets one read images (--mmproj)
+        kind = "  projector: --mmproj " + name if name.startswith("mmproj") else f"  {name}"
+        print(f"{path.stat().st_size / 2**20:8.1f} MiB{kind}  ({path})")
     if not models:
         print(f"no models: put .gguf files in {MODELS_DIR}, or run scripts/setup for the default")
     print(f"\nRecommended for an office (`localserve pull NAME` puts one in {MODELS_DIR}):\n")
@@ -106,18 +108,21 @@ def run_pull(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from localserve.common.config import MODELS_DIR
-    from localserve.models.pull import PullError, pull
+    from localserve.models.pull import PullError, projector_of, pull
 
+    folder, projector = Path(args.dir) if args.dir else MODELS_DIR, projector_of(args.name)
     try:
-        path = pull(args.name, Path(args.dir) if args.dir else MODELS_DIR, args.sha256,
-                    max_bytes=int(args.max_gb * 10**9))
+        path = pull(args.name, folder, args.sha256, max_bytes=int(args.max_gb * 10**9))
+        if projector:  # what lets it read images, beside it
+            projector = pull(projector, folder, max_bytes=int(args.max_gb * 10**9))
     except PullError as exc:
         print(f"localserve pull: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("\nlocalserve pull: stopped; run it again to continue the download", file=sys.stderr)
         return 130
-    print(f"serve it: localserve up -m {path.name}")
+    print(f"serve it: localserve up -m {path.name}"
+          + (f" --mmproj {projector.name}" if projector else ""))
     return 0
 
 

@@ -104,10 +104,6 @@ async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] |
     """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any
     tool prompt); tools for a template that renders them itself; ending, variables, images:
     see _chat_tokens. (tokens, the images placed among them by hash)"""
-    if images and not host.reads_images:
-        raise OpenAIError(400, f"{images[0].where}: the model '{host.model_id}' reads text only; "
-                          f"serve it with its projector (--mmproj FILE) to send images, or "
-                          f"send text", param=images[0].where)
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")
     return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables, images)

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import Admitted, admit
+from localserve.api.images import from_url
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
 from localserve.api.serving import chat_tokens, reasons, start_chat
@@ -76,6 +77,7 @@ def _text(content, where: str):
     for part in content if isinstance(content, list) else [content]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image" and isinstance(part.get("image_url"), str):
+            from_url(part["image_url"], where)  # refused here by its own name
             parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
             continue
         if kind not in TEXT_PARTS and kind != "refusal":

@@ -179,8 +179,12 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPromp
         raise OpenAIError(400, f"'{host.model_id}' has no reasoning effort to set (its chat "
                           f"template does not read reasoning_effort); leave it out",
                           param="reasoning_effort")
-    images = [from_url(url, where) for i, m in enumerate(body.messages)
-              for url, where in m.image_urls(f"messages[{i}]")]
+    urls = [found for i, m in enumerate(body.messages) for found in m.image_urls(f"messages[{i}]")]
+    if urls and not host.reads_images:
+        raise OpenAIError(400, f"{urls[0][1]}: the model '{host.model_id}' reads text only; serve "
+                          f"it with its projector (--mmproj FILE) to send images, or send text",
+                          param=urls[0][1])
+    images = [from_url(url, where) for url, where in urls]
     tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
                                               body.template_kwargs, images)
     return ChatPrompt(tokens, grammar, plan, placed)

@@ -63,6 +63,9 @@ class HostFace:
             add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
             pieces = part.text.split(IMAGE_MARKER) if images and not part.trusted else [part.text]
             for j, text in enumerate(pieces):
+                if j and not waiting:  # a template that writes a message twice
+                    raise ImageError("the chat template placed an image twice; send it in a "
+                                     "message the template writes once, or send text")
                 if j:
                     tokens += self._image_rows(waiting.pop(0), placed)
                 if text or (add_bos and j == 0):

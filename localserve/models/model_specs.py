@@ -114,7 +114,8 @@ def model_specs(settings: Settings) -> list[ModelSpec]:
         if not folder.is_dir():
             raise SettingsError(f"--models-dir {settings.models_dir}: no such folder")
         for path in sorted(folder.glob("*.gguf")):
-            named.setdefault(path.stem, {"path": str(path)})
+            if not path.name.startswith("mmproj"):  # a projector is no model (--mmproj)
+                named.setdefault(path.stem, {"path": str(path)})
     specs = []
     if settings.model is not None or not named:
         path = find_model(settings.model)

@@ -34,6 +34,7 @@ class Recommended:
     size_gb: float  # the file
     ram_gb: int  # to serve it with an office's context (weights + an 8k-16k cache)
     what: str
+    projector: str | None = None  # its mmproj file in the same repo: it reads images
 
 
 # Q4_K_M quantizations by well-known quantizers: the usual balance of quality and size on CPUs
@@ -53,7 +54,13 @@ RECOMMENDED = (
                 "Llama-3.2-3B-Instruct-Q4_K_M.gguf", 2.0, 4,
                 "laptops and small machines: quick answers, titles, tags"),
     Recommended("gemma3-4b", "bartowski/google_gemma-3-4b-it-GGUF",
-                "google_gemma-3-4b-it-Q4_K_M.gguf", 2.5, 5, "small and multilingual"),
+                "google_gemma-3-4b-it-Q4_K_M.gguf", 2.5, 5,
+                "small and multilingual; reads images (with its projector, 0.85 GB)",
+                "mmproj-google_gemma-3-4b-it-f16.gguf"),
+    Recommended("smolvlm-256m", "ggml-org/SmolVLM-256M-Instruct-GGUF",
+                "SmolVLM-256M-Instruct-Q8_0.gguf", 0.18, 1,
+                "a tiny model that reads images: trying image chats on any machine",
+                "mmproj-SmolVLM-256M-Instruct-Q8_0.gguf"),
     Recommended("nomic-embed", "nomic-ai/nomic-embed-text-v1.5-GGUF",
                 "nomic-embed-text-v1.5.Q8_0.gguf", 0.14, 1,
                 "embeddings for document search (RAG): serve with kind = \"embedding\""),
@@ -78,6 +85,13 @@ def resolve(name: str) -> tuple[str, str]:
         return f"{parts[0]}/{parts[1]}", parts[2]
     names = ", ".join(m.name for m in RECOMMENDED)
     raise PullError(f"'{name}' is neither a recommended model ({names}) nor OWNER/REPO/FILE.gguf")
+
+
+def projector_of(name: str) -> str | None:
+    """A recommended model's projector as `localserve pull` names it (OWNER/REPO/FILE), if it
+    has one."""
+    found = next((m for m in RECOMMENDED if m.name == name), None)
+    return f"{found.repo}/{found.projector}" if found and found.projector else None
 
 
 def pull(name: str, folder: Path, sha256: str | None = None, out=sys.stderr,

@@ -86,8 +86,8 @@ class Projector:
                 raise ValueError("the projector could not preprocess the image")
             tokens: list[int] = []
             inputs: dict[int, ImageInput] = {}
-            for i in range(M.mtmd_input_chunks_size(chunks)):
-                piece = self._piece(M.mtmd_input_chunks_get(chunks, i), digest)
+            for i in range(M.mtmd_input_chunks_size(chunks)):  # an image in tiles: several
+                piece = self._piece(M.mtmd_input_chunks_get(chunks, i), digest + bytes([i % 256]))
                 if isinstance(piece, ImageInput):
                     inputs[piece.h] = piece
                     tokens += [image_id(piece.h, row, piece.non_causal)
