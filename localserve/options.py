@@ -148,6 +148,9 @@ GROUPS: dict[str, list[Option]] = {
                "names (repeatable); only matters on a loopback server without keys, where other "
                "Hosts are refused (DNS-rebinding guard)", repeat=True),
         Option("max_body_bytes", ("--max-body-bytes",), "largest request body, in bytes"),
+        Option("image_urls", ("--image-urls",), "fetch the images that chats name by http(s) "
+               "address (20 MB and 10 s each at most); off, such an image is refused and "
+               "clients send the image itself"),
         Option("header_timeout", ("--header-timeout",), "seconds a client may take to send its "
                "request headers"),
         Option("body_timeout", ("--body-timeout",), "seconds a client may take to send a request "

@@ -130,7 +130,7 @@ def test_an_image_inside_a_tool_result(vision):
      "image is"),
     ("data:image/png;base64," + png()[:60], "image is"),  # truncated
     ("data:image/tiff;base64," + base64.b64encode(b"II*\0" + b"\0" * 64).decode(), "image is"),
-    ("https://example.com/cat.png", "does not fetch"),
+    ("https://example.com/cat.png", "does not fetch images from addresses"),
     ("file:///etc/passwd", "data URI"),
 ])
 def test_bad_images_are_refused_with_a_400_naming_them(vision, content, says):
@@ -179,6 +179,35 @@ def test_two_colleagues_with_images_at_once(vision):
         replies = list(pool.map(lambda b: post(vision, "/v1/chat/completions", b), bodies))
     assert all(r.status_code == 200 for r in replies), [r.text for r in replies]
     assert len({r.json()["usage"]["prompt_tokens"] for r in replies}) == 1
+
+
+def test_image_addresses_are_fetched_only_where_the_admin_allows_it(projector, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "cat.png").write_bytes(base64.b64decode(png((30, 60, 90))))
+    (tmp_path / "big.png").write_bytes(b"\0" * (21 * 1024 * 1024))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{files.server_address[1]}"
+
+    def ask(srv, name):
+        body = openai_chat("x")
+        body["messages"][0]["content"][1]["image_url"]["url"] = f"{base}/{name}"
+        return post(srv, "/v1/chat/completions", body)
+    try:
+        with running("-c", "2048", "-np", "2", "-t", "2", "--mmproj", projector, "--image-urls",
+                     log_name="image-urls") as srv:
+            fetched = ask(srv, "cat.png")
+            assert fetched.status_code == 200, fetched.text
+            assert fetched.json()["usage"]["prompt_tokens"] > ROWS
+            for name, says in (("missing.png", "answered 404"), ("big.png", "over 20 MB")):
+                refused = ask(srv, name)
+                assert refused.status_code == 400 and says in refused.json()["error"]["message"]
+    finally:
+        files.shutdown()
 
 
 def test_props_and_models_say_the_model_reads_images(vision, server):

@@ -113,7 +113,7 @@ def test_what_cannot_be_honoured_is_refused_by_name(client):
                          ({"reasoning": {"effort": "high"}}, "reasoning"),
                          ({"extra_body": {"background": True}}, "background"),
                          ({"input": [{"role": "user", "content": [
-                             {"type": "input_image", "image_url": "http://x/y.png"}]}]}, "input[0]")):
+                             {"type": "input_image", "image_url": "file:///etc/passwd"}]}]}, "input[0]")):
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(**ask(**extra))
         assert refused.value.body["param"] == named

@@ -4,8 +4,8 @@ Each API's image (OpenAI's `image_url` part, Anthropic's `image` block, Response
 `input_image`, Ollama's `images`) becomes an ImageRef in the message: its bytes, and where it
 sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it on a worker thread with bounds
 on bytes, pixels and count, each refusal a 400 naming the image; the projector then resizes it
-as llama.cpp does (runner/images.py). Image URLs are not fetched: the server would reach out
-on a client's word.
+as llama.cpp does (runner/images.py). Image addresses are fetched only where the admin said so
+(--image-urls: the server reaches out on a client's word), bounded in bytes and time.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # about 8K x 5K: bigger is a decompression bomb, not a photo
 MAX_SIDE = 2048  # larger images are shrunk to this first (the projector shrinks them further)
 MAX_IMAGES = 16  # per request
+FETCH_TIMEOUT_S = 10.0
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECASE)
 
@@ -32,18 +33,21 @@ DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECAS
 class ImageRef:
     """An image as a client sent it: base64 text, and the field it came in (for errors)."""
 
-    data: str
+    data: str  # base64; empty for an address to fetch
     where: str
+    url: str | None = None
 
 
-def from_url(url: str, where: str) -> ImageRef:
-    """OpenAI's image_url: a data URI; an http(s) address is refused (never fetched)."""
+def from_url(url: str, where: str, fetch: bool = False) -> ImageRef:
+    """OpenAI's image_url: a data URI, or with `fetch` (--image-urls) an http(s) address."""
     match = DATA_URI.match(url)
     if match is None:
+        if url.startswith(("http://", "https://")) and fetch:
+            return ImageRef("", where, url)
         if url.startswith(("http://", "https://")):
-            raise OpenAIError(400, f"{where}: this server does not fetch images from addresses; "
-                              "send the image itself as a data URI "
-                              "(data:image/png;base64,...)", param=where)
+            raise OpenAIError(400, f"{where}: this server does not fetch images from addresses "
+                              "(its admin can allow it with --image-urls); send the image "
+                              "itself as a data URI (data:image/png;base64,...)", param=where)
         raise OpenAIError(400, f"{where}: expected a data URI (data:image/png;base64,...)",
                           param=where)
     return ImageRef(url[match.end():], where)
@@ -58,17 +62,47 @@ def decode(refs: list[ImageRef]) -> list[DecodedImage]:
     return [_decode_one(ref) for ref in refs]
 
 
-def _decode_one(ref: ImageRef) -> DecodedImage:
-    from PIL import Image  # Pillow, which matplotlib brings
-
+def _decoded(ref: ImageRef) -> bytes:
     if len(ref.data) > MAX_IMAGE_BYTES * 4 // 3 + 4:
         raise OpenAIError(400, f"{ref.where}: the image is over {MAX_IMAGE_BYTES >> 20} MB",
                           param=ref.where)
     try:
-        raw = base64.b64decode(ref.data, validate=True)
+        return base64.b64decode(ref.data, validate=True)
     except (binascii.Error, ValueError):
         raise OpenAIError(400, f"{ref.where}: the image is not valid base64", param=ref.where) \
             from None
+
+
+def _fetched(ref: ImageRef) -> bytes:
+    """The image at ref.url, at most MAX_IMAGE_BYTES in FETCH_TIMEOUT_S in all (redirects
+    followed only to http(s))."""
+    import time
+
+    import httpx
+
+    deadline, body = time.monotonic() + FETCH_TIMEOUT_S, bytearray()
+    try:
+        with httpx.stream("GET", ref.url, timeout=FETCH_TIMEOUT_S, follow_redirects=True,
+                          headers={"accept": "image/*"}) as response:
+            if response.status_code != 200:
+                raise OpenAIError(400, f"{ref.where}: fetching the image answered "
+                                  f"{response.status_code}", param=ref.where)
+            for piece in response.iter_bytes():
+                body += piece
+                if len(body) > MAX_IMAGE_BYTES or time.monotonic() > deadline:
+                    raise OpenAIError(400, f"{ref.where}: the image at that address is over "
+                                      f"{MAX_IMAGE_BYTES >> 20} MB or took over "
+                                      f"{FETCH_TIMEOUT_S:.0f} s", param=ref.where)
+    except httpx.HTTPError as exc:
+        raise OpenAIError(400, f"{ref.where}: the image could not be fetched "
+                          f"({exc.__class__.__name__})", param=ref.where) from None
+    return bytes(body)
+
+
+def _decode_one(ref: ImageRef) -> DecodedImage:
+    from PIL import Image  # Pillow, which matplotlib brings
+
+    raw = _fetched(ref) if ref.url else _decoded(ref)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -77,7 +77,7 @@ def _text(content, where: str):
     for part in content if isinstance(content, list) else [content]:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image" and isinstance(part.get("image_url"), str):
-            from_url(part["image_url"], where)  # refused here by its own name
+            from_url(part["image_url"], where, fetch=True)  # a bad one refused by its own name
             parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
             continue
         if kind not in TEXT_PARTS and kind != "refusal":

@@ -184,7 +184,7 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPromp
         raise OpenAIError(400, f"{urls[0][1]}: the model '{host.model_id}' reads text only; serve "
                           f"it with its projector (--mmproj FILE) to send images, or send text",
                           param=urls[0][1])
-    images = [from_url(url, where) for url, where in urls]
+    images = [from_url(url, where, host.settings.image_urls) for url, where in urls]
     tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
                                               body.template_kwargs, images)
     return ChatPrompt(tokens, grammar, plan, placed)
