@@ -53,8 +53,11 @@ def test_on_linux_cpu_llama_cpp_is_one_library_and_ggml_is_found_in_it():
 
     from localserve.engine.runner.aborts import loaded_lib
 
-    libs = sorted(p.name for p in (Path(llama_cpp.__file__).parent / "lib").glob("lib*.so*"))
-    assert libs == ["libllama.so"]  # not the wheel's four: 0.89x on chat (docs/install.md)
+    folder = Path(llama_cpp.__file__).parent / "lib"
+    libs = sorted(p.name for p in folder.glob("lib*.so*"))
+    # not the wheel's four: 0.89x on chat (docs/install.md); mtmd is a link into the same file
+    assert libs == ["libllama.so", "libmtmd.so"]
+    assert (folder / "libmtmd.so").resolve() == (folder / "libllama.so").resolve()
     assert loaded_lib("ggml-base") is llama_cpp.llama_cpp._lib
     assert loaded_lib("ggml-rpc") is None
 
