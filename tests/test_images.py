@@ -27,7 +27,7 @@ def projector() -> str:
 
 @pytest.fixture(scope="module")
 def vision(projector):
-    with running("-c", "4096", "-np", "4", "-t", "2", "--mmproj", projector,
+    with running("-c", "4096", "-np", "4", "-t", "2", "--mmproj", projector, "--image-urls",
                  log_name="images") as srv:
         yield srv
 
@@ -130,7 +130,6 @@ def test_an_image_inside_a_tool_result(vision):
      "image is"),
     ("data:image/png;base64," + png()[:60], "image is"),  # truncated
     ("data:image/tiff;base64," + base64.b64encode(b"II*\0" + b"\0" * 64).decode(), "image is"),
-    ("https://example.com/cat.png", "does not fetch images from addresses"),
     ("file:///etc/passwd", "data URI"),
 ])
 def test_bad_images_are_refused_with_a_400_naming_them(vision, content, says):
@@ -181,7 +180,19 @@ def test_two_colleagues_with_images_at_once(vision):
     assert len({r.json()["usage"]["prompt_tokens"] for r in replies}) == 1
 
 
-def test_image_addresses_are_fetched_only_where_the_admin_allows_it(projector, tmp_path):
+def test_image_addresses_are_refused_unless_the_admin_allows_fetching():
+    from localserve.api.images import from_url
+    from localserve.api.schemas import OpenAIError
+
+    with pytest.raises(OpenAIError) as refused:
+        from_url("https://example.com/cat.png", "messages[0].content[1]")
+    assert "does not fetch images" in refused.value.message and "--image-urls" in refused.value.message
+    assert refused.value.param == "messages[0].content[1]"
+    assert from_url("https://example.com/cat.png", "x", fetch=True).url
+
+
+def test_image_addresses_are_fetched_where_the_admin_allows_it(vision, tmp_path):
+    """The vision server runs with --image-urls: an address is fetched, bounded."""
     import functools
     import http.server
     import threading
@@ -193,19 +204,17 @@ def test_image_addresses_are_fetched_only_where_the_admin_allows_it(projector, t
     threading.Thread(target=files.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{files.server_address[1]}"
 
-    def ask(srv, name):
+    def ask(name):
         body = openai_chat("x")
         body["messages"][0]["content"][1]["image_url"]["url"] = f"{base}/{name}"
-        return post(srv, "/v1/chat/completions", body)
+        return post(vision, "/v1/chat/completions", body)
     try:
-        with running("-c", "2048", "-np", "2", "-t", "2", "--mmproj", projector, "--image-urls",
-                     log_name="image-urls") as srv:
-            fetched = ask(srv, "cat.png")
-            assert fetched.status_code == 200, fetched.text
-            assert fetched.json()["usage"]["prompt_tokens"] > ROWS
-            for name, says in (("missing.png", "answered 404"), ("big.png", "over 20 MB")):
-                refused = ask(srv, name)
-                assert refused.status_code == 400 and says in refused.json()["error"]["message"]
+        fetched = ask("cat.png")
+        assert fetched.status_code == 200, fetched.text
+        assert fetched.json()["usage"]["prompt_tokens"] > ROWS
+        for name, says in (("missing.png", "answered 404"), ("big.png", "over 20 MB")):
+            refused = ask(name)
+            assert refused.status_code == 400 and says in refused.json()["error"]["message"]
     finally:
         files.shutdown()
 
