@@ -54,13 +54,27 @@ class ImagePart(BaseModel):
     def _bare_url(cls, value):  # some clients send the address as a bare string
         return {"url": value} if isinstance(value, str) else value
 
-    @classmethod
-    def of_base64(cls, media_type: str, data: str) -> "ImagePart":
-        return cls(type="image_url", image_url={"url": f"data:{media_type};base64,{data}"})
 
 
 ContentPart = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 READ_PARTS = ("text", "image_url")
+
+
+def image_part(url: str) -> dict:
+    """An image as OpenAI's content part: what every other API's image is translated to."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def base64_image_part(media_type: str, data: str) -> dict:
+    return image_part(f"data:{media_type};base64,{data}")
+
+
+def joined_parts(parts: list[dict]):
+    """Translated content parts as a string when they are all text (what every template
+    reads), else the parts."""
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
 
 
 class ToolCallFunction(BaseModel):

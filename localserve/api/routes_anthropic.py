@@ -20,7 +20,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import Admitted, admit
-from localserve.api.chat_message import ImagePart
+from localserve.api.chat_message import base64_image_part, image_part, joined_parts
 from localserve.api.message_reply import MessageReply
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.serving import chat_tokens, reasons, start_chat
@@ -59,7 +59,7 @@ def _text(blocks, where: str) -> str:
     """A string, or text blocks joined; any other block kind is refused by name."""
     if isinstance(blocks, str):
         return blocks
-    return _joined(_parts(blocks, where, images=False))
+    return joined_parts(_parts(blocks, where, images=False))
 
 
 def _parts(blocks, where: str, images: bool = True) -> list[dict]:
@@ -83,18 +83,11 @@ def _parts(blocks, where: str, images: bool = True) -> list[dict]:
 def _image(source, where: str) -> dict:
     """An image block's source: base64 (or a URL, which the chat path refuses to fetch)."""
     if isinstance(source, dict) and source.get("type") == "base64":
-        return ImagePart.of_base64(str(source.get("media_type", "image/*")),
-                                   str(source.get("data", ""))).model_dump()
+        return base64_image_part(str(source.get("media_type", "image/*")),
+                                 str(source.get("data", "")))
     if isinstance(source, dict) and source.get("type") == "url":
-        return {"type": "image_url", "image_url": {"url": str(source.get("url", ""))}}
+        return image_part(str(source.get("url", "")))
     raise OpenAIError(400, f"{where}: an image's source must be base64 data", param=where)
-
-
-def _joined(parts: list[dict]):
-    """Parts as a string when they are all text (what every template reads), else the parts."""
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
 
 
 def _messages(body: MessagesRequest) -> list[dict]:
@@ -114,7 +107,7 @@ def _messages(body: MessagesRequest) -> list[dict]:
             kind = block.get("type") if isinstance(block, dict) else None
             if kind == "tool_result" and role == "user":
                 out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
-                            "content": _joined(_parts(block.get("content", ""), where))})
+                            "content": joined_parts(_parts(block.get("content", ""), where))})
             elif kind == "tool_use" and role == "assistant":
                 calls.append({"id": str(block.get("id", "")), "type": "function", "function": {
                     "name": block.get("name"), "arguments": json.dumps(block.get("input", {}))}})
@@ -125,7 +118,7 @@ def _messages(body: MessagesRequest) -> list[dict]:
             else:
                 text += _parts([block], where, images=role == "user")
         if text or calls or role == "assistant":
-            message = {"role": role, "content": _joined(text)}
+            message = {"role": role, "content": joined_parts(text)}
             if calls:
                 message["tool_calls"] = calls
             if thoughts:

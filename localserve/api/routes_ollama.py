@@ -28,7 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted, admit
-from localserve.api.chat_message import ImagePart
+from localserve.api.chat_message import base64_image_part
 from localserve.api.embedding import EmbeddingRequest, embed
 from localserve.api.ollama_model import show, tags_entry
 from localserve.api.ollama_reply import OllamaReply, now_iso
@@ -122,7 +122,7 @@ def with_images(text, images, where: str):
         return text
     if not isinstance(images, list) or not all(isinstance(x, str) for x in images):
         raise OpenAIError(400, f"{where} must be a list of base64 strings", param=where)
-    parts = [ImagePart.of_base64("image/*", data).model_dump() for data in images]
+    parts = [base64_image_part("image/*", data) for data in images]
     return parts + ([{"type": "text", "text": text}] if text else [])
 
 

@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from localserve.api.admission import Admitted, admit
+from localserve.api.chat_message import image_part, joined_parts
 from localserve.api.images import from_url
 from localserve.api.replies import ignored_header, respond_with
 from localserve.api.response_reply import ResponseReply
@@ -78,16 +79,14 @@ def _text(content, where: str):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind == "input_image" and isinstance(part.get("image_url"), str):
             from_url(part["image_url"], where, fetch=True)  # a bad one refused by its own name
-            parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
+            parts.append(image_part(part["image_url"]))
             continue
         if kind not in TEXT_PARTS and kind != "refusal":
             raise OpenAIError(400, f"{where}: parts of type {kind!r} are not supported: this "
                               f"server reads text, and images sent as image_url data URIs",
                               param=where)
         parts.append({"type": "text", "text": str(part.get("text", part.get("refusal", "")))})
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    return joined_parts(parts)
 
 
 def input_messages(items: str | list[dict]) -> list[dict]:

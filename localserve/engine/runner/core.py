@@ -184,7 +184,8 @@ class LlamaRunner(Sampling, ImageSteps):
         """The bytes a generated token adds to the text (control tokens add none). Cached."""
         cached = self._pieces.get(token)
         if cached is None:
-            if self.vocab is None or token < 0:  # unloaded (several models), or an image row  # unloaded (several models): a late reply gets no text
+            if self.vocab is None or token < 0:  # unloaded (several models): a late reply gets no
+                # text; an image's row (images.py) has none
                 return b""
             buf = ctypes.create_string_buffer(256)
             n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)

@@ -78,12 +78,13 @@ class ImageSteps:
         return replace(plan, chunks=chunks), spent
 
     def _decode_run(self, plan, chunk: SeqChunk, start: int, stop: int, h, saved) -> float:
+        image: ImageInput | None = None
         if h is None:
             n, _ = self._fill([(chunk, start, stop)])
             batch = self.batch
         else:
-            n, batch = stop - start, self._fill_image(chunk, start, stop, h)
-        image: ImageInput | None = chunk.request.images.get(h) if h is not None else None
+            image = chunk.request.images.get(h)
+            n, batch = stop - start, self._fill_image(chunk, start, stop, image)
         non_causal = image is not None and image.non_causal
         started = time.perf_counter()
         if non_causal:  # Gemma 3's images attend both ways: the whole image in one call
@@ -98,8 +99,7 @@ class ImageSteps:
             self._undo(plan, rc, n, saved)
         return spent
 
-    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, h: int):
-        image = chunk.request.images.get(h)
+    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, image: ImageInput | None):
         if image is None or self.projector is None:
             raise ValueError("a step reached an image this model cannot place")
         first_row = image_row(chunk.tokens[start])[1]

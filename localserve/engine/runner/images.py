@@ -12,7 +12,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import llama_cpp.mtmd_cpp as M
 import numpy as np
@@ -30,8 +30,7 @@ class ImageInput:
     n_rows: int
     chunk: int  # mtmd_input_chunk*, a copy this object owns
     non_causal: bool
-    embeddings: np.ndarray | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    embeddings: np.ndarray | None = None  # written by the engine thread alone (encode)
 
     def __del__(self):
         if self.chunk:
@@ -62,7 +61,6 @@ class Projector:
             raise RuntimeError(f"the projector {path} places images in 2-D positions (M-RoPE: "
                                "Qwen2-VL and its kin), which localserve does not serve yet")
         self.path = path
-        self._encode_lock = threading.Lock()
         self._prepare_lock = threading.Lock()  # one image preprocessed at a time
 
     def prepare(self, rgb: bytes, width: int, height: int,
@@ -114,16 +112,15 @@ class Projector:
 
     def encode(self, image: ImageInput, n_embd: int) -> np.ndarray:
         """The image's embeddings (n_rows x n_embd), computed once: the vision encoder's
-        forward pass, on the engine thread, the first time a step places the image."""
-        with image._lock:
-            if image.embeddings is None:
-                with self._encode_lock:
-                    if M.mtmd_encode_chunk(self.ctx, image.chunk) != 0:
-                        raise ValueError("the projector failed to encode an image")
-                    out = M.mtmd_get_output_embd(self.ctx)
-                    image.embeddings = np.ctypeslib.as_array(
-                        out, shape=(image.n_rows * n_embd,)).reshape(image.n_rows, n_embd).copy()
-            return image.embeddings
+        forward pass, on the engine thread (the only caller), the first time a step places the
+        image."""
+        if image.embeddings is None:
+            if M.mtmd_encode_chunk(self.ctx, image.chunk) != 0:
+                raise ValueError("the projector failed to encode an image")
+            out = M.mtmd_get_output_embd(self.ctx)
+            image.embeddings = np.ctypeslib.as_array(
+                out, shape=(image.n_rows * n_embd,)).reshape(image.n_rows, n_embd).copy()
+        return image.embeddings
 
     def close(self) -> None:
         if self.ctx:
