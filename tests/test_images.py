@@ -160,9 +160,35 @@ def test_a_huge_image_and_too_many_images_are_refused(vision):
     assert post(vision, "/v1/chat/completions", text_only()).status_code == 200
 
 
+def test_llama_servers_multimodal_data_places_each_image_at_its_marker(vision):
+    """llama-server's /completion prompt object: each <__media__> is the next base64 image;
+    the images' rows count among the prompt's tokens, and a second run finds them cached."""
+    def completion(prompt) -> httpx.Response:
+        return post(vision, "/completion", {"prompt": prompt, "n_predict": 4, "temperature": 0})
+
+    pieces = ["A picture: ", " and another: ", " Which is red?"]
+    n_text = sum(len(post(vision, "/tokenize", {"content": piece, "add_special": i == 0}).json()[
+        "tokens"]) for i, piece in enumerate(pieces))
+    two = {"prompt_string": "<__media__>".join(pieces),
+           "multimodal_data": [png(), png((5, 5, 250))]}
+    first = completion(two)
+    assert first.status_code == 200, first.text
+    assert first.json()["tokens_evaluated"] == n_text + 2 * ROWS
+    assert completion(two).json()["tokens_cached"] >= n_text + 2 * ROWS - 1
+    assert completion({"prompt_string": "no marker"}).status_code == 200
+    for prompt, says in (({"prompt_string": "one <__media__>", "multimodal_data": []},
+                          "1 <__media__> markers for 0 items"),
+                         ({"prompt_string": "<__media__>", "multimodal_data": ["@@"]},
+                          "prompt.multimodal_data[0]: the image is not valid base64")):
+        reply = completion(prompt)
+        assert reply.status_code == 400 and says in reply.json()["error"]["message"], reply.text
+
+
 def test_a_text_model_refuses_an_image_naming_the_model_and_the_fix(server):
     for path, body in (
             ("/v1/chat/completions", openai_chat(png())),
+            ("/completion", {"prompt": {"prompt_string": "<__media__>",
+                                        "multimodal_data": [png()]}}),
             ("/api/chat", {"model": "m", "stream": False, "messages": [
                 {"role": "user", "content": "hi", "images": [png()]}]})):
         reply = post(server, path, body)

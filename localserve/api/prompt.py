@@ -14,11 +14,13 @@ from __future__ import annotations
 
 from starlette.concurrency import run_in_threadpool
 
-from localserve.models.chat_template import ChatTemplateError, as_alternating_turns
+from localserve.models.chat_template import ChatTemplateError, PromptPart, as_alternating_turns
 from localserve.api import images as image_input
 from localserve.api.schemas import OpenAIError
-from localserve.models.host_face import ImageError
+from localserve.models.host_face import IMAGE_MARKER, ImageError
 from localserve.models.model_host import ModelHost
+
+MEDIA_MARKER = "<__media__>"  # where llama-server's multimodal_data go (mtmd_default_marker)
 
 
 def too_long(host: ModelHost, what: str, param: str, more: str = "") -> OpenAIError:
@@ -57,6 +59,36 @@ async def text_or_ids(host: ModelHost, value: str | list[int], param: str) -> li
     return check_token_ids(host, value, param)
 
 
+async def media_prompt(host: ModelHost, text: str, data: list[str],
+                       param: str) -> tuple[list[int], dict]:
+    """llama-server's `{"prompt_string", "multimodal_data"}`: the caller's raw text (special
+    tokens parsed, as text_prompt), each MEDIA_MARKER in it the next base64 image. (tokens, the
+    images by hash)"""
+    pieces = text.split(MEDIA_MARKER)
+    if len(pieces) - 1 != len(data):
+        raise OpenAIError(400, f"{param}.prompt_string has {len(pieces) - 1} {MEDIA_MARKER} "
+                          f"markers for {len(data)} items of multimodal_data; put one where "
+                          f"each image goes", param=param)
+    if data and not host.reads_images:
+        raise OpenAIError(400, f"{param}.multimodal_data: the model '{host.model_id}' reads "
+                          f"text only; serve it with its projector (--mmproj FILE) to send "
+                          f"images, or send text", param=param)
+    check_size(host, 1, len(text.encode()), param)
+    refs = [image_input.ImageRef(item, f"{param}.multimodal_data[{i}]")
+            for i, item in enumerate(data)]
+    parts = [PromptPart(pieces[0], trusted=True)]
+    for piece in pieces[1:]:  # an image where each marker was (host.tokenize_parts)
+        parts += [PromptPart(IMAGE_MARKER, trusted=False), PromptPart(piece, trusted=True)]
+    return await run_in_threadpool(_image_tokens, host, parts, refs, param)
+
+
+def _image_tokens(host: ModelHost, parts: list, refs: list, param: str) -> tuple[list[int], dict]:
+    try:
+        return host.tokenize_parts(parts, image_input.decode(refs))
+    except ImageError as exc:
+        raise OpenAIError(400, str(exc), param=param) from None
+
+
 async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str, param: str,
                              middle: list[int] = ()) -> list[int]:
     """The model's fill-in-the-middle prompt: prefix token, the text before, suffix token,
@@ -92,10 +124,7 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
             parts = host.template.render_parts(as_alternating_turns(messages), **shape)
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
-    try:
-        return host.tokenize_parts(parts, image_input.decode(list(images)))
-    except ImageError as exc:
-        raise OpenAIError(400, str(exc), param="messages") from None
+    return _image_tokens(host, parts, list(images), "messages")
 
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,

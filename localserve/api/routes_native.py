@@ -1,7 +1,8 @@
 """llama-server's native API, for the clients and scripts written against it: POST /completion
-(string or token prompt, n_predict, streaming without [DONE], timings, stop_type), /tokenize
-and /detokenize (with_pieces), /apply-template, and /infill where the model has fill-in-the-
-middle tokens. Same engine, keys, shares and limits as the OpenAI routes."""
+(string or token prompt, images as multimodal_data, n_predict, streaming without [DONE],
+timings, stop_type), /tokenize and /detokenize (with_pieces), /apply-template, and /infill
+where the model has fill-in-the-middle tokens. Same engine, keys, shares and limits as the
+OpenAI routes."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import ClassVar
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured, tool_formats
@@ -22,10 +23,19 @@ from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, Promp
 router = APIRouter()
 
 
+class MediaPrompt(BaseModel):
+    """llama-server's prompt with images: each <__media__> in the text is the next item of
+    multimodal_data (base64 image files)."""
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_string: str
+    multimodal_data: list[str] = []
+
+
 class NativeCompletion(SamplingBody):
     refused: ClassVar[dict] = {k: v for k, v in UNSUPPORTED.items() if k != "n_probs"}
 
-    prompt: str | list[int] = ""
+    prompt: str | list[int] | MediaPrompt = ""
     n_predict: int = Field(-1, ge=-1)  # -1: until the slot is full or the model stops
     n_probs: int = Field(0, ge=0, le=MAX_LOGPROBS)  # each token's top N in completion_probabilities
     cache_prompt: bool = True  # always on here; accepted for compatibility
@@ -63,12 +73,12 @@ class TemplateBody(PromptEnding):
 
 
 async def _run(request: Request, admitted: Admitted, host, body: NativeCompletion,
-               tokens: list[int]):
+               tokens: list[int], images: dict | None = None):
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")
     grammar = await run_in_threadpool(structured.request_grammar, host, body)
-    stream = submit(admitted, host, tokens, body, grammar, request.url.path)
+    stream = submit(admitted, host, tokens, body, grammar, request.url.path, images=images)
     reply = NativeReply(host.model_id, body, host.piece)
     return await respond_with(reply.collect, reply.events, stream, request, body.stream, None)
 
@@ -78,6 +88,10 @@ async def _run(request: Request, admitted: Admitted, host, body: NativeCompletio
 async def completion(body: NativeCompletion, request: Request,
                      admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:
+        if isinstance(body.prompt, MediaPrompt):
+            tokens, images = await prompt.media_prompt(
+                host, body.prompt.prompt_string, body.prompt.multimodal_data, "prompt")
+            return await _run(request, admitted, host, body, tokens, images)
         tokens = await prompt.text_or_ids(host, body.prompt, "prompt")
         return await _run(request, admitted, host, body, tokens)
 
