@@ -146,6 +146,17 @@ def test_a_task_or_a_step_with_a_chat_in_it_is_never_stopped():
     assert not any(stopped for _, stopped in steps) and len(got["chat2"]) == 8
 
 
+def test_a_chat_that_arrives_during_a_step_of_a_long_prompt_stops_it_once():
+    """A colleague's long prompt computes, nothing sampled: a chat that arrives stops the step
+    and starts in the next one beside it; that step is never stopped (the prompt gets on)."""
+    document = request("document", 1000, n_prompt=300)
+    steps, got = serve(request("chat", 1, n_prompt=20), document, at_step=1)
+    assert steps[1] == (["document"], True)
+    assert steps[2] == (["chat", "document"], False)
+    assert sum(stopped for _, stopped in steps) == 1
+    assert len(got["document"]) == 8 and len(got["chat"]) == 8
+
+
 def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():
     """From the moment a chat is accepted (before its prompt is tokenized) the tasks' steps
     stop, each at once however often the loop plans one (here it waits for nothing), until

@@ -412,6 +412,42 @@ def test_invariant_11_a_new_chat_starts_beside_a_colleagues_long_prompt():
     assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 63, "bob": 1}
 
 
+def test_invariant_11_a_chat_starting_beside_a_long_prompt_gets_a_step_of_its_own_size():
+    """Alice's 4,000-token prompt, alone, computes in prefill steps of 1,024 tokens (3-4 s each
+    on 2 cores). Bob's 30-token chat starts in a step that carries 32 of her tokens, not half of
+    the 1,024: his first token comes about as soon as alone (it waited 3.5 s)."""
+    sched = Scheduler(SlotPool(8192, 6, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+    runner = PositionalRunner(10_000)
+    sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
+    plan, _ = step(sched, runner)
+    assert plan.num_tokens == 1024
+    sched.add(request("bob", range(5000, 5030), max_tokens=5, user="bob"))
+    plan, _ = step(sched, runner)
+    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 32, "bob": 30}
+
+
+def test_invariant_12_a_step_of_prompt_chunks_may_be_stopped_for_a_chat_never_two_in_a_row():
+    """A step that samples no row may be stopped when a chat arrives (the runner's interrupt);
+    one that samples may not (a token would be lost), nor the step after a stopped one (the
+    long prompt always gets on), nor one with no slot free (the chat could not start)."""
+    sched = Scheduler(SlotPool(8192, 2, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+    runner = PositionalRunner(10_000)
+    sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
+    plan = sched.schedule()
+    assert plan.yields_to_chat and plan.interruptible
+    sched.interrupted(plan, [])
+    plan = sched.schedule()
+    assert not plan.yields_to_chat
+    sched.update(plan, runner.decode(plan))
+    plan, _ = step(sched, runner)
+    assert plan.yields_to_chat
+    sched.add(request("bob", range(5000, 5030), max_tokens=5, user="bob"))
+    plan, _ = step(sched, runner)  # bob's prompt is sampled: no stopping
+    assert not plan.yields_to_chat
+    plan = sched.schedule()  # both slots taken: a chat arriving could not start
+    assert not plan.yields_to_chat
+
+
 def test_invariant_11_no_budget_is_kept_for_a_chat_that_cannot_start_yet():
     """Carol's chat waits with a slot free but no room in the pool for her prompt: alice's
     prompt keeps the whole step (half of it went unused every step before: colleagues'

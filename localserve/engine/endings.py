@@ -10,9 +10,10 @@ import time
 
 from localserve.engine.finish import FinishReason
 from localserve.engine.interfaces import Vocab
+from localserve.engine.plan import StepPlan
 from localserve.engine.request import Request, RequestStatus, TokenEvent
 from localserve.engine.scheduler_stats import SchedulerStats
-from localserve.engine.slots import Slot
+from localserve.engine.slots import Slot, SlotPool
 from localserve.engine.stop_rules import after_token
 from localserve.engine.waiting import FairQueue
 
@@ -56,6 +57,16 @@ class Endings:
         event.text, event.token_ids = text, (() if token is None else (token,))
         event.stop_type = stop_type
         return event
+
+    def failed(self, plan: StepPlan, pool: SlotPool, message: str) -> list[tuple[Request, TokenEvent]]:
+        """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
+        events = []
+        for chunk in plan.chunks:
+            slot = pool.slots[chunk.slot_id]
+            if slot.request is chunk.request:
+                slot.forget()
+                events.append((chunk.request, self.end(slot, FinishReason.ERROR, error=message)))
+        return events
 
     def close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:
         """Any request's end, running or not: the final event, billed."""

@@ -97,7 +97,7 @@ class EngineLoop(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.decoding = False  # inside runner.decode (llama_decode): no request is touched
-        self.interruptible = False  # the step in flight serves background tasks only (submit)
+        self.interruptible = False  # a chat arriving stops the step in flight (plan.interruptible)
         self.chats_on_their_way = 0  # accepted over HTTP, not yet submitted (chat_on_its_way)
         self._chat_submitted = threading.Event()  # set as each chat on its way leaves it
         self.stopping = False
@@ -129,7 +129,7 @@ class EngineLoop(threading.Thread):
         request.holds_queue_place = True
         self.inbox.put(Add(request))
         if self.interruptible and not request.background:
-            self.runner.interrupt()  # a chat never waits for a step of background tasks
+            self.runner.interrupt()  # a chat never waits for a step of tasks or a long prompt
 
     @contextmanager
     def chat_on_its_way(self):
@@ -207,7 +207,7 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            self.decoding, self.interruptible = True, plan.background_only
+            self.decoding, self.interruptible = True, plan.interruptible
             if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
             wake_held()  # the HTTP side writes the last step's tokens while this one computes
@@ -225,8 +225,7 @@ class EngineLoop(threading.Thread):
             if isinstance(exc, Interrupted):
                 self.scheduler.interrupted(plan, exc.saved)
                 events = []
-                if plan.background_only:
-                    self._wait_for_chats()
+                self._wait_for_chats()
             elif isinstance(exc, RestoreFailed):
                 log.warning("%s; its requests are placed again without it", exc)
                 self.scheduler.restore_failed(plan, exc.entry)

@@ -41,6 +41,8 @@ BACKGROUND_STEP_TOKENS = 16
 # A waiting request that cannot fit yet is passed by requests behind it that fit at most this
 # many times; then the queue waits for it (invariant 11): counted in admissions, not time.
 MAX_TIMES_PASSED = 16
+# Others' prompt tokens a step may carry beside a short chat starting (invariant 11).
+STARTING_CHAT_FLOOR = 32
 
 
 class Lanes(NamedTuple):
@@ -68,6 +70,7 @@ class Scheduler:
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
         self._admissions = 0
+        self.yielded = False  # the last step was stopped for a chat (invariant 12)
         self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
@@ -169,8 +172,11 @@ class Scheduler:
            next turn (its prompt cached) is admitted past the long ones waiting.
         11. A waiting request that cannot fit in the pool yet (and was never preempted: 2) is
            passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
-           chat waits that a free slot and the cells can take, prompts computing leave it half
-           the step's budget (none for one that cannot start: that half would go unused).
+           chat waits that a free slot and the cells can take, its step carries at most as
+           many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least): its first
+           token comes about as soon as alone (none kept for one that cannot start).
+        12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
+           chat that arrives (plan.yields_to_chat, runner/interrupt.py); never two in a row.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         chosen, reserved = self._make_room(plan)
@@ -181,7 +187,13 @@ class Scheduler:
         budget = self._tasks(plan, lanes, budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
+        yielded, self.yielded = self.yielded, False  # (12)
+        plan.yields_to_chat = not yielded and self._slot_free() and not any(
+            c.sample for c in plan.chunks)
         return plan
+
+    def _slot_free(self) -> bool:
+        return len(self.running) < min(self.max_num_seqs, len(self.pool.slots))
 
     def _make_room(self, plan: StepPlan) -> tuple[tuple[Request, Placement] | None, int]:
         """Cells for every decoding row (1), slots back from users over their share (6) and
@@ -217,10 +229,14 @@ class Scheduler:
         return self._chunks(plan, lanes.stepping, SlotState.DECODE, budget, 0)
 
     def _chats(self, plan: StepPlan, lanes: Lanes, budget: int, chosen, reserved: int) -> int:
-        """Chats' prompt chunks (2), half the budget kept for a waiting chat that can start now
-        (11), then admissions (3). The budget left."""
-        kept = budget // 2 if chosen and not chosen[0].background and len(lanes.running) < min(
-            self.max_num_seqs, len(self.pool.slots)) and self.cells.fits_now(plan, *chosen) else 0
+        """Chats' prompt chunks (2), a step the size of a waiting chat that can start now (11),
+        then admissions (3). The budget left."""
+        kept = 0
+        if chosen and not chosen[0].background and self._slot_free() and self.cells.fits_now(
+                plan, *chosen):
+            own = len(chosen[0].all_tokens) - chosen[1].keep
+            budget = min(budget, 2 * max(own, STARTING_CHAT_FLOOR))
+            kept = budget // 2
         budget = kept + self._chunks(plan, lanes.chats, SlotState.PREFILL, budget - kept, reserved)
         return self._admit_waiting(plan, budget, tasks_too=False)
 
@@ -372,17 +388,11 @@ class Scheduler:
         tasks): its saves are kept, its rows planned again."""
         self.prefixes.keep(saved)
         self.stats.interrupted_steps += 1
+        self.yielded = True  # the next step is never stopped (12)
 
     def cache_full(self) -> bool:
         """No cache room for the batch: evict one sequence for the next plan (False: none left)."""
         return self.cells.preempt_newest()
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
-        """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
-        events = []
-        for chunk in plan.chunks:
-            slot = self.pool.slots[chunk.slot_id]
-            if slot.request is chunk.request:
-                slot.forget()
-                events.append((chunk.request, self.endings.end(slot, FinishReason.ERROR, error=message)))
-        return events
+        return self.endings.failed(plan, self.pool, message)
