@@ -27,6 +27,9 @@ from localserve.engine.request import Request
 
 # A shorter shared prefix does not justify overwriting the least recently used slot's cache.
 MIN_PREFIX_REUSE = 16
+# Nor one under this share of what the slot holds: a title sharing a chat's template opening
+# would put the chat's whole conversation aside (llama-server: --slot-prompt-similarity 0.1).
+MIN_PREFIX_SHARE = 0.1
 _PREFIX_BLOCK = 64
 
 
@@ -205,8 +208,9 @@ class SlotPool:
 
     def best_idle_slot(self, tokens: list[int], scope: str | None = None) -> tuple[Slot, int] | None:
         """The idle slot sharing the longest cached prefix with `tokens` (at least
-        MIN_PREFIX_REUSE tokens), else the least recently used one; with how many cached tokens
-        it keeps (always leaving >= 1 token to compute: the next token needs fresh logits).
+        MIN_PREFIX_REUSE tokens and MIN_PREFIX_SHARE of its cache), else the least recently
+        used one; with how many cached tokens it keeps (always leaving >= 1 token to compute:
+        the next token needs fresh logits).
         Only a slot whose cache was filled within the same `scope` shares anything: reuse
         across identities would tell one user what another sent (the cached-token count and
         the time to first token both reveal a match)."""
@@ -215,7 +219,8 @@ class SlotPool:
             return None
         shared = {s.slot_id: min(s.prefix_shared(tokens), len(tokens) - 1)
                   if s.cache_scope == scope else 0 for s in idle}
-        best = max(idle, key=lambda s: (shared[s.slot_id], -s.last_used))
-        if shared[best.slot_id] < MIN_PREFIX_REUSE:
-            best = min(idle, key=lambda s: s.last_used)
+        worth = [s for s in idle
+                 if shared[s.slot_id] >= max(MIN_PREFIX_REUSE, MIN_PREFIX_SHARE * s.n_cached)]
+        best = max(worth, key=lambda s: (shared[s.slot_id], -s.last_used)) if worth else min(
+            idle, key=lambda s: s.last_used)
         return best, shared[best.slot_id]
