@@ -59,9 +59,11 @@ def words(seed: str, n: int) -> str:
     return f"[{seed}] " + " ".join(pool[start:start + n])
 
 
-def question(seed: str) -> str:
-    """A short chat nobody sent before (its words uncached in every condition alike)."""
-    return words(seed, 16) + "? Say hello."
+def question(seed: str) -> list[dict]:
+    """A short chat nobody sent before: its own system words too, so that no condition finds
+    the template's default opening cached and another not."""
+    return [{"role": "system", "content": words(seed + "s", 8)},
+            {"role": "user", "content": words(seed, 16) + "? Say hello."}]
 
 
 def chat(url: str, name: str, content, max_tokens: int, long: bool = False) -> dict:
@@ -123,15 +125,22 @@ def case_chat(url: str, rounds: int) -> None:
                 beside_long.append(chat(url, "carol", question(f"long{r}"), 8)["first"])
                 thread.join()
             else:
-                thread, _ = in_thread(chat, url, "alice", words(f"answer{r}", 6000), 600,
-                                           long=True)
+                sent = time.monotonic()
+                thread, alice = in_thread(chat, url, "alice", words(f"answer{r}", 6000), 600,
+                                          long=True)
                 while thread.is_alive() and not _decoding(url):  # her answer has begun
                     time.sleep(0.2)
-                doc, _ = in_thread(chat, url, "bob", words(f"doc{r}", 2100), 8)
+                seen = time.monotonic() - sent
+                before = counters(url)
+                doc, bob = in_thread(chat, url, "bob", words(f"doc{r}", 2100), 8)
                 time.sleep(0.5)
                 behind.append(chat(url, "carol", question(f"behind{r}"), 8)["first"])
                 doc.join()
                 thread.join()
+                after = counters(url)
+                print(f"  behind: alice's answer seen at {seen:.1f} s, her first token at "
+                      f"{alice['first']:.1f} s; bob's first token after {bob['first']:.1f} s; "
+                      f"{ {k: after[k] - before.get(k, 0) for k in after} }", flush=True)
         print(f"chat round {r + 1}: alone {alone[-1]:.2f} s, beside a new long prompt "
               f"{beside_long[-1]:.2f} s, behind a document that cannot fit {behind[-1]:.2f} s",
               flush=True)

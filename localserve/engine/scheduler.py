@@ -41,7 +41,7 @@ BACKGROUND_STEP_TOKENS = 16
 # A waiting request that cannot fit yet is passed by requests behind it that fit at most this
 # many times; then the queue waits for it (invariant 11): counted in admissions, not time.
 MAX_TIMES_PASSED = 16
-# Others' prompt tokens a step may carry beside a short chat starting (invariant 11).
+# Others' prompt tokens a step may always carry beside a short chat starting (invariant 11).
 STARTING_CHAT_FLOOR = 32
 
 
@@ -172,9 +172,10 @@ class Scheduler:
            next turn (its prompt cached) is admitted past the long ones waiting.
         11. A waiting request that cannot fit in the pool yet (and was never preempted: 2) is
            passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
-           chat waits that a free slot and the cells can take, its step carries at most as
-           many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least): its first
-           token comes about as soon as alone (none kept for one that cannot start).
+           chat waits that a free slot and the cells can take, its step carries at most half
+           as many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least; half the
+           step for a long one): its first token comes about as soon as alone (nothing is
+           kept for one that cannot start).
         12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
            chat that arrives (plan.yields_to_chat, runner/interrupt.py); never two in a row.
         """
@@ -235,8 +236,8 @@ class Scheduler:
         if chosen and not chosen[0].background and self._slot_free() and self.cells.fits_now(
                 plan, *chosen):
             own = len(chosen[0].all_tokens) - chosen[1].keep
-            budget = min(budget, 2 * max(own, STARTING_CHAT_FLOOR))
-            kept = budget // 2
+            others = max(own // 2, STARTING_CHAT_FLOOR)
+            budget, kept = (own + others, own) if own + others <= budget else (budget, budget // 2)
         budget = kept + self._chunks(plan, lanes.chats, SlotState.PREFILL, budget - kept, reserved)
         return self._admit_waiting(plan, budget, tasks_too=False)
 
