@@ -155,6 +155,10 @@ def test_a_chat_that_arrives_during_a_step_of_a_long_prompt_stops_it_once():
     assert steps[2] == (["chat", "document"], False)
     assert sum(stopped for _, stopped in steps) == 1
     assert len(got["document"]) == 8 and len(got["chat"]) == 8
+    # another long prompt arriving gains nothing from stopping it: it waits for the step
+    steps, got = serve(request("other", 2000, n_prompt=300), request("document", 1000, n_prompt=300),
+                       at_step=1)
+    assert not any(stopped for _, stopped in steps) and len(got["other"]) == 8
 
 
 def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():

@@ -427,25 +427,26 @@ def test_invariant_11_a_chat_starting_beside_a_long_prompt_gets_a_step_of_its_ow
 
 
 def test_invariant_12_a_step_of_prompt_chunks_may_be_stopped_for_a_chat_never_two_in_a_row():
-    """A step that samples no row may be stopped when a chat arrives (the runner's interrupt);
-    one that samples may not (a token would be lost), nor the step after a stopped one (the
-    long prompt always gets on), nor one with no slot free (the chat could not start)."""
+    """A step that samples no row may be stopped when a chat arrives whose prompt fits a step
+    (the runner's interrupt; a long one gains nothing from it); one that samples may not, nor
+    the step after a stopped one (the long prompt always gets on), nor one with no slot free
+    (the chat could not start)."""
     sched = Scheduler(SlotPool(8192, 2, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
     runner = PositionalRunner(10_000)
     sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
     plan = sched.schedule()
-    assert plan.yields_to_chat and plan.interruptible
+    assert plan.yield_below == 256
     sched.interrupted(plan, [])
     plan = sched.schedule()
-    assert not plan.yields_to_chat
+    assert not plan.yield_below
     sched.update(plan, runner.decode(plan))
     plan, _ = step(sched, runner)
-    assert plan.yields_to_chat
+    assert plan.yield_below == 256
     sched.add(request("bob", range(5000, 5030), max_tokens=5, user="bob"))
     plan, _ = step(sched, runner)  # bob's prompt is sampled: no stopping
-    assert not plan.yields_to_chat
+    assert not plan.yield_below
     plan = sched.schedule()  # both slots taken: a chat arriving could not start
-    assert not plan.yields_to_chat
+    assert not plan.yield_below
 
 
 def test_invariant_11_no_budget_is_kept_for_a_chat_that_cannot_start_yet():

@@ -73,7 +73,7 @@ class Abort:
 
 @dataclass(frozen=True)
 class Stop:
-    pass
+    """The loop ends; what still runs or waits fails (the drain waited for it first)."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +86,7 @@ class EngineLoop(threading.Thread):
                  queue_timeout_s: float | None = None, observers: Iterable[EngineObserver] = (),
                  max_queue_per_user: int | None = None, arriving: Callable[[], int] = lambda: 0):
         super().__init__(name="localserve-engine", daemon=True)
-        self.scheduler = scheduler
-        self.runner = runner
+        self.scheduler, self.runner = scheduler, runner
         self.max_queue = max_queue
         self.max_queue_per_user = max_queue_per_user
         self.queue_timeout_s = queue_timeout_s
@@ -97,7 +96,7 @@ class EngineLoop(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.decoding = False  # inside runner.decode (llama_decode): no request is touched
-        self.interruptible = False  # a chat arriving stops the step in flight (plan.interruptible)
+        self.interruptible, self.yield_below = False, 0  # what lets a chat stop a step (plan)
         self.chats_on_their_way = 0  # accepted over HTTP, not yet submitted (chat_on_its_way)
         self._chat_submitted = threading.Event()  # set as each chat on its way leaves it
         self.stopping = False
@@ -128,7 +127,8 @@ class EngineLoop(threading.Thread):
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(Add(request))
-        if self.interruptible and not request.background:
+        if not request.background and (self.interruptible
+                                       or request.num_prompt_tokens < self.yield_below):
             self.runner.interrupt()  # a chat never waits for a step of tasks or a long prompt
 
     @contextmanager
@@ -207,14 +207,15 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            self.decoding, self.interruptible = True, plan.interruptible
+            self.decoding, self.interruptible, self.yield_below = True, plan.background_only, \
+                plan.yield_below
             if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
             wake_held()  # the HTTP side writes the last step's tokens while this one computes
             try:
                 out = self.runner.decode(plan)
             finally:
-                self.decoding = self.interruptible = False
+                self.decoding, self.interruptible, self.yield_below = False, False, 0
             if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s

@@ -56,12 +56,9 @@ class StepPlan:
     trims: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens kept): the
     # rows of drafts that failed last step leave the cache first (drafts.py)
     saves: list[SlotSave] = field(default_factory=list)
-    yields_to_chat: bool = False  # prompt chunks only: a chat that arrives may stop it
-
-    @property
-    def interruptible(self) -> bool:
-        """A chat arriving during the step stops it (runner/interrupt.py; engine/loop.py)."""
-        return self.background_only or self.yields_to_chat
+    # Prompt chunks only: a request arriving with a shorter prompt than this stops the step
+    # (runner/interrupt.py, engine/loop.py; 0: none does). Scheduler invariant 12.
+    yield_below: int = 0
 
     @property
     def num_tokens(self) -> int:
