@@ -1,10 +1,17 @@
 """The chat page's newer parts in Chromium, at desktop and phone size: the phone's drawer and
 Server panel closing, a reopened chat keeping its model and settings, answer versions on
-Regenerate, Continue, and a text file attached to a message."""
+Regenerate, Continue, and a text file or an image attached to a message."""
 
+import base64
+import io
+import subprocess
+from pathlib import Path
+
+import httpx
 import pytest
+from PIL import Image
 
-from conftest import running, wait_for
+from conftest import ROOT, ledger_rows, running, wait_for
 from web_pages import CHROMIUM, browser, open_page, send  # noqa: F401 (browser: a fixture)
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no chromium: scripts/setup-browser "
@@ -84,4 +91,58 @@ def test_a_reopened_chat_keeps_its_model_settings_and_answer_versions(two_models
     page.wait_for_selector(".message.assistant", timeout=30_000)
     assert page.input_value("#model") == "coder" and page.input_value("#system") == "Answer briefly."
     assert page.input_value("#max-tokens") == "6"
+    page.close()
+
+
+def picture(tmp_path):
+    path = tmp_path / "red.png"
+    Image.new("RGB", (1600, 900), (200, 30, 40)).save(path)
+    return path
+
+
+def attach(page, path):
+    with page.expect_file_chooser() as chooser:
+        page.click("#attach")
+    chooser.value.set_files(str(path))
+    page.wait_for_selector("#pending-images img.attached", timeout=30_000)
+
+
+def test_an_image_attached_on_the_page_goes_with_the_message(browser, tmp_path):
+    """Served with a projector (the random-weight one: its answers are noise), an image picked
+    on the page goes with the next message as OpenAI's image part, shrunk to 1024 pixels a
+    side; the message shows it, and the stored chat keeps it."""
+    projector = subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
+                               capture_output=True).stdout.strip()
+    with running("-c", "2048", "-np", "2", "-t", "2", "--mmproj", projector,
+                 log_name="web-images") as srv:
+        page = open_page(browser, srv.url)
+        attach(page, picture(tmp_path))
+        send(page, "What colour is it?", max_tokens=4)
+        finished(page, 1)
+        assert page.locator(".message.user img.attached").count() == 1
+        assert page.locator("#pending-images").is_hidden()
+        # the model read it: the image's rows among the prompt's tokens (the ledger's row)
+        text_only = httpx.post(srv.url + "/v1/chat/completions", json={"max_tokens": 1, "messages": [
+            {"role": "user", "content": "What colour is it?"}]}).json()["usage"]["prompt_tokens"]
+        wait_for(lambda: len(ledger_rows(Path(srv.state_dir), "/v1/chat/completions")) == 2,
+                 what="both requests in the ledger")
+        assert ledger_rows(Path(srv.state_dir), "/v1/chat/completions")[0][1] == text_only + 16
+        page.wait_for_selector("#conversations li.current", timeout=30_000)
+        chats = httpx.get(srv.url + "/web/api/conversations").json()["data"]
+        stored = httpx.get(srv.url + "/web/api/conversations/" + chats[0]["id"]).json()
+        image = stored["messages"][0]["images"][0]
+        assert image.startswith("data:image/jpeg;base64,")
+        with Image.open(io.BytesIO(base64.b64decode(image.split(",", 1)[1]))) as sent:
+            assert sent.size == (1024, 576)
+        page.close()
+
+
+def test_an_image_sent_to_a_text_model_is_refused_and_given_back(two_models, browser, tmp_path):
+    page = open_page(browser, two_models.url)
+    attach(page, picture(tmp_path))
+    send(page, "What colour is it?")
+    wait_for(lambda: "reads text only" in page.inner_text("#status"), what="the refusal")
+    assert page.input_value("#input") == "What colour is it?"
+    assert page.locator("#pending-images img.attached").count() == 1
+    assert page.locator(".message").count() == 0
     page.close()

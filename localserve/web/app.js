@@ -8,7 +8,7 @@ const $ = (id) => document.getElementById(id);
 // A phone's keyboard has no Shift+Enter for a new line: there Enter is a new line.
 const TOUCH = window.matchMedia("(pointer: coarse)").matches;
 const state = { key: localStorage.getItem("localserve-key"), conversation: null, title: null,
-                messages: [], controller: null, me: null, models: [] };
+                messages: [], controller: null, me: null, models: [], images: [] };
 
 // ---- talking to the server ----------------------------------------------------------
 function headers(json = true) {
@@ -68,6 +68,7 @@ function show(message, index) {
   div.className = "message " + message.role;
   if (message.role === "user") {
     div.textContent = message.content;
+    if (message.images) div.append(...thumbnails(message.images));
     const edit = document.createElement("button");
     edit.className = "edit";
     edit.type = "button";
@@ -144,8 +145,10 @@ function applyTheme(theme) {
 function editFrom(index) {
   if (state.controller) return;
   $("input").value = state.messages[index].content;
+  state.images = (state.messages[index].images || []).slice();  // they go again with it
   state.messages = state.messages.slice(0, index);
   redraw();
+  showPendingImages();
   $("input").focus();
 }
 
@@ -153,7 +156,10 @@ function editFrom(index) {
 async function send(text, how = {}) {
   // how.continuing: the last answer goes on where it stopped; how.previous: the answer this
   // one regenerates (kept as an earlier version of it).
-  if (text) state.messages.push({ role: "user", content: text });
+  const images = text === null ? [] : state.images.splice(0);  // attached ones go with it
+  if (text !== null) state.messages.push(images.length ? { role: "user", content: text, images }
+                                                       : { role: "user", content: text });
+  showPendingImages();
   const continued = how.continuing ? state.messages.pop() : null;
   redraw();
   status("");
@@ -162,7 +168,7 @@ async function send(text, how = {}) {
   const history = state.messages.concat(continued ? [continued] : []);
   const body = {
     messages: (system ? [{ role: "system", content: system }] : []).concat(
-      history.map(({ role, content }) => ({ role, content }))),
+      history.map(asApiMessage)),
     model, stream: true, stream_options: { include_usage: true },
     temperature: Number($("temperature").value), max_tokens: Number($("max-tokens").value),
   };
@@ -195,9 +201,11 @@ async function send(text, how = {}) {
     if (e.name === "AbortError") status("Stopped.");
     else {
       status(e.message, true);
-      if (!reply.content && text) {  // refused: give the text back to edit, keep history clean
+      if (!reply.content && text !== null) {  // refused: give it back to edit, history clean
         state.messages.pop();
         $("input").value = text;
+        state.images = images;
+        showPendingImages();
       }
     }
     if (e.status === 401) return signOut(e.message);
@@ -338,7 +346,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("composer").addEventListener("submit", (e) => {
     e.preventDefault();
     const text = $("input").value.trim();
-    if (!text || state.controller) return;
+    if ((!text && !state.images.length) || state.controller) return;
     $("input").value = "";
     send(text);
   });

@@ -84,6 +84,8 @@ function remember(id) {
 function newChat() {
   state.conversation = state.title = null;
   state.messages = [];
+  state.images = [];
+  showPendingImages();
   remember(null);
   $("app").classList.remove("nav-open");
   redraw();

@@ -1,9 +1,12 @@
 // The chat page's answer versions (Regenerate keeps the earlier answers, ‹ › switches between
-// them), text files attached to a message, and closing the phone-width drawer. Uses app.js's
-// state and helpers.
+// them), text files and images attached to a message, and closing the phone-width drawer.
+// Uses app.js's state and helpers.
 "use strict";
 
 const MAX_FILE_BYTES = 256 * 1024;  // a text file's worth; a slot holds far less anyway
+const MAX_IMAGE_BYTES = 20 * 1024 * 1024;  // the server's bound on one image
+const IMAGE_SIDE = 1024;  // shrunk in the page: the projector shrinks it further anyway, and a
+                          // stored chat (at most 2 MB) keeps it
 
 function keepVersions(reply, previous) {
   // The new answer becomes the last of its versions, and the one shown.
@@ -43,6 +46,7 @@ function attachFile(input) {
   const file = input.files && input.files[0];
   input.value = "";
   if (!file) return;
+  if (file.type.startsWith("image/")) return attachImage(file);
   if (file.size > MAX_FILE_BYTES) {
     status(`${file.name} is ${Math.round(file.size / 1024)} KB: attach text files of at most ` +
            `${MAX_FILE_BYTES / 1024} KB`, true);
@@ -61,6 +65,63 @@ function attachFile(input) {
   };
   reader.onerror = () => status(`Could not read ${file.name}`, true);
   reader.readAsText(file);
+}
+
+function attachImage(file) {
+  // An image goes with the next message (for a model served with its projector; a text
+  // model's refusal says so), as a JPEG at most IMAGE_SIDE pixels a side.
+  if (file.size > MAX_IMAGE_BYTES) return status(`${file.name} is over 20 MB`, true);
+  const reader = new FileReader();
+  reader.onload = () => {
+    const img = new Image();
+    img.onload = () => {
+      const scale = Math.min(1, IMAGE_SIDE / Math.max(img.width, img.height));
+      const canvas = document.createElement("canvas");
+      canvas.width = Math.max(1, Math.round(img.width * scale));
+      canvas.height = Math.max(1, Math.round(img.height * scale));
+      canvas.getContext("2d").drawImage(img, 0, 0, canvas.width, canvas.height);
+      state.images.push(canvas.toDataURL("image/jpeg", 0.85));
+      showPendingImages();
+      status(`Attached ${file.name} (an image).`);
+      $("input").focus();
+    };
+    img.onerror = () => status(`${file.name} is not an image this browser reads`, true);
+    img.src = reader.result;
+  };
+  reader.onerror = () => status(`Could not read ${file.name}`, true);
+  reader.readAsDataURL(file);
+}
+
+function thumbnails(urls) {
+  return urls.map((url) => {
+    const img = document.createElement("img");
+    img.className = "attached";
+    img.alt = "attached image";
+    img.src = url;
+    return img;
+  });
+}
+
+function showPendingImages() {
+  // The images waiting for the next message, above the input; × drops them.
+  const box = $("pending-images");
+  box.replaceChildren(...thumbnails(state.images));
+  box.hidden = !state.images.length;
+  if (state.images.length) {
+    const drop = document.createElement("button");
+    drop.type = "button";
+    drop.textContent = "×";
+    drop.setAttribute("aria-label", "Remove the attached images");
+    drop.addEventListener("click", () => { state.images = []; showPendingImages(); });
+    box.append(drop);
+  }
+}
+
+function asApiMessage({ role, content, images }) {
+  // A message with images goes as OpenAI's content parts: its text, then each image.
+  if (!images || !images.length) return { role, content };
+  return { role, content: [{ type: "text", text: content },
+    ...images.map((url) => ({ type: "image_url", image_url: { url } }))] };
 }
 
 function closeMenu() {
