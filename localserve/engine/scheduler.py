@@ -386,7 +386,7 @@ class Scheduler:
 
     def interrupted(self, plan: StepPlan, saved: list) -> None:
         """The step stopped before its tokens were computed (a chat came during a step of
-        tasks): its saves are kept, its rows planned again."""
+        tasks or of prompt chunks): its saves are kept, its rows planned again."""
         self.prefixes.keep(saved)
         self.stats.interrupted_steps += 1
         self.yielded = True  # the next step is never stopped (12)
