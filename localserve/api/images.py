@@ -14,6 +14,7 @@ import base64
 import binascii
 import io
 import re
+import time
 import warnings
 from dataclasses import dataclass
 
@@ -76,9 +77,7 @@ def _decoded(ref: ImageRef) -> bytes:
 def _fetched(ref: ImageRef) -> bytes:
     """The image at ref.url, at most MAX_IMAGE_BYTES in FETCH_TIMEOUT_S in all (redirects
     followed only to http(s))."""
-    import time
-
-    import httpx
+    import httpx  # only where the admin allows fetching (--image-urls)
 
     deadline, body = time.monotonic() + FETCH_TIMEOUT_S, bytearray()
     try:

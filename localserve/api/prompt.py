@@ -59,6 +59,14 @@ async def text_or_ids(host: ModelHost, value: str | list[int], param: str) -> li
     return check_token_ids(host, value, param)
 
 
+def check_reads_images(host: ModelHost, where: str) -> None:
+    """An image sent to a text model: the 400 that names the model and the fix."""
+    if not host.reads_images:
+        raise OpenAIError(400, f"{where}: the model '{host.model_id}' reads text only; serve it "
+                          f"with its projector (--mmproj FILE) to send images, or send text",
+                          param=where)
+
+
 async def media_prompt(host: ModelHost, text: str, data: list[str],
                        param: str) -> tuple[list[int], dict]:
     """llama-server's `{"prompt_string", "multimodal_data"}`: the caller's raw text (special
@@ -69,10 +77,8 @@ async def media_prompt(host: ModelHost, text: str, data: list[str],
         raise OpenAIError(400, f"{param}.prompt_string has {len(pieces) - 1} {MEDIA_MARKER} "
                           f"markers for {len(data)} items of multimodal_data; put one where "
                           f"each image goes", param=param)
-    if data and not host.reads_images:
-        raise OpenAIError(400, f"{param}.multimodal_data: the model '{host.model_id}' reads "
-                          f"text only; serve it with its projector (--mmproj FILE) to send "
-                          f"images, or send text", param=param)
+    if data:
+        check_reads_images(host, f"{param}.multimodal_data")
     check_size(host, 1, len(text.encode()), param)
     refs = [image_input.ImageRef(item, f"{param}.multimodal_data[{i}]")
             for i, item in enumerate(data)]

@@ -180,10 +180,8 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPromp
                           f"template does not read reasoning_effort); leave it out",
                           param="reasoning_effort")
     urls = [found for i, m in enumerate(body.messages) for found in m.image_urls(f"messages[{i}]")]
-    if urls and not host.reads_images:
-        raise OpenAIError(400, f"{urls[0][1]}: the model '{host.model_id}' reads text only; serve "
-                          f"it with its projector (--mmproj FILE) to send images, or send text",
-                          param=urls[0][1])
+    if urls:
+        prompt.check_reads_images(host, urls[0][1])
     images = [from_url(url, where, host.settings.image_urls) for url, where in urls]
     tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
                                               body.template_kwargs, images)
