@@ -145,10 +145,9 @@ function applyTheme(theme) {
 function editFrom(index) {
   if (state.controller) return;
   $("input").value = state.messages[index].content;
-  state.images = (state.messages[index].images || []).slice();  // they go again with it
+  pendImages((state.messages[index].images || []).slice());  // they go again with it
   state.messages = state.messages.slice(0, index);
   redraw();
-  showPendingImages();
   $("input").focus();
 }
 
@@ -156,10 +155,12 @@ function editFrom(index) {
 async function send(text, how = {}) {
   // how.continuing: the last answer goes on where it stopped; how.previous: the answer this
   // one regenerates (kept as an earlier version of it).
-  const images = text === null ? [] : state.images.splice(0);  // attached ones go with it
-  if (text !== null) state.messages.push(images.length ? { role: "user", content: text, images }
-                                                       : { role: "user", content: text });
-  showPendingImages();
+  const images = text === null ? [] : state.images;  // attached ones go with a new message
+  if (text !== null) {
+    state.messages.push(images.length ? { role: "user", content: text, images }
+                                      : { role: "user", content: text });
+    pendImages([]);
+  }
   const continued = how.continuing ? state.messages.pop() : null;
   redraw();
   status("");
@@ -204,8 +205,7 @@ async function send(text, how = {}) {
       if (!reply.content && text !== null) {  // refused: give it back to edit, history clean
         state.messages.pop();
         $("input").value = text;
-        state.images = images;
-        showPendingImages();
+        pendImages(images);
       }
     }
     if (e.status === 401) return signOut(e.message);

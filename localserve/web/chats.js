@@ -84,8 +84,7 @@ function remember(id) {
 function newChat() {
   state.conversation = state.title = null;
   state.messages = [];
-  state.images = [];
-  showPendingImages();
+  pendImages([]);
   remember(null);
   $("app").classList.remove("nav-open");
   redraw();

@@ -80,8 +80,7 @@ function attachImage(file) {
       canvas.width = Math.max(1, Math.round(img.width * scale));
       canvas.height = Math.max(1, Math.round(img.height * scale));
       canvas.getContext("2d").drawImage(img, 0, 0, canvas.width, canvas.height);
-      state.images.push(canvas.toDataURL("image/jpeg", 0.85));
-      showPendingImages();
+      pendImages(state.images.concat([canvas.toDataURL("image/jpeg", 0.85)]));
       status(`Attached ${file.name} (an image).`);
       $("input").focus();
     };
@@ -102,8 +101,9 @@ function thumbnails(urls) {
   });
 }
 
-function showPendingImages() {
-  // The images waiting for the next message, above the input; × drops them.
+function pendImages(images) {
+  // The images waiting for the next message, shown above the input; × drops them.
+  state.images = images;
   const box = $("pending-images");
   box.replaceChildren(...thumbnails(state.images));
   box.hidden = !state.images.length;
@@ -112,7 +112,7 @@ function showPendingImages() {
     drop.type = "button";
     drop.textContent = "×";
     drop.setAttribute("aria-label", "Remove the attached images");
-    drop.addEventListener("click", () => { state.images = []; showPendingImages(); });
+    drop.addEventListener("click", () => pendImages([]));
     box.append(drop);
   }
 }
