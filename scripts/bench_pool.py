@@ -108,6 +108,11 @@ def counters(url: str) -> dict[str, float]:
     return found
 
 
+def in_turn(r: int, *conditions: str) -> list[str]:
+    """A round's conditions, in reverse order every other round."""
+    return list(conditions if r % 2 == 0 else reversed(conditions))
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
@@ -115,8 +120,7 @@ def spread(values: list[float]) -> str:
 def case_chat(url: str, rounds: int) -> None:
     alone, beside_long, behind = [], [], []
     for r in range(rounds):
-        order = ["alone", "long", "behind"] if r % 2 == 0 else ["behind", "long", "alone"]
-        for condition in order:
+        for condition in in_turn(r, "alone", "long", "behind"):
             if condition == "alone":
                 alone.append(chat(url, "carol", question(f"alone{r}"), 8)["first"])
             elif condition == "long":
@@ -162,8 +166,7 @@ def _slots(url: str) -> list[dict]:
 def case_flood(url: str, rounds: int) -> None:
     alone, beside, costs = [], [], []
     for r in range(rounds):
-        order = ["alone", "flood"] if r % 2 == 0 else ["flood", "alone"]
-        for condition in order:
+        for condition in in_turn(r, "alone", "flood"):
             doc = words(f"flood{r}{condition}", 6000)
             if condition == "alone":
                 alone.append(chat(url, "alice", doc, 600, long=True)["end"])
@@ -224,8 +227,7 @@ def _running_prompts(url: str) -> bool:
 def case_title(url: str, rounds: int) -> None:
     alone, beside, titles = [], [], []
     for r in range(rounds):
-        order = ["alone", "title"] if r % 2 == 0 else ["title", "alone"]
-        for condition in order:
+        for condition in in_turn(r, "alone", "title"):
             message = words(f"title{r}{condition}", 2000)
             first = chat(url, "carol", message, 24)
             follow = [{"role": "user", "content": message},
