@@ -152,8 +152,9 @@ class DraftBook:
     def add(self, plan: StepPlan, budget: int) -> None:
         """Give the budget (and pool cells) left after everything else to decode rows as
         n-gram drafts, in plan order, each as many as make the step's tokens per second highest (drafts.py: its
-        match's measured acceptance against the measured cost of a step that size)."""
-        if not self.speculative:
+        match's measured acceptance against the measured cost of a step that size). None in a
+        step that gives a chat its first token: the colleague waits on that step alone."""
+        if not self.speculative or plan.gives_first_token:
             return
         decode_rows = rows = plan.num_decode_rows
         for chunk in plan.chunks:

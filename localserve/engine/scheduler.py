@@ -176,8 +176,9 @@ class Scheduler:
            as many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least; half the
            step for a long one): its first token comes about as soon as alone (nothing is
            kept for one that cannot start).
-        12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
-           chat arriving whose prompt fits a step (plan.yield_below); never two in a row.
+        12. A step of prompt chunks only, none sampled, or of drafted decode rows, with a slot
+           free, may be stopped by a chat arriving whose prompt fits a step (plan.yield_below,
+           plan.stoppable); never two in a row. A step giving a chat its first token drafts nothing.
         """
         plan = self.cells.carried_over(self.drafts.pending_trims())
         chosen, reserved = self._make_room(plan)
@@ -189,8 +190,8 @@ class Scheduler:
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
         yielded, self.yielded = self.yielded, False  # (12)
-        plan.yield_below = self.budget if not yielded and self._slot_free() and not any(
-            c.sample for c in plan.chunks) else 0
+        plan.yield_below = self.budget if not yielded and self._slot_free() and plan.stoppable \
+            else 0
         return plan
 
     def _slot_free(self) -> bool:
