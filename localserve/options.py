@@ -136,7 +136,8 @@ GROUPS: dict[str, list[Option]] = {
                "deepseek (always), none (left in the text)"),
     ],
     "network and access": [
-        Option("host", ("--host",), "address to listen on (0.0.0.0 = the LAN)"),
+        Option("host", ("--host",), "addresses to listen on, comma-separated (0.0.0.0 = the LAN), "
+               "or a UNIX socket's path ending in .sock"),
         Option("port", ("--port",), "port"),
         Option("api_keys", ("--api-key",), "require this key (repeatable); clients send "
                "'Authorization: Bearer KEY'", repeat=True),

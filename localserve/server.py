@@ -11,7 +11,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 
@@ -20,7 +19,9 @@ import uvicorn
 from localserve.api.app import create_app
 from localserve.api.auth import KeyChecker
 from localserve.api.cors import origin_warnings
-from localserve.common.net import is_loopback, lan_address
+from localserve.common.net import (is_loopback, is_unix_socket, lan_address, listen_addresses,
+                                  local_only)
+from localserve.listen import bind_all, remove_unix_sockets
 from localserve.common.config import Settings, SettingsError
 from localserve.api.connections import (connection_cap, guarded_protocol, install_loop_error_throttle,
                                         raise_open_files_limit)
@@ -35,7 +36,7 @@ log = logging.getLogger("localserve")
 
 def exposure_warning(settings: Settings, keys_loaded: int) -> str | None:
     """Based on the keys actually loaded, not on whether a key option was given."""
-    if is_loopback(settings.host) or keys_loaded:
+    if local_only(settings.host) or keys_loaded:
         return None
     return (f"\n{'!' * 78}\n"
             f"  localserve is listening on {settings.host}:{settings.port} WITHOUT an API key.\n"
@@ -159,16 +160,6 @@ def reload_quotas(app, settings: Settings) -> None:
     keeper.quotas = quotas  # one assignment: holds already taken stay counted
 
 
-def check_port_free(host: str, port: int) -> None:
-    """Fail before "listening on" is printed, in one line, when the port is taken."""
-    try:
-        with socket.create_server((host, port)):
-            pass
-    except OSError as exc:
-        raise SettingsError(f"--host {host} --port {port}: cannot listen there ({exc.strerror}); "
-                            f"another server is probably using it: choose another --port") from None
-
-
 def check_gguf(path) -> None:
     """A GGUF file starts with the magic bytes 'GGUF'; say so plainly for anything else."""
     with open(path, "rb") as fh:
@@ -201,14 +192,18 @@ def check_state_dir(office: Office) -> None:
 def say_what_runs(settings: Settings, office: Office) -> None:
     """One line each: where the page and the API are, who may use them, with what quotas,
     and where the state lives."""
-    log.info("listening on http://%s:%d/v1", settings.host, settings.port)
-    everywhere = settings.host in ("0.0.0.0", "::", "")
+    addresses = listen_addresses(settings.host)
+    for address in addresses:
+        log.info("listening on %s", f"unix:{address} (http://localhost/v1 through it)"
+                 if is_unix_socket(address) else f"http://{address}:{settings.port}/v1")
+    tcp = [a for a in addresses if not is_unix_socket(a)]
+    everywhere = any(a in ("0.0.0.0", "::", "") for a in tcp)
     lan = lan_address() if everywhere else None
     if lan:
         log.info("for colleagues: http://%s:%d/v1 (API) and http://%s:%d/ (chat page)", lan,
                  settings.port, lan, settings.port)
-    elif settings.web:
-        host = "localhost" if is_loopback(settings.host) else settings.host
+    elif settings.web and tcp:
+        host = "localhost" if is_loopback(tcp[0]) else tcp[0]
         log.info("chat page: http://%s:%d/%s", host, settings.port,
                  " (for colleagues: this machine's address)" if everywhere else "")
     roles = [role for _, role in office.keys.values()]
@@ -245,8 +240,8 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
         if models.several:
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))
-        check_port_free(settings.host, settings.port)
         check_state_dir(office)
+        sockets = bind_all(settings.host, settings.port)
     except SettingsError as exc:
         log.error("%s", exc)
         return 2
@@ -254,7 +249,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     open_files = raise_open_files_limit()
     protocol = guarded_protocol(settings.header_timeout, settings.body_timeout,
                                 connection_cap(settings.max_connections, open_files))
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+    config = uvicorn.Config(app, log_level=log_level,
                             timeout_graceful_shutdown=5, http=protocol,
                             loop="asyncio",  # the connection guard is asyncio's (connections.py)
                             **({} if plain_uvicorn_logs else {"log_config": None}))
@@ -262,5 +257,8 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     if office.keys_enabled and hasattr(signal, "SIGHUP"):
         signal.signal(signal.SIGHUP, lambda *_: reload_keys(app, models))
     server = DrainingServer(config, models)
-    server.run()
+    try:
+        server.run(sockets=sockets)
+    finally:
+        remove_unix_sockets(settings.host)
     return server.exit_code

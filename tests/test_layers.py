@@ -80,7 +80,8 @@ LAYERS = {
     "http": (("localserve.api", "localserve.web"), ("ground", "engine", "office", "models")),
     "bench": (("localserve.bench",), ("ground",)),
     "assembly": (("localserve.__main__", "localserve.cli", "localserve.server",
-                  "localserve.settings_loader", "localserve.options", "localserve.rpc_worker"),
+                  "localserve.settings_loader", "localserve.options", "localserve.rpc_worker",
+                  "localserve.listen"),
                  ("ground", "engine", "office", "models", "http", "bench")),
 }
 ROUTES = "localserve.api.routes_"

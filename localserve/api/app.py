@@ -20,7 +20,7 @@ from localserve.api.auth import KeyChecker, require_key
 from localserve.api.cors import LoggedCORS, cors_rules
 from localserve.api.host_guard import LoopbackHostGuard
 from localserve.office.ledger import refusal_row
-from localserve.common.net import is_loopback
+from localserve.common.net import local_only
 from localserve.api.limits import BodySizeLimit, JsonBodyByDefault, ReleaseReservations
 from localserve.api.rate_limit import RateLimiter
 from localserve.office.quotas import QuotaKeeper
@@ -98,7 +98,7 @@ def create_app(settings: Settings | None = None, model_host: ModelHost | None = 
     if settings.cors_origins:
         app.add_middleware(LoggedCORS, **cors_rules(settings.cors_origins),
                            allow_methods=["GET", "POST", "DELETE", "OPTIONS"], allow_headers=["*"])
-    if is_loopback(settings.host) and not office.keys_enabled:  # outermost: checked first
+    if local_only(settings.host) and not office.keys_enabled:  # outermost: checked first
         app.add_middleware(LoopbackHostGuard, allowed_hosts=settings.allowed_hosts,
                            cors_origins=settings.cors_origins)
     _install_error_handlers(app)

@@ -1,5 +1,7 @@
 """Which addresses are this machine's own (loopback): the server's start-up checks, the RPC
-worker and the loopback Host guard (api/host_guard.py) ask the same question."""
+worker and the loopback Host guard (api/host_guard.py) ask the same question. And `--host` as
+llama-server reads it: addresses separated by commas, each an IP address or name, or a UNIX
+socket's path ending in `.sock` (listen.py binds them)."""
 
 from __future__ import annotations
 
@@ -30,3 +32,17 @@ def lan_address() -> str | None:
         except OSError:
             return None
     return None if is_loopback(address) else address
+
+
+def listen_addresses(host: str) -> list[str]:
+    return list(dict.fromkeys(a.strip() for a in host.split(",") if a.strip())) or [host]
+
+
+def is_unix_socket(address: str) -> bool:
+    return address.endswith(".sock")
+
+
+def local_only(host: str) -> bool:
+    """Only this machine can connect: every address loopback or a UNIX socket (whose file's
+    permissions decide who may)."""
+    return all(is_unix_socket(a) or is_loopback(a) for a in listen_addresses(host))
