@@ -1,20 +1,18 @@
-"""Embedding, after admission: the served model embeds each input with last-token pooling
-(engine/runner/embeddings.py), on a worker thread, one input at a time in its key's turn.
-Shared by OpenAI's /v1/embeddings and Ollama's /api/embed and /api/embeddings."""
+"""Embedding requests, after admission: their inputs read (OpenAI's and llama-server's shapes)
+and checked, then embedded by the model's service (models/embeddings.py: one input at a time,
+keys taking turns, billed). Shared by OpenAI's /v1/embeddings and Ollama's /api/embed and
+/api/embeddings."""
 
 from __future__ import annotations
 
-import time
-
 from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field
-from starlette.concurrency import run_in_threadpool
 
 from localserve.api.admission import Admitted
 from localserve.api.chat_message import valid_text
 from localserve.api.prompt import check_size, check_token_ids
 from localserve.api.schemas import OpenAIError
-from localserve.engine.errors import DecodeError
+from localserve.models.embeddings import ClientGone
 
 MAX_INPUTS = 256
 
@@ -111,40 +109,17 @@ def _object_text(item: dict, where: str) -> str:
     return "".join(part["text"] for part in parts)
 
 
-async def _embed_one(request: Request, host, embedder, tokens: list[int],
-                     user: str | None) -> list[float]:
-    """One input, in its key's turn; a client that left stops the rest (the model is freed
-    only once no input is inside llama.cpp: Embedder.close waits). A drain lets an accepted
-    request finish, as it does a chat."""
-    if await request.is_disconnected():
-        raise OpenAIError(499, "the client closed the request", code="client_closed")
-    if host.ended:
-        raise OpenAIError(503, "the server is shutting down (--drain-timeout ran out)",
-                          "server_error")
-    turns = host.embedding_turns
-    await turns.take(user)
-    try:
-        return await run_in_threadpool(embedder.embed, tokens)
-    except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
-        raise OpenAIError(503, f"the model cannot embed now: {exc}; retry", "server_error") from None
-    finally:
-        turns.give_back()
-
-
 async def embed(request: Request, admitted: Admitted, host, body: EmbeddingRequest,
                 endpoint: str, truncate: bool = False) -> tuple[list[list[float]], int]:
-    """(a vector per input, the tokens embedded), billed to the caller like any answer.
-    `truncate` (Ollama's): a long input is cut to fit, not refused."""
+    """(a vector per input, the tokens embedded), billed to the caller like any answer
+    (models/embeddings.py). `truncate` (Ollama's): a long input is cut to fit, not refused."""
     if body.dimensions is not None and not 0 < body.dimensions <= host.n_embd:
         raise OpenAIError(400, f"dimensions: 1 to {host.n_embd} (this model's vectors "
                           f"have {host.n_embd}), not {body.dimensions}", param="dimensions")
-    arrived = time.monotonic()
-    with host.embedding_running():  # in flight from its first input to its last: a drain waits
-        inputs = await run_in_threadpool(_inputs, host, body, truncate)
-        embedder = await run_in_threadpool(host.embedder)
-        user = admitted.user(body)
-        vectors = [shortened(await _embed_one(request, host, embedder, tokens, user),
-                             body.dimensions) for tokens in inputs]
-    n_tokens = sum(len(t) for t in inputs)
-    host.bill_embedding(user, endpoint, arrived, n_tokens)
-    return vectors, n_tokens
+    try:
+        vectors, n_tokens = await host.embeddings.embed(
+            admitted.user(body), endpoint, lambda: _inputs(host, body, truncate),
+            request.is_disconnected)
+    except ClientGone as exc:
+        raise OpenAIError(499, str(exc), code="client_closed") from None
+    return [shortened(v, body.dimensions) for v in vectors], n_tokens

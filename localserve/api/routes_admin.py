@@ -75,7 +75,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
     return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": pool.n_slots,
             "n_ctx_per_slot": pool.n_ctx_per_slot, "n_ctx_guaranteed": pool.guarantee,
-            "split": pool.split, "embeddings_running": host.embeddings_running, **snap,
+            "split": pool.split, "embeddings_running": host.embeddings.running, **snap,
             "models": request.app.state.models.cards()}
 
 

@@ -1,5 +1,6 @@
 """POST /v1/embeddings (and /embeddings): what RAG frontends call, in OpenAI's shape; the
-embedding itself is api/embedding.py's (shared with Ollama's /api/embed)."""
+embedding itself is the model's service (models/embeddings.py), its inputs read by
+api/embedding.py (shared with Ollama's /api/embed)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import gc
 import re
 import logging
 import threading
-from contextlib import contextmanager, nullcontext
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -19,12 +19,9 @@ from localserve.models.host_face import HostFace
 from localserve.common.config import Settings
 from localserve.models.model_specs import find_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.models.turns import Turns
+from localserve.models.embeddings import Embeddings
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
-from localserve.engine.request import Request as EngineRequest
-from localserve.engine.request import SamplingParams, TokenEvent
-from localserve.engine.finish import FinishReason
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.prompt_disk import DiskTier
@@ -68,23 +65,8 @@ class ModelHost(HostFace):
             lambda: self.engine.snapshot if self.engine is not None else None)
         self.prompt_cache: PromptCache | None = None  # sequences kept beyond the slots
         self.context: ContextChoice | None = None  # the pool's size and why (context_choice)
-        self.embedding_turns = Turns()  # /v1/embeddings inputs, keys taking turns
-        self._embeddings_running = 0  # requests embedding now: a drain waits for them
+        self.embeddings = Embeddings(self)  # /v1/embeddings and /api/embed (embeddings.py)
         self.ended = False  # the drain ran out (end_work): no input starts any more
-
-    def bill_embedding(self, user: str | None, endpoint: str, arrived: float,
-                       n_tokens: int) -> None:
-        """An embedding request, answered outside the engine loop: billed as a finished answer
-        of `n_tokens` prompt tokens to the loop's observers (metrics, per-key counters,
-        ledger), which bill every answer."""
-        if self.loop is None:
-            return
-        billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
-                               endpoint=endpoint)
-        billed.admitted_time = arrived
-        event = TokenEvent("", finish_reason=FinishReason.STOP, prompt_tokens=n_tokens)
-        for observer in self.loop.observers:
-            observer.on_event(billed, event)
 
     def context_choice(self, model_path: str | Path) -> ContextChoice:
         """The pool's size (-c, else fitted from the model and the machine), chosen once."""
@@ -99,20 +81,7 @@ class ModelHost(HostFace):
     def in_flight(self) -> int:
         """Requests accepted and not yet finished, embeddings included (what a drain waits for)."""
         own = self.loop.in_flight if self.loop is not None else 0
-        return own + self._embeddings_running
-
-    @property
-    def embeddings_running(self) -> int:
-        """Embedding requests between their first input and their last (/slots?view=full)."""
-        return self._embeddings_running
-
-    @contextmanager
-    def embedding_running(self):
-        self._embeddings_running += 1  # only the event loop thread counts: no lock needed
-        try:
-            yield
-        finally:
-            self._embeddings_running -= 1
+        return own + self.embeddings.running
 
     def chat_on_its_way(self, background: bool):
         """Around a chat's tokenizing: the engine's steps of background tasks make way for it

@@ -1,0 +1,81 @@
+"""Embedding on one model: the model layer's service that OpenAI's /v1/embeddings and Ollama's
+/api/embed write over (api/embedding.py reads a request's inputs and writes the answer), as the
+engine loop is for chats. Each input is embedded with last-token pooling
+(engine/runner/embeddings.py) on a worker thread, one input at a time per model, keys taking
+turns (turns.py); a request counts as in flight from reading its inputs to its last vector (a
+drain waits for it), and is billed like any answer to the engine's observers (metrics, per-key
+counters, ledger)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Awaitable, Callable
+
+from localserve.common.model_errors import ModelUnavailable
+from localserve.engine.errors import DecodeError
+from localserve.engine.finish import FinishReason
+from localserve.engine.request import Request as EngineRequest
+from localserve.engine.request import SamplingParams, TokenEvent
+from localserve.models.turns import Turns
+
+
+class ClientGone(Exception):
+    """The client closed the request: its inputs left are not embedded."""
+
+
+class Embeddings:
+    def __init__(self, host):
+        self.host = host  # its ModelHost: the embedder, the loop's observers, `ended`
+        self.turns = Turns()
+        self.running = 0  # requests in flight (only the event loop's thread counts: no lock)
+
+    async def embed(self, user: str | None, endpoint: str,
+                    read_inputs: Callable[[], list[list[int]]],
+                    client_gone: Callable[[], Awaitable[bool]]) -> tuple[list[list[float]], int]:
+        """A vector for each input that `read_inputs` gives (run on a worker thread: it
+        tokenizes), and the tokens embedded, billed to `user` once all are done. ClientGone
+        when `client_gone()` says so before an input; ModelUnavailable when the model cannot
+        embed now (a drain ran out, or it was unloaded meanwhile)."""
+        arrived = time.monotonic()
+        self.running += 1
+        try:
+            inputs = await asyncio.to_thread(read_inputs)
+            embedder = await asyncio.to_thread(self.host.embedder)
+            vectors = [await self._one(embedder, tokens, user, client_gone) for tokens in inputs]
+        finally:
+            self.running -= 1
+        n_tokens = sum(len(tokens) for tokens in inputs)
+        self._bill(user, endpoint, arrived, n_tokens)
+        return vectors, n_tokens
+
+    async def _one(self, embedder, tokens: list[int], user: str | None,
+                   client_gone: Callable[[], Awaitable[bool]]) -> list[float]:
+        """One input, in its key's turn. The model is freed only once no input is inside
+        llama.cpp (Embedder.close waits); a drain lets an accepted request finish, as a chat."""
+        if await client_gone():
+            raise ClientGone("the client closed the request")
+        if self.host.ended:
+            raise ModelUnavailable("the server is shutting down (--drain-timeout ran out)",
+                                   param=None)
+        await self.turns.take(user)
+        try:
+            return await asyncio.to_thread(embedder.embed, tokens)
+        except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
+            raise ModelUnavailable(f"the model cannot embed now: {exc}; retry",
+                                   param=None) from None
+        finally:
+            self.turns.give_back()
+
+    def _bill(self, user: str | None, endpoint: str, arrived: float, n_tokens: int) -> None:
+        """Answered outside the engine loop: billed as a finished answer of `n_tokens` prompt
+        tokens to the loop's observers, which bill every answer."""
+        loop = self.host.loop
+        if loop is None:
+            return
+        billed = EngineRequest([], SamplingParams(), user=user, arrival_time=arrived,
+                               endpoint=endpoint)
+        billed.admitted_time = arrived
+        event = TokenEvent("", finish_reason=FinishReason.STOP, prompt_tokens=n_tokens)
+        for observer in loop.observers:
+            observer.on_event(billed, event)
