@@ -101,6 +101,19 @@ def test_queue_take_remove_and_requeue():
     assert list(FairQueue()) == []
 
 
+def test_users_holding_fewer_slots_are_served_first():
+    """Carol's ten chats came first in the rotation; alice and bob, holding nothing, start
+    before carol's fourth (slot_shares.next_admissible passes what each holds)."""
+    q = FairQueue()
+    carol = [request(f"c{i}", user="carol") for i in range(3)]
+    alice, bob = request("a", user="alice"), request("b", user="bob")
+    for r in (*carol, alice, bob):
+        q.append(r)
+    assert list(q.in_turn({"carol": 3, "alice": 1})) == [bob, alice, *carol]
+    assert list(q.in_turn({"carol": 3})) == [alice, bob, *carol]  # equals: rotation order
+    assert list(q) == [carol[0], alice, bob, carol[1], carol[2]]
+
+
 # ---- the detokenizer ------------------------------------------------------------------
 
 def test_invalid_utf8_becomes_replacement_characters():

@@ -43,3 +43,10 @@ def test_a_draft_stops_before_an_image_row():
     tokens = [5, 6, *image(3, 4, whole=False), 7, 5, 6]
     assert continued(tokens, 2, 5) == []
     assert continued([5, 6, 8, *image(3, 2, whole=False), 5, 6], 2, 4) == [8]
+
+
+def test_a_step_that_starts_a_colleagues_chat_takes_none_of_the_images():
+    pending = [1, 2, *image(9, 10, whole=False), 3]
+    assert chunk_length(pending, 6, images=False) == 2  # the text before it only
+    assert chunk_length(pending[2:], 6, images=False) == 0  # the image waits a step
+    assert chunk_length([1, 2, 3], 6, images=False) == 3

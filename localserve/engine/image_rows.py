@@ -23,10 +23,14 @@ def image_row(token: int) -> tuple[int, int, bool]:
     return packed >> (ROW_BITS + 1), packed & (WHOLE_BIT - 1), bool(packed & WHOLE_BIT)
 
 
-def chunk_length(pending: list[int], limit: int) -> int:
+def chunk_length(pending: list[int], limit: int, images: bool = True) -> int:
     """How many of `pending` one step takes, at most `limit`, never ending inside an image
     that must be decoded whole: it waits for the next step, or, where it comes first and is
-    longer than `limit`, goes whole (a step a few hundred rows over its budget, once)."""
+    longer than `limit`, goes whole (a step a few hundred rows over its budget, once). With
+    `images` False, none of its images: the step starts a colleague's chat, and an image costs
+    far more than its rows (llama_decode calls of its own, the encoder: runner/image_steps.py)."""
+    if not images:
+        limit = next((i for i, token in enumerate(pending[:limit]) if token < 0), limit)
     n = min(limit, len(pending))
     if n == len(pending) or n == 0 or pending[n] >= 0 or pending[n - 1] >= 0:
         return n

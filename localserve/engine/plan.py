@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 from localserve.engine.prompt_cache import CachedPrompt
 from localserve.engine.request import Request
+
+if TYPE_CHECKING:
+    from localserve.engine.slots import Slot
 
 
 @dataclass
@@ -112,3 +116,13 @@ class StepOutput:
     grammar_s: dict[int, float] = field(default_factory=dict)  # per slot: its grammar's CPU s
     decode_s: float = 0.0  # inside llama_decode
     sample_s: float = 0.0  # inside the samplers
+
+
+class Lanes(NamedTuple):
+    """A step's running slots, by who may step (scheduler invariants 8 and 9)."""
+    running: list[Slot]
+    chat_starting: bool  # a chat waits or computes its prompt: tasks rest
+    resting: list[Slot]  # tasks sitting this step out
+    stepping: list[Slot]  # everyone who steps
+    chats: list[Slot]
+    tasks: list[Slot]

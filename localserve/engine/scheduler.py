@@ -14,13 +14,12 @@ grammar shares, long prompts); the invariants are written in schedule(), pinned 
 from __future__ import annotations
 
 import time
-from typing import NamedTuple
 
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares, too_costly
 from localserve.engine.image_rows import chunk_length
 from localserve.engine.interfaces import Vocab
 from localserve.engine.long_prompts import LongPromptPlaces
-from localserve.engine.plan import Admission, SeqChunk, StepOutput, StepPlan
+from localserve.engine.plan import Admission, Lanes, SeqChunk, StepOutput, StepPlan
 from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.progress import prompt_progress
 from localserve.engine.prompt_cache import PromptCache
@@ -45,16 +44,6 @@ MAX_TIMES_PASSED = 16
 STARTING_CHAT_FLOOR = 32
 
 
-class Lanes(NamedTuple):
-    """This step's running slots, by who may step (invariants 8 and 9)."""
-    running: list[Slot]
-    chat_starting: bool  # a chat waits or computes its prompt: tasks rest
-    resting: list[Slot]  # tasks sitting this step out
-    stepping: list[Slot]  # everyone who steps
-    chats: list[Slot]
-    tasks: list[Slot]
-
-
 class Scheduler:
     def __init__(self, pool: SlotPool, vocab: Vocab, max_num_batched_tokens: int,
                  max_num_seqs: int | None = None, slot_share: int | None = None,
@@ -71,6 +60,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self._admissions = 0
         self.yielded = False  # the last step was stopped for a chat (invariant 12)
+        self.starting: Request | None = None  # the chat this step starts: no one else's image
         self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
         self.prefixes = PrefixBook(pool, prompt_cache, self.stats)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
@@ -174,13 +164,13 @@ class Scheduler:
            passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
            chat waits that a free slot and the cells can take, its step carries at most half
            as many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least; half the
-           step for a long one): its first token comes about as soon as alone (nothing is
-           kept for one that cannot start).
+           step for a long one) and none of their images: its first token comes about as soon
+           as alone (nothing is kept for one that cannot start).
         12. A step of prompt chunks only, none sampled, or of drafted decode rows, with a slot
            free, may be stopped by a chat arriving whose prompt fits a step (plan.yield_below,
            plan.stoppable); never two in a row. A step giving a chat its first token drafts nothing.
         """
-        plan = self.cells.carried_over(self.drafts.pending_trims())
+        plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)
         self._admit_batch(plan)
         lanes = self._lanes()
@@ -239,6 +229,7 @@ class Scheduler:
             own = len(chosen[0].all_tokens) - chosen[1].keep
             others = max(own // 2, STARTING_CHAT_FLOOR)
             budget, kept = (own + others, own) if own + others <= budget else (budget, budget // 2)
+            self.starting = chosen[0]
         budget = kept + self._chunks(plan, lanes.chats, SlotState.PREFILL, budget - kept, reserved)
         return self._admit_waiting(plan, budget, tasks_too=False)
 
@@ -273,10 +264,11 @@ class Scheduler:
         """Policies that admit whole batches at once override this (see StaticScheduler)."""
 
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
-        pending = slot.pending_tokens()
-        tokens = pending[:chunk_length(pending, limit)]  # an image kept whole (image_rows.py)
-        plan.chunks.append(SeqChunk(slot.slot_id, slot.request, tokens, slot.n_cached,
-                                    sample=len(tokens) == len(pending)))
+        pending = slot.pending_tokens()  # an image kept whole, or kept for later (image_rows.py)
+        tokens = pending[:chunk_length(pending, limit, self.starting in (None, slot.request))]
+        if tokens:
+            plan.chunks.append(SeqChunk(slot.slot_id, slot.request, tokens, slot.n_cached,
+                                        sample=len(tokens) == len(pending)))
         return len(tokens)
 
     def _admit_waiting(self, plan: StepPlan, budget: int, tasks_too: bool) -> int:

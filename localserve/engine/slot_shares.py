@@ -34,7 +34,7 @@ class SlotShares:
             return self.waiting.peek()
         held = self.held() if self.share is not None else None
         waiting_users = self.waiting.users()
-        for seen, req in enumerate(self.waiting):
+        for seen, req in enumerate(self.waiting.in_turn(held)):
             if may_start is not None and seen >= look_ahead:
                 return None
             if held is not None and held[req.user] >= self.share and waiting_users - {req.user}:

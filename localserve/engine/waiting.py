@@ -11,7 +11,7 @@ served after everyone: no colleague's chat waits behind one, their own included.
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from localserve.engine.request import Request
 
@@ -109,8 +109,17 @@ class FairQueue:
 
     def __iter__(self) -> Iterator[Request]:
         """Requests in the order they will be served (if nothing else arrives)."""
+        return self.in_turn()
+
+    def in_turn(self, held: Mapping[str | None, int] | None = None) -> Iterator[Request]:
+        """The order of service; with `held` (the slots each user holds now), users holding
+        fewer come first, in rotation order among equals: a colleague's one chat before the
+        fourth of ten that someone sent at once (that one came first in the rotation)."""
         yield from self._resumed
-        queues = [list(q) for q in self._by_user.values()]
+        users = list(self._by_user)
+        if held is not None:
+            users.sort(key=lambda user: held.get(user, 0))
+        queues = [list(self._by_user[user]) for user in users]
         for depth in range(max((len(q) for q in queues), default=0)):
             for queue in queues:
                 if depth < len(queue):
