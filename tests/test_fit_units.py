@@ -139,3 +139,25 @@ def test_a_start_whose_context_cannot_fit_the_gpu_stops_with_the_numbers(monkeyp
     kept = choose_context(Settings(ctx_size=1_000_000, n_gpu_layers=31, memory_check=False),
                           str(resolve_model(None)), True)
     assert kept.ctx_size == 1_000_000 and "--no-memory-check" in kept.why
+
+
+def test_an_image_projector_on_the_gpu_leaves_less_for_the_context():
+    """llama-server's fit counts the projector (mtmd's weights and compute buffer) too: without
+    it a multimodal model fitted to the last byte ran out of memory at its first image."""
+    seeing = ModelSize(**{**LLAMA_8B.__dict__, "projector": 2 * GIB})
+    blind, chosen = fit(LLAMA_8B, [card(15)]), fit(seeing, [card(15)])
+    assert chosen.ctx_size < blind.ctx_size and chosen.n_gpu_layers == 33
+    assert chosen.needs[0] - needs(LLAMA_8B, [card(15)], (), chosen.ctx_size, 33)[0] == 2 * GIB
+    assert_largest(seeing, [card(15)], chosen)
+    assert needs(seeing, [card(15)], (), 4096, 0) == needs(LLAMA_8B, [card(15)], (), 4096, 0)
+
+
+def test_the_projector_counted_is_its_file_and_an_encoders_buffer(tmp_path):
+    from localserve.common.config import Settings
+    from localserve.models.fit import PROJECTOR_COMPUTE
+    from localserve.models.resources import projector_bytes
+
+    mmproj = tmp_path / "mmproj-tiny.gguf"
+    mmproj.write_bytes(b"GGUF" + bytes(1000))
+    assert projector_bytes(Settings(mmproj=str(mmproj))) == 1004 + PROJECTOR_COMPUTE
+    assert projector_bytes(Settings()) == 0

@@ -4,8 +4,8 @@ device holds its layers, their cache and a compute buffer with FIT_MARGIN left f
 if that is not enough, fewer layers on the GPUs (the first layers stay on the CPU, as
 llama.cpp places them). A -c or -ngl given is kept, or refused with the numbers.
 
-Pure: the devices' free memory (runner.offload_devices) and the file's sizes (gguf_meta.
-model_size) come in; resources.py asks and logs. Layers are shared between devices by
+Pure: the devices' free memory (runner.offload_devices) and the files' sizes (gguf_meta.
+model_size, the projector's) come in; resources.py asks and logs. Layers are shared between devices by
 --tensor-split, else by free memory (llama.cpp's default). On Apple's unified memory the
 GPU's memory is the host's RAM: what stays on the CPU counts against it too.
 """
@@ -19,6 +19,7 @@ FIT_MARGIN = GIB  # left free on each device (llama-server's --fit-target, 1024 
 FIT_MIN_CTX = 4096  # the context is never lowered under this (llama-server's --fit-ctx)
 UBATCH = 512  # llama.cpp's physical batch: the compute buffer grows with it
 COMPUTE_SPARE = 256 * 1024 ** 2  # the graph's other buffers, measured loosely
+PROJECTOR_COMPUTE = 512 * 1024 ** 2  # an image encoder's compute buffer, loosely (a SigLIP's)
 
 
 class FitError(ValueError):
@@ -41,6 +42,8 @@ class ModelSize:
     n_ctx_train: int
     n_vocab: int
     n_embd: int
+    projector: int = 0  # an image projector (--mmproj): on the first GPU when any layer is
+    # (as llama.cpp places it), its weights and compute buffer (llama-server's fit counts it too)
 
 
 @dataclass(frozen=True)
@@ -79,8 +82,8 @@ def fit(model: ModelSize, devices: list[Device], ctx_given: int = 0,
 def needs(model: ModelSize, devices: list[Device], split: tuple[float, ...], ctx: int,
           ngl: int) -> list[int]:
     """Bytes each device needs: its layers' weights and cache, the output layer on the last
-    device when every layer is offloaded, a compute buffer where it has layers, and on a
-    unified device the host's share too."""
+    device when every layer is offloaded, a compute buffer where it has layers, the projector
+    on the first when any layer is offloaded, and on a unified device the host's share too."""
     n_layer = len(model.layers)
     on_gpu = min(ngl, n_layer)
     counts = _layer_counts(on_gpu, split or tuple(d.free for d in devices))
@@ -93,6 +96,8 @@ def needs(model: ModelSize, devices: list[Device], split: tuple[float, ...], ctx
     last = max((i for i, c in enumerate(counts) if c), default=None)
     if last is not None and ngl > n_layer:
         out[last] += model.output + UBATCH * model.n_vocab * 4  # and its logits
+    if on_gpu and out:
+        out[0] += model.projector
     host = model.embeddings + sum(model.layers[:n_layer - on_gpu]) + (n_layer - on_gpu) * per_layer_kv
     for i, device in enumerate(devices):
         if device.unified:

@@ -3,12 +3,15 @@ rather than let the machine swap or the process be killed mid-load."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import psutil
 
 from localserve.common.config import Settings, SettingsError
-from localserve.models.fit import FIT_MIN_CTX, Device, FitError, ModelSize, fit
+from localserve.models.fit import (FIT_MIN_CTX, PROJECTOR_COMPUTE, Device, FitError, ModelSize,
+                                   fit)
+from localserve.models.model_specs import find_model
 from localserve.models.gguf_meta import model_size
 
 GIB = 1024 ** 3
@@ -91,7 +94,7 @@ def fit_to_gpus(settings: Settings, model_path: str, trained: int,
     if size is None:
         return None
     shape = ModelSize(tuple(size["layers"]), size["output"], size["embeddings"], per_token,
-                      trained, size["n_vocab"], size["n_embd"])
+                      trained, size["n_vocab"], size["n_embd"], projector_bytes(settings))
     try:
         chosen = fit(shape, devices, settings.ctx_size, settings.n_gpu_layers, settings.tensor_split)
     except FitError as exc:
@@ -101,6 +104,14 @@ def fit_to_gpus(settings: Settings, model_path: str, trained: int,
                              f"as given, not checked (--no-memory-check): {exc}")
     room = tuple((d.name, n, d.free) for d, n in zip(devices, chosen.needs))
     return ContextChoice(chosen.ctx_size, trained, per_token, chosen.why, chosen.n_gpu_layers, room)
+
+
+def projector_bytes(settings: Settings) -> int:
+    """What an image projector takes on the GPU: its file's weights and an encoder's compute
+    buffer (0 without one)."""
+    if not settings.mmproj:
+        return 0
+    return os.path.getsize(find_model(settings.mmproj, "--mmproj")) + PROJECTOR_COMPUTE
 
 
 def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
