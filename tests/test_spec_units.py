@@ -328,10 +328,11 @@ def test_drafts_beside_a_background_tasks_prompt_take_only_what_the_task_left():
     assert copying.output_tokens == answer and drafted > 0
 
 
-def test_invariant_12_a_drafted_step_may_be_stopped_and_a_first_token_step_drafts_nothing():
-    """Alice copies a passage in drafted steps (64 rows cost about ten plain steps on a CPU).
-    Bob's chat arriving may stop such a step, and the step giving him his first token carries
-    no drafts: he waits on his own prompt, not on hers (2.2x alone before, 1.3x with no drafts)."""
+def test_invariant_13_a_step_giving_a_chat_its_first_token_drafts_nothing():
+    """Alice copies a passage in drafted steps (64 rows cost about ten plain steps on a CPU);
+    the step giving bob's chat its first token carries no drafts, so he waits on his own prompt,
+    not on her drafts (behind her answer: 2.04x alone before, 1.78x after; 1.32x with no drafts
+    at all); the next step drafts again. Nothing is lost to it."""
     prompt, answer = copy_case()
     sched = Scheduler(SlotPool(256, 2), FakeVocab(), 64, speculative=True)
     alice = req("alice", 0)
@@ -340,16 +341,16 @@ def test_invariant_12_a_drafted_step_may_be_stopped_and_a_first_token_step_draft
     sched.add(alice)
     plan = sched.schedule()
     while not any(c.drafts for c in plan.chunks):
-        assert not plan.yield_below  # her prompt's last chunk, then plain decode rows
         step(sched, runner, plan)
         plan = sched.schedule()
-    assert plan.yield_below == 64
-    sched.interrupted(plan, [])
+    step(sched, runner, plan)
     sched.add(req("bob", 5, first=200))
     plan = sched.schedule()
     assert [a.request.request_id for a in plan.admitted] == ["bob"]
     assert plan.gives_first_token and not any(c.drafts for c in plan.chunks)
-    assert not plan.yield_below
+    step(sched, runner, plan)
+    plan = sched.schedule()
+    assert any(c.drafts for c in plan.chunks)
     step(sched, runner, plan)
     out, _ = run(sched, runner)
-    assert alice.output_tokens == answer and out["bob"][0]  # nothing lost to the stop
+    assert alice.output_tokens == answer and out["bob"][0]

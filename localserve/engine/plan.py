@@ -81,18 +81,6 @@ class StepPlan:
                    for c in self.chunks)
 
     @property
-    def stoppable(self) -> bool:
-        """What a chat arriving may stop (scheduler invariant 12): prompt chunks that sample
-        nothing, or decode rows carrying drafts (a step of them may cost ten plain ones). Never
-        a first token, a prompt chunk beside decode rows, or plain decode rows (over soon)."""
-        sampled = [c for c in self.chunks if c.sample]
-        if not sampled:
-            return True
-        decode_only = len(sampled) == len(self.chunks) and all(
-            c.start_pos >= c.request.num_prompt_tokens for c in sampled)
-        return decode_only and any(c.drafts for c in sampled)
-
-    @property
     def background_only(self) -> bool:
         """Every row serves a frontend's background task: a chat that arrives may interrupt it."""
         return bool(self.chunks) and all(c.request.background for c in self.chunks)

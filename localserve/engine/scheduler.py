@@ -133,7 +133,8 @@ class Scheduler:
 
     # ---- one step ------------------------------------------------------------------
     def schedule(self) -> StepPlan:
-        """Plan one step. Invariants (each pinned by tests/test_scheduler_invariants.py):
+        """Plan one step. Invariants (pinned by tests/test_scheduler_invariants.py; 13 by
+        tests/test_spec_units.py):
         1. Every DECODE slot gets exactly one row in every step, before any prompt chunk, so
            a running stream never waits for someone else's prefill.
         2. A request preempted because the cache pool ran short is the next one admitted,
@@ -166,9 +167,9 @@ class Scheduler:
            as many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least; half the
            step for a long one) and none of their images: its first token comes about as soon
            as alone (nothing is kept for one that cannot start).
-        12. A step of prompt chunks only, none sampled, or of drafted decode rows, with a slot
-           free, may be stopped by a chat arriving whose prompt fits a step (plan.yield_below,
-           plan.stoppable); never two in a row. A step giving a chat its first token drafts nothing.
+        12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
+           chat arriving whose prompt fits a step (plan.yield_below); never two in a row.
+        13. A step giving a chat its first token carries no drafts (plan.gives_first_token).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)
@@ -180,8 +181,8 @@ class Scheduler:
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
         yielded, self.yielded = self.yielded, False  # (12)
-        plan.yield_below = self.budget if not yielded and self._slot_free() and plan.stoppable \
-            else 0
+        plan.yield_below = self.budget if not yielded and self._slot_free() and not any(
+            c.sample for c in plan.chunks) else 0
         return plan
 
     def _slot_free(self) -> bool:
