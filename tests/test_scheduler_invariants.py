@@ -476,9 +476,10 @@ def test_invariant_11_a_chat_starts_in_a_step_without_a_colleagues_image():
     sched.add(request("carol", [*range(1, 257), *picture, 900, 901], max_tokens=5, user="carol"))
     plan, _ = step(sched, runner)
     assert plan.num_tokens == 256  # her text, up to the image
-    sched.add(request("alice", range(2000, 2020), max_tokens=5, user="alice"))
+    her_own = [image_id(8, row, False) for row in range(16)]  # the chat's own image goes in
+    sched.add(request("alice", [*range(2000, 2010), *her_own, 2010], max_tokens=5, user="alice"))
     plan, _ = step(sched, runner)
-    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 20}
+    assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 27}
     plan, _ = step(sched, runner)
     assert {c.request.request_id: len(c.tokens) for c in plan.chunks} == {"alice": 1, "carol": 18}
 
