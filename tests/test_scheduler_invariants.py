@@ -496,3 +496,36 @@ def test_invariant_6_a_key_holding_nothing_starts_before_the_next_of_a_keys_burs
     sched.add(request("alice", range(2000, 2020), user="alice"))
     plan, _ = step(sched, runner)
     assert plan.admitted[0].request.request_id == "alice"
+
+
+def test_invariant_12_a_step_for_one_keys_burst_may_be_stopped_by_another_keys_chat():
+    """Carol sent five chats at once: a step giving first tokens to hers only, with more of
+    hers waiting, may be stopped by alice's chat (beside ten images she waited for carol's first
+    image step), not by carol's own next; alice then starts, carol's tokens beside her 32 at
+    most, and that step is not stopped again."""
+    sched = Scheduler(SlotPool(4096, 6), FakeVocab(), 256, slot_share=5)
+    for i in range(5):
+        sched.add(request(f"carol{i}", range(100 * i + 1, 100 * i + 41), user="carol"))
+    plan = sched.schedule()
+    alice = request("alice", range(2000, 2030), max_tokens=5, user="alice")
+    assert plan.stops_for(alice)
+    assert not plan.stops_for(request("carol5", range(3000, 3030), user="carol"))
+    sched.interrupted(plan, [])
+    sched.add(alice)
+    plan = sched.schedule()
+    assert plan.admitted[0].request.request_id == "alice"
+    assert sum(len(c.tokens) for c in plan.chunks if c.request.user == "carol") <= 32
+    assert not plan.stops_for(request("bob", range(4000, 4030), user="bob"))
+
+
+def test_invariant_12_a_keys_step_with_nothing_more_of_it_waiting_or_shared_is_not_stopped():
+    def first_step(*users):
+        sched = Scheduler(SlotPool(4096, 6), FakeVocab(), 256, slot_share=5)
+        for i, user in enumerate(users):
+            sched.add(request(f"{user}{i}", range(100 * i + 1, 100 * i + 11), user=user))
+        return sched.schedule()
+
+    dave = request("dave", range(2000, 2030), user="dave")
+    assert not first_step("carol").stops_for(dave)  # her one chat
+    assert not first_step("carol", "bob").stops_for(dave)  # bob's first token is in it too
+    assert first_step("carol", "carol", "carol", "carol", "carol", "carol", "carol").stops_for(dave)

@@ -29,6 +29,7 @@ from localserve.engine.plan import StepPlan
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 from localserve.engine.streams import ChoiceStreams, RequestStream, hold_wake_ups, wake_held
 
+NO_STEP = StepPlan()  # between steps: nothing for a chat to stop
 log = logging.getLogger("localserve.engine")
 
 # Woken from idle, the loop waits at most this long for requests already accepted over HTTP
@@ -96,7 +97,7 @@ class EngineLoop(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.decoding = False  # inside runner.decode (llama_decode): no request is touched
-        self.interruptible, self.yield_below = False, 0  # what lets a chat stop a step (plan)
+        self.interruptible, self.stops_for = False, NO_STEP.stops_for  # may a chat stop a step
         self.chats_on_their_way = 0  # accepted over HTTP, not yet submitted (chat_on_its_way)
         self._chat_submitted = threading.Event()  # set as each chat on its way leaves it
         self.stopping = False
@@ -127,8 +128,7 @@ class EngineLoop(threading.Thread):
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(Add(request))
-        if not request.background and (self.interruptible
-                                       or request.num_prompt_tokens < self.yield_below):
+        if not request.background and (self.interruptible or self.stops_for(request)):
             self.runner.interrupt()  # a chat never waits for a step of tasks or a long prompt
 
     @contextmanager
@@ -207,15 +207,15 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            self.decoding, self.interruptible, self.yield_below = True, plan.background_only, \
-                plan.yield_below
+            self.decoding, self.interruptible, self.stops_for = True, plan.background_only, \
+                plan.stops_for
             if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
             wake_held()  # the HTTP side writes the last step's tokens while this one computes
             try:
                 out = self.runner.decode(plan)
             finally:
-                self.decoding, self.interruptible, self.yield_below = False, False, 0
+                self.decoding, self.interruptible, self.stops_for = False, False, NO_STEP.stops_for
             if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s

@@ -60,9 +60,10 @@ class StepPlan:
     trims: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens kept): the
     # rows of drafts that failed last step leave the cache first (drafts.py)
     saves: list[SlotSave] = field(default_factory=list)
-    # Prompt chunks only: a request arriving with a shorter prompt than this stops the step
-    # (runner/interrupt.py, engine/loop.py; 0: none does). Scheduler invariant 12.
+    # A request arriving with a shorter prompt than this stops the step (runner/interrupt.py,
+    # engine/loop.py; 0: none does), unless its key is one of these. Scheduler invariant 12.
     yield_below: int = 0
+    yield_not_to: frozenset = frozenset()
 
     @property
     def num_tokens(self) -> int:
@@ -79,6 +80,23 @@ class StepPlan:
         lengthen it (reuse.DraftBook.add)."""
         return any(c.sample and not c.request.output_tokens and not c.request.background
                    for c in self.chunks)
+
+    def may_yield(self, below: int, waiting_keys: set) -> None:
+        """Which arriving chats may stop this step (scheduler invariant 12; `below` 0: none):
+        any, where no row is sampled; another key's, where the first tokens are all of one key
+        with more of its requests waiting (ten sent at once: a colleague's chat does not wait
+        for the first of them, whose step is then planned again beside it)."""
+        firsts = {c.request.user for c in self.chunks
+                  if c.sample and not c.request.output_tokens and not c.request.background}
+        if not any(c.sample for c in self.chunks):
+            self.yield_below = below
+        elif len(firsts) == 1 and firsts <= waiting_keys:
+            self.yield_below, self.yield_not_to = below, frozenset(firsts)
+
+    def stops_for(self, request: Request) -> bool:
+        """Whether `request`, arriving while this step computes, stops it (engine/loop.py)."""
+        return (request.num_prompt_tokens < self.yield_below
+                and request.user not in self.yield_not_to)
 
     @property
     def background_only(self) -> bool:

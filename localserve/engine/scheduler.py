@@ -168,7 +168,9 @@ class Scheduler:
            step for a long one) and none of their images: its first token comes about as soon
            as alone (nothing is kept for one that cannot start).
         12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
-           chat arriving whose prompt fits a step (plan.yield_below); never two in a row.
+           chat arriving whose prompt fits a step; one whose first tokens are all of one key
+           with more of its requests waiting, by another key's such chat (plan.may_yield);
+           never two in a row.
         13. A step giving a chat its first token carries no drafts (plan.gives_first_token).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
@@ -181,8 +183,8 @@ class Scheduler:
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
         yielded, self.yielded = self.yielded, False  # (12)
-        plan.yield_below = self.budget if not yielded and self._slot_free() and not any(
-            c.sample for c in plan.chunks) else 0
+        plan.may_yield(self.budget if not yielded and self._slot_free() else 0,
+                       self.waiting.users())
         return plan
 
     def _slot_free(self) -> bool:
