@@ -5,12 +5,15 @@ where Open WebUI is not installed in .venv-openwebui: it is a heavy install,
 localserve's ledger then has each colleague under their own name and the document's
 embeddings; restarted with other settings, Open WebUI reads them again."""
 
+import base64
+import io
 import json
 import os
 import subprocess
 
 import httpx
 import pytest
+from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from conftest import ROOT, answers_200, free_port, key_file, ledger_rows, running, wait_for
@@ -66,7 +69,10 @@ class OpenWebUI:
 def office(tmp_path_factory):
     folder = tmp_path_factory.mktemp("openwebui")
     keys = key_file(folder, f"webui:{FRONTEND_KEY}:user", f"webui2:{SECOND_KEY}:user")
+    projector = subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
+                               capture_output=True).stdout.strip()  # images read (no hub)
     with running("-c", "8192", "-np", "4", "-t", "2", "--api-key-file", str(keys),
+                 "--mmproj", projector,
                  "--trust-user-header", "webui", "--trust-user-header", "webui2",
                  "--state-dir", str(folder / "state"), log_name="openwebui-localserve") as server:
         webui = OpenWebUI(server, folder)
@@ -121,6 +127,27 @@ def test_two_colleagues_and_a_document_through_open_webui(office):
     answer = ask(url, alice, "When is the kitchen cleaned?",
                  files=[{"type": "file", "id": upload.json()["id"]}])
     assert answer.status_code == 200, answer.text
+
+
+def test_an_image_sent_through_open_webui_is_read_and_billed_to_the_colleague(office):
+    """Open WebUI passes an image a colleague attaches on as an OpenAI `image_url` part (a data
+    URI): localserve reads it with the model's projector, and bills its tokens to her."""
+    server, webui, state = office
+    url = webui.url
+    carol = sign_up(url, "carol", admin=sign_up(url, "alice"))
+    buffer = io.BytesIO()
+    Image.new("RGB", (100, 80), (200, 30, 40)).save(buffer, "PNG")
+    picture = {"type": "image_url", "image_url": {
+        "url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
+    question = {"type": "text", "text": "What is in the picture?"}
+    for content in ([question], [question, picture]):
+        r = ask(url, carol, content, temperature=0)
+        assert r.status_code == 200, r.text
+    rows = lambda: [p for key, p, _ in ledger_rows(state, "/v1/chat/completions")  # noqa: E731
+                    if key == "webui:carol@office.lan"]
+    wait_for(lambda: len(rows()) >= 2, timeout=60, what="carol's two chats in the ledger")
+    text_only, with_image = rows()[-2:]
+    assert with_image >= text_only + 16  # the random projector's 16 rows an image
 
 
 def chat_rows(state, who: str) -> list[tuple]:
