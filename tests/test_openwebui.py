@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import os
+import re
 import subprocess
 
 import httpx
@@ -41,6 +42,21 @@ def readme_env(server_url: str, key: str) -> dict:
     return env
 
 
+def ollama_variant(settings: dict, server_url: str, key: str) -> dict:
+    """The env file with docs/office.md's Ollama connection: its OPENAI_API_* lines and
+    ENABLE_OLLAMA_API=false replaced by the two lines the page gives, as the page says."""
+    page = (ROOT / "docs" / "office.md").read_text()
+    lines = [re.search(r"`(OLLAMA_BASE_URL=[^`]+)`", page).group(1),
+             re.search(r"`(OLLAMA_API_CONFIGS='[^`]+')`", page).group(1)]
+    out = {k: v for k, v in settings.items()
+           if not k.startswith("OPENAI_API_") and k != "ENABLE_OLLAMA_API"}
+    for line in lines:  # as the shell's `.` reads them: the quotes go
+        name, value = line.split("=", 1)
+        out[name] = value.strip("'").replace("http://SERVER:8080", server_url).replace(
+            "WEBUI_KEY", key)
+    return out
+
+
 class OpenWebUI:
     """Open WebUI started with docs/office.md's openwebui.env (and what this machine needs: a data
     folder, a port, no internet), restartable on the same data."""
@@ -49,8 +65,10 @@ class OpenWebUI:
         self.server, self.folder, self.port = server, folder, free_port()
         self.url, self.process, self.log = f"http://127.0.0.1:{self.port}", None, None
 
-    def start(self, key: str = FRONTEND_KEY) -> None:
-        env = {**os.environ, **readme_env(self.server.url, key),
+    def start(self, key: str = FRONTEND_KEY, ollama: bool = False) -> None:
+        settings = readme_env(self.server.url, key)
+        env = {**os.environ, **(ollama_variant(settings, self.server.url, key) if ollama
+                                else settings),
                "DATA_DIR": str(self.folder / "webui"), "PORT": str(self.port),
                "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "WEBUI_SECRET_KEY": "test-secret"}
         self.log = open(self.folder / "openwebui.log", "a")
@@ -267,3 +285,20 @@ def test_a_restart_reads_the_settings_again_and_colleagues_still_see_the_model(o
     names = lambda: {key for key, _, _ in ledger_rows(state, "/v1/chat/completions")}  # noqa: E731
     wait_for(lambda: "webui2:bob@office.lan" in names(), timeout=120,
              what="bob's chat through the key of the restarted Open WebUI")
+
+
+def test_the_docs_ollama_connection_chats_under_the_colleagues_name(office):
+    """docs/office.md's other variant: Open WebUI's Ollama connection to localserve, with the
+    key in OLLAMA_API_CONFIGS. A colleague's chat goes through localserve's /api/chat, billed
+    under her name."""
+    server, webui, state = office
+    sign_up(webui.url, "alice")
+    webui.stop()
+    webui.start(ollama=True)
+    alice = sign_up(webui.url, "alice")
+    r = ask(webui.url, alice, "Name a river.")
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"]
+    names = lambda: {key for key, _, _ in ledger_rows(state, "/api/chat")}  # noqa: E731
+    wait_for(lambda: "webui:alice@office.lan" in names(), timeout=120,
+             what="alice's chat through the Ollama connection in localserve's ledger")
