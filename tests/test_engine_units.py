@@ -101,6 +101,35 @@ def test_queue_take_remove_and_requeue():
     assert list(FairQueue()) == []
 
 
+def test_requeue_keeps_the_users_other_requests_and_goes_right_behind_the_one_it_made_room_for():
+    q = FairQueue()
+    a1, a2, a3, b1 = (request(n, user=u) for n, u in (("a1", "a"), ("a2", "a"), ("a3", "a"),
+                                                       ("b1", "b")))
+    for r in (a1, a2, a3, b1):
+        q.append(r)
+    back = request("back", user="a")
+    q.requeue(back, behind=a1)
+    assert [r.request_id for r in q if r.user == "a"] == ["a1", "back", "a2", "a3"]
+    q.requeue(request("again", user="a"))  # first of its user's, none of theirs lost
+    assert [r.request_id for r in q if r.user == "a"] == ["again", "a1", "back", "a2", "a3"]
+
+
+def test_tasks_wait_last_and_taking_one_leaves_the_turns_as_they_were():
+    q = FairQueue()
+    title, tags = request("title", user="c"), request("tags", user="c")
+    title.background = tags.background = True
+    for r in (title, tags):
+        q.append(r)
+    assert q.peek() is title and not q.has_foreground()
+    c1, b1 = request("c1", user="c"), request("b1", user="b")
+    for r in (c1, b1):
+        q.append(r)
+    assert q.take(title) is title and list(q) == [c1, b1, tags]  # carol keeps her turn
+    q = FairQueue()
+    q.push_front(request("resumed", user="d"))
+    assert q.has_foreground()  # a preempted request is a chat waiting
+
+
 def test_users_holding_fewer_slots_are_served_first():
     """Carol's ten chats came first in the rotation; alice and bob, holding nothing, start
     before carol's fourth (slot_shares.next_admissible passes what each holds)."""

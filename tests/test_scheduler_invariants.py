@@ -529,3 +529,17 @@ def test_invariant_12_a_keys_step_with_nothing_more_of_it_waiting_or_shared_is_n
     assert not first_step("carol").stops_for(dave)  # her one chat
     assert not first_step("carol", "bob").stops_for(dave)  # bob's first token is in it too
     assert first_step("carol", "carol", "carol", "carol", "carol", "carol", "carol").stops_for(dave)
+
+
+def test_invariant_6_a_key_at_its_share_keeps_its_slots_while_a_colleague_waits():
+    """Alice holds two slots, her share; bob waits for one: nobody is preempted (only a key
+    above its share gives a slot back)."""
+    sched = Scheduler(SlotPool(4096, 2), FakeVocab(), 64, slot_share=2)
+    runner = PositionalRunner(10_000)
+    for i in range(2):
+        sched.add(request(f"alice{i}", range(100 * i + 1, 100 * i + 11), user="alice"))
+    step(sched, runner)
+    sched.add(request("bob", range(2000, 2010), user="bob"))
+    step(sched, runner)
+    assert sched.stats.share_preemptions == 0
+    assert {s.request.request_id for s in sched.running} == {"alice0", "alice1"}
