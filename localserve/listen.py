@@ -57,7 +57,6 @@ def _bind_tcp(address: str, port: int, v6_only: bool) -> socket.socket:
         raise SettingsError(f"--host {address} --port {port}: cannot listen there "
                             f"({exc.strerror or exc}); another server is probably using it: "
                             f"choose another --port") from None
-    sock.set_inheritable(True)
     return sock
 
 

@@ -75,19 +75,23 @@ class StepPlan:
                    and c.start_pos >= c.request.num_prompt_tokens)
 
     @property
+    def first_tokens_of(self) -> set[str | None]:
+        """The keys whose chats get their first token this step (frontends' tasks left out)."""
+        return {c.request.user for c in self.chunks
+                if c.sample and not c.request.output_tokens and not c.request.background}
+
+    @property
     def gives_first_token(self) -> bool:
         """A chat's first token is sampled this step: a colleague waits on it, so no drafts
         lengthen it (reuse.DraftBook.add)."""
-        return any(c.sample and not c.request.output_tokens and not c.request.background
-                   for c in self.chunks)
+        return bool(self.first_tokens_of)
 
     def may_yield(self, below: int, waiting_keys: set) -> None:
         """Which arriving chats may stop this step (scheduler invariant 12; `below` 0: none):
         any, where no row is sampled; another key's, where the first tokens are all of one key
         with more of its requests waiting (ten sent at once: a colleague's chat does not wait
         for the first of them, whose step is then planned again beside it)."""
-        firsts = {c.request.user for c in self.chunks
-                  if c.sample and not c.request.output_tokens and not c.request.background}
+        firsts = self.first_tokens_of
         if not any(c.sample for c in self.chunks):
             self.yield_below = below
         elif len(firsts) == 1 and firsts <= waiting_keys:

@@ -5,8 +5,8 @@ if that is not enough, fewer layers on the GPUs (the first layers stay on the CP
 llama.cpp places them). A -c or -ngl given is kept, or refused with the numbers.
 
 Pure: the devices' free memory (runner.offload_devices) and the files' sizes (gguf_meta.
-model_size, the projector's) come in; resources.py asks and logs. Layers are shared between devices by
---tensor-split, else by free memory (llama.cpp's default). On Apple's unified memory the
+model_size, the projector's) come in; resources.py asks and logs. Layers are shared between
+devices by --tensor-split, else by free memory (llama.cpp's default). On Apple's unified memory the
 GPU's memory is the host's RAM: what stays on the CPU counts against it too.
 """
 
