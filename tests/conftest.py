@@ -19,6 +19,25 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def png(color=(200, 30, 40), size=(100, 80), kind="PNG") -> str:
+    """A plain picture's file, base64 (what a data URI carries)."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, color).save(buffer, kind)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def random_projector() -> str:
+    """The path of a random-weight image projector of the embedded model's width
+    (scripts/make-projector, made once and cached: no hub download)."""
+    return subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
+                          capture_output=True).stdout.strip()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

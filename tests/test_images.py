@@ -5,14 +5,11 @@ are noise; the counts, the cache and the refusals are what is checked."""
 from __future__ import annotations
 
 import base64
-import io
-import subprocess
 
 import httpx
 import pytest
-from PIL import Image
 
-from conftest import ROOT, running
+from conftest import png, random_projector, running
 
 pytestmark = pytest.mark.model
 
@@ -21,8 +18,7 @@ ROWS = 16  # the random projector's image tokens (random_projector.py: 64 px in 
 
 @pytest.fixture(scope="module")
 def projector() -> str:
-    return subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
-                          capture_output=True).stdout.strip()
+    return random_projector()
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +26,6 @@ def vision(projector):
     with running("-c", "4096", "-np", "4", "-t", "2", "--mmproj", projector, "--image-urls",
                  log_name="images") as srv:
         yield srv
-
-
-def png(color=(200, 30, 40), size=(100, 80), kind="PNG") -> str:
-    buffer = io.BytesIO()
-    Image.new("RGB", size, color).save(buffer, kind)
-    return base64.b64encode(buffer.getvalue()).decode()
 
 
 def openai_chat(image: str, question: str = "What is in the picture?", **extra) -> dict:

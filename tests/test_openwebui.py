@@ -5,8 +5,6 @@ where Open WebUI is not installed in .venv-openwebui: it is a heavy install,
 localserve's ledger then has each colleague under their own name and the document's
 embeddings; restarted with other settings, Open WebUI reads them again."""
 
-import base64
-import io
 import json
 import os
 import re
@@ -14,10 +12,10 @@ import subprocess
 
 import httpx
 import pytest
-from PIL import Image
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from conftest import ROOT, answers_200, free_port, key_file, ledger_rows, running, wait_for
+from conftest import (ROOT, answers_200, free_port, key_file, ledger_rows, png, random_projector,
+                      running, wait_for)
 from web_pages import browser  # noqa: F401  (a fixture)
 
 WEBUI = ROOT / ".venv-openwebui" / "bin" / "open-webui"
@@ -87,10 +85,8 @@ class OpenWebUI:
 def office(tmp_path_factory):
     folder = tmp_path_factory.mktemp("openwebui")
     keys = key_file(folder, f"webui:{FRONTEND_KEY}:user", f"webui2:{SECOND_KEY}:user")
-    projector = subprocess.run([str(ROOT / "scripts/make-projector")], check=True, text=True,
-                               capture_output=True).stdout.strip()  # images read (no hub)
     with running("-c", "8192", "-np", "4", "-t", "2", "--api-key-file", str(keys),
-                 "--mmproj", projector,
+                 "--mmproj", random_projector(),
                  "--trust-user-header", "webui", "--trust-user-header", "webui2",
                  "--state-dir", str(folder / "state"), log_name="openwebui-localserve") as server:
         webui = OpenWebUI(server, folder)
@@ -153,10 +149,7 @@ def test_an_image_sent_through_open_webui_is_read_and_billed_to_the_colleague(of
     server, webui, state = office
     url = webui.url
     carol = sign_up(url, "carol", admin=sign_up(url, "alice"))
-    buffer = io.BytesIO()
-    Image.new("RGB", (100, 80), (200, 30, 40)).save(buffer, "PNG")
-    picture = {"type": "image_url", "image_url": {
-        "url": "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()}}
+    picture = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + png()}}
     question = {"type": "text", "text": "What is in the picture?"}
     for content in ([question], [question, picture]):
         r = ask(url, carol, content, temperature=0)
