@@ -335,3 +335,11 @@ def test_a_stored_answer_without_a_limit_is_held_to_what_the_store_can_take(
         assert refused.value.status == 413 and refused.value.code == "response_too_large"
     else:
         assert routes_responses._stored_answer_limit(request, body, []) == expected
+
+
+def test_a_quota_reads_as_its_toml_table_says_it():
+    from localserve.office.quotas import Quota
+
+    two = Quota(tokens_per_day=50, max_concurrent=2)
+    assert str(two) == "tokens_per_day = 50, max_concurrent = 2"
+    assert str(Quota()) == "no limit"

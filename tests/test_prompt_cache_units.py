@@ -341,3 +341,27 @@ def test_a_slot_is_saved_from_one_block_up_unless_its_own_scope_already_holds_it
     assert saved(BLOCK, "bob")  # alice's copy is not bob's to restore
     cache.put("bob", tokens(1, BLOCK), "bob's", 1)
     assert not saved(BLOCK, "bob")
+
+
+def test_a_stopping_loop_keeps_each_slots_sequence_not_already_kept_under_its_own_scope():
+    from localserve.engine.reuse import PrefixBook
+    from localserve.engine.scheduler_stats import SchedulerStats
+
+    cache, pool = PromptCache(10_000), SlotPool(4096, 3)
+    book = PrefixBook(pool, cache, SchedulerStats())
+    for slot, first, scope in zip(pool.slots, (1, 100), ("alice", "bob")):
+        slot.computed(tokens(first, 40))
+        slot.cache_scope = scope
+    cache.put("bob", tokens(100, 40), "bob's, kept before", 1)
+    read = []
+
+    def read_sequence(slot_id):
+        read.append(slot_id)
+        return f"state of slot {slot_id}", 10 + slot_id
+    book.keep_slots(read_sequence)
+    assert read == [0]  # bob's is kept already; the third slot holds nothing
+    alice, shared = cache.lookup(tokens(1, 40), "alice")
+    assert (alice.state, alice.nbytes, alice.tokens, shared) == ("state of slot 0", 10,
+                                                                 tokens(1, 40), 40)
+    assert cache.lookup(tokens(100, 40), "bob")[0].state == "bob's, kept before"
+    assert cache.lookup(tokens(1, 40), None) is None  # kept for alice only

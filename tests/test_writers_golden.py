@@ -1,7 +1,7 @@
 """Every writer's output, whole and streamed, for each kind of ending, compared with what it
 was when reviewed (tests/writers_golden.json): what clients parse stays as it is. The events
 are handcrafted (fakes.EventChoices): text, a <think> block, logprobs, a generic tool call,
-text where a call could have been, prose then two calls in a model's own format, a failure, a client that left. Ids, clocks and durations are masked. After a deliberate
+text where a call could have been, prose then two calls in a model's own format, a failure, a client that left, the prompt's progress. Ids, clocks and durations are masked. After a deliberate
 change of a shape, review the difference and write the file again:
 LOCALSERVE_WRITE_GOLDEN=1 pytest tests/test_writers_golden.py"""
 
@@ -62,6 +62,8 @@ SCENARIOS = {
     "left": [TokenEvent("Hel", (1,))],
     "costly": [TokenEvent("", finish_reason=FinishReason.GRAMMAR_COST, error="grammar too costly")],
     "aborted": [TokenEvent("Hel", (1,)), TokenEvent("", finish_reason=FinishReason.ABORT)],
+    "progress": [TokenEvent("", progress=(5, 2, 3, 10)), TokenEvent("", progress=(5, 2, 5, 12)),
+                 TokenEvent("Hi", (1,)), ended()],  # return_progress: llama-server's shape
 }
 
 
@@ -125,13 +127,15 @@ def writers(scenario: str):
         "text": lambda: _text_reply(logprobs),
         "native": lambda: NativeReply("m", NativeCompletion(prompt="p", return_tokens=True,
                                                              n_probs=2 if logprobs else 0),
-                                      lambda t: b"xy"),
+                                      lambda t: b"x\xff" if t == 5 else b"xy"),
         "ollama_chat": lambda: OllamaReply("m", True, tools, thinks, True, 0.0, 0.0),
         "ollama_generate": lambda: OllamaReply("m", False, tools, thinks, False, 0.0, 0.0),
         "messages": lambda: MessageReply("m", 5, tools, thinks),
         "responses": lambda: _stored_reply(tools, thinks),
     }
     for name, writer in make.items():
+        if scenario == "progress" and name not in ("chat", "text", "native"):
+            continue  # only llama-server's shapes take return_progress (not an extension)
         stream = {"chat": "sse", "text": "sse", "ollama_chat": "lines",
                   "ollama_generate": "lines"}.get(name, "events")
         k = n if name in ("chat", "text") else 1  # the others write one choice

@@ -277,3 +277,84 @@ def test_a_whole_answers_client_that_hangs_up_cancels_it_once_and_a_finished_one
     done, finished = HangingUp(at=1), Running(finished=True)
     asyncio.run(answer.cancel_on_disconnect(done, finished))
     assert finished.cancelled == 0 and done.checks == 0  # nothing left to watch
+
+
+class Stalls(ScriptedChoices):
+    """A choice that sends "h", then nothing more until it is cancelled."""
+
+    def __init__(self):
+        super().__init__({"a": HELLO})
+        self.events, self.woken = self.events[:1], None
+
+    @property
+    def finished(self) -> bool:
+        return self.cancelled
+
+    def cancel(self) -> None:
+        super().cancel()
+        if self.woken is not None:
+            self.woken.set()
+
+    async def _events(self):
+        self.woken = asyncio.Event()
+        yield self.events[0]
+        await self.woken.wait()
+
+
+def test_every_whole_answer_is_cancelled_when_its_client_hangs_up(monkeypatch):
+    """Each writer hands its request to the reader, whose watcher cancels the answer when the
+    client hangs up (a whole answer has no generator for sse-starlette to cancel)."""
+    from localserve.api import answer
+
+    async def no_wait(_):
+        return None
+
+    async def answered(collect):
+        return await asyncio.wait_for(collect(stream, HangingUp(at=1)), timeout=5)
+
+    monkeypatch.setattr(answer.asyncio, "sleep", no_wait)
+    responses = ResponsesRequest(model="m", input="hi")
+    for writer in (Reply("chat.completion", "m", chat(), "fp"),
+                   Reply("text_completion", "m", CompletionRequest(model="m", prompt="x"), "fp"),
+                   NativeReply("m", NativeCompletion(prompt="p"), lambda t: b"x"),
+                   OllamaReply("m", True), MessageReply("m", 3, None),
+                   ResponseReply("m", responses, 3, None)):
+        stream = Stalls()
+        try:
+            asyncio.run(answered(writer.collect))
+        except OpenAIError as gone:
+            assert gone.status == 499, writer
+        else:
+            raise AssertionError(f"{writer} answered a client that had gone")
+        assert stream.cancelled, writer
+
+
+def test_the_end_piece_times_the_queue_the_prompt_and_the_answer_from_the_requests_clocks():
+    import time
+
+    from localserve.api.answer import finish
+    from localserve.engine.request import Request, SamplingParams, TokenEvent
+
+    r = Request([1, 2, 3], SamplingParams(), request_id="r")
+    now = time.monotonic()
+    r.arrival_time, r.admitted_time, r.first_token_time = now - 10, now - 7, now - 3
+    end = finish("stop", TokenEvent("", prompt_tokens=3), r, 0).timings
+    assert [round(x) for x in (end.queued, end.prompt, end.decode)] == [3, 4, 3]
+    r.admitted_time = r.first_token_time = None  # ended before any token (a refusal, a cut)
+    end = finish("stop", TokenEvent("", prompt_tokens=3), r, 0).timings
+    assert [round(x) for x in (end.queued, end.prompt, end.decode)] == [10, 0, 0]
+
+
+def test_every_token_spent_in_a_think_block_counts_as_reasoning_up_to_an_unclosed_end():
+    from fakes import EventChoices
+
+    from localserve.engine.finish import FinishReason
+    from localserve.engine.request import Request, SamplingParams, TokenEvent
+
+    r = Request([1, 2, 3], SamplingParams(), request_id="r")
+    events = [TokenEvent("<think>", (3,)), TokenEvent("a", (4,)), TokenEvent("b", (5,)),
+              TokenEvent("</th", (6,), FinishReason.LENGTH, prompt_tokens=3,
+                         completion_tokens=4, stop_type="limit")]
+    [answer] = asyncio.run(whole_answers(EventChoices([r], [(0, e) for e in events]),
+                                         [ChoiceReader(reasoning=True)], None))
+    assert (answer.thought, answer.text, answer.end.usage.reasoning) == ("ab</th", "", 3)
