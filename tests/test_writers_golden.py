@@ -1,8 +1,9 @@
 """Every writer's output, whole and streamed, for each kind of ending, compared with what it
 was when reviewed (tests/writers_golden.json): what clients parse stays as it is. The events
 are handcrafted (fakes.EventChoices): text, a <think> block, logprobs, a generic tool call,
-text where a call could have been, prose then two calls in a model's own format, a failure, a client that left, the prompt's progress. Ids, clocks and durations are masked. After a deliberate
-change of a shape, review the difference and write the file again:
+text where a call could have been, prose then two calls in a model's own format, a failure, a
+client that left, the prompt's progress. Ids, clocks and durations are masked. After a
+deliberate change of a shape, review the difference and write the file again:
 LOCALSERVE_WRITE_GOLDEN=1 pytest tests/test_writers_golden.py"""
 
 import asyncio

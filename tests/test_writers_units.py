@@ -140,7 +140,7 @@ def test_native_stream_sends_text_chunks_then_the_final_object():
 
 def test_ollama_final_line_counts_and_done_reason():
     for max_tokens, reason, n_out in [(100, "stop", 4), (2, "length", 2)]:
-        reply = OllamaReply("m", chat=True, started=0.0, loaded=0.0)
+        reply = OllamaReply("m", True, None, False, True, 0.0, 0.0)
         body = whole(reply.collect, ScriptedChoices({"a": HEY}, n_prompt=5, max_tokens=max_tokens))
         assert body["done"] is True and body["done_reason"] == reason
         assert (body["prompt_eval_count"], body["eval_count"]) == (5, n_out)
@@ -148,7 +148,7 @@ def test_ollama_final_line_counts_and_done_reason():
         assert all(body[k] >= 0 for k in ("total_duration", "load_duration",
                                           "prompt_eval_duration", "eval_duration"))
     lines = [json.loads(line) for line in events(
-        OllamaReply("m", chat=False).lines(ScriptedChoices({"a": HEY})))]
+        OllamaReply("m", False, None, False, True, 0, 0).lines(ScriptedChoices({"a": HEY})))]
     assert "".join(line["response"] for line in lines[:-1]) == "hey"
     assert lines[-1]["done"] is True and lines[-1]["eval_count"] == 4
 
@@ -220,10 +220,21 @@ def test_a_reply_is_one_json_body_or_an_event_stream_with_the_ignored_fields_nam
         return await respond_with(collect, events, ScriptedChoices({"a": HEY}), None, True, headers)
     sse = asyncio.run(streamed())
     assert isinstance(sse, EventSourceResponse) and sse.headers["x-ignored-fields"] == "foo, bar"
+    assert (sse.ping_interval, sse.sep) == (10, "\n")  # LF between events (module doc)
+    assert events_of(sse) == [{"data": "x"}]
+    chat_sse = asyncio.run(Reply("chat.completion", "m", chat(stream=True), "fp").respond(
+        ScriptedChoices({"a": HEY}), None))
+    assert chat_sse.ping_interval == 15 and events_of(chat_sse)[-1] == {"data": "[DONE]"}
     reply = Reply("chat.completion", "m", chat(stream=False, unknown_field=1), "fp")
     body = asyncio.run(reply.respond(ScriptedChoices({"a": HEY}), None))
     assert body.headers["x-ignored-fields"] == "unknown_field"
     assert json.loads(body.body)["choices"][0]["message"]["content"] == "hey"
+
+
+def events_of(response) -> list:
+    async def drain():
+        return [item async for item in response.body_iterator]
+    return asyncio.run(drain())
 
 
 def test_header_names_are_safe_and_bounded_and_the_fingerprint_names_build_and_file():
@@ -314,19 +325,22 @@ def test_every_whole_answer_is_cancelled_when_its_client_hangs_up(monkeypatch):
 
     monkeypatch.setattr(answer.asyncio, "sleep", no_wait)
     responses = ResponsesRequest(model="m", input="hi")
-    for writer in (Reply("chat.completion", "m", chat(), "fp"),
-                   Reply("text_completion", "m", CompletionRequest(model="m", prompt="x"), "fp"),
-                   NativeReply("m", NativeCompletion(prompt="p"), lambda t: b"x"),
-                   OllamaReply("m", True), MessageReply("m", 3, None),
-                   ResponseReply("m", responses, 3, None)):
+    for collect in (Reply("chat.completion", "m", chat(), "fp").respond,  # via respond_with
+                    Reply("chat.completion", "m", chat(), "fp").collect,
+                    Reply("text_completion", "m", CompletionRequest(model="m", prompt="x"),
+                          "fp").collect,
+                    NativeReply("m", NativeCompletion(prompt="p"), lambda t: b"x").collect,
+                    OllamaReply("m", True, None, False, True, 0, 0).collect,
+                    MessageReply("m", 3, None).collect,
+                    ResponseReply("m", responses, 3, None).collect):
         stream = Stalls()
         try:
-            asyncio.run(answered(writer.collect))
+            asyncio.run(answered(collect))
         except OpenAIError as gone:
-            assert gone.status == 499, writer
+            assert gone.status == 499, collect
         else:
-            raise AssertionError(f"{writer} answered a client that had gone")
-        assert stream.cancelled, writer
+            raise AssertionError(f"{collect} answered a client that had gone")
+        assert stream.cancelled, collect
 
 
 def test_the_end_piece_times_the_queue_the_prompt_and_the_answer_from_the_requests_clocks():
@@ -358,3 +372,39 @@ def test_every_token_spent_in_a_think_block_counts_as_reasoning_up_to_an_unclose
     [answer] = asyncio.run(whole_answers(EventChoices([r], [(0, e) for e in events]),
                                          [ChoiceReader(reasoning=True)], None))
     assert (answer.thought, answer.text, answer.end.usage.reasoning) == ("ab</th", "", 3)
+
+
+def test_ollama_writes_utc_times_nanoseconds_and_generates_thinking_beside_the_response():
+    import time
+    from datetime import datetime, timezone
+
+    from fakes import EventChoices
+
+    from localserve.api.ollama_reply import now_iso, ns
+    from localserve.api.structured import ToolPlan
+    from localserve.api.tool_formats import FORMATS
+    from localserve.engine.finish import FinishReason
+    from localserve.engine.request import Request, SamplingParams, TokenEvent
+
+    stamp = now_iso()
+    assert stamp.endswith("Z") and abs(datetime.fromisoformat(stamp[:-1] + "+00:00").timestamp()
+                                       - datetime.now(timezone.utc).timestamp()) < 60
+    assert (ns(1.5), ns(0), ns(-2)) == (1_500_000_000, 0, 0)
+
+    def choices(*texts):
+        r = Request([1, 2, 3], SamplingParams(), request_id="r")
+        ended = TokenEvent("", (9,), FinishReason.STOP, prompt_tokens=3, completion_tokens=1,
+                           stop_type="eos")
+        return EventChoices([r], [(0, TokenEvent(t, (4,))) for t in texts] + [(0, ended)])
+    now = time.monotonic()
+    thinking = OllamaReply("m", False, None, True, True, now - 2, now - 1.5)
+    lines = [json.loads(line) for line in events(thinking.lines(choices(
+        "<think>", "a", "</think>", "Hi")))]
+    assert [(line.get("thinking"), line["response"]) for line in lines[:-1]] == [
+        ("a", ""), (None, "Hi")]
+    final = lines[-1]
+    assert round(final["total_duration"] / 1e8) == 20 and round(final["load_duration"] / 1e8) == 5
+    hermes = next(f for f in FORMATS if f.name == "hermes")
+    silent = OllamaReply("m", False, ToolPlan(allow_text_response=True, native=hermes), False,
+                         True, now, now)
+    assert [json.loads(line)["done"] for line in events(silent.lines(choices("")))] == [True]

@@ -40,9 +40,8 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
 
 
 class OllamaReply:
-    def __init__(self, model: str, chat: bool, tools: ToolPlan | None = None,
-                 reasoning: bool = False, show_thinking: bool = True, started: float = 0.0,
-                 loaded: float = 0.0):
+    def __init__(self, model: str, chat: bool, tools: ToolPlan | None, reasoning: bool,
+                 show_thinking: bool, started: float, loaded: float):
         self.model, self.chat, self.tools = model, chat, tools
         self.reasoning, self.show_thinking = reasoning, show_thinking
         self.started, self.loaded = started, loaded  # monotonic: arrival, model leased
@@ -94,7 +93,7 @@ class OllamaReply:
                     if not (piece.prose or piece.calls):
                         continue
                     line = self._line(text=piece.prose or "", calls=piece.calls)
-                else:
+                else:  # the Finish: the last piece of the one choice
                     yield json.dumps(self._final(piece)) + "\n"
-                    continue
+                    return
                 yield json.dumps({**line, "done": False}) + "\n"
