@@ -344,11 +344,8 @@ def test_a_slot_is_saved_from_one_block_up_unless_its_own_scope_already_holds_it
 
 
 def test_a_stopping_loop_keeps_each_slots_sequence_not_already_kept_under_its_own_scope():
-    from localserve.engine.reuse import PrefixBook
-    from localserve.engine.scheduler_stats import SchedulerStats
-
     cache, pool = PromptCache(10_000), SlotPool(4096, 3)
-    book = PrefixBook(pool, cache, SchedulerStats())
+    sched = Scheduler(pool, FakeVocab(), 64, prompt_cache=cache)
     for slot, first, scope in zip(pool.slots, (1, 100), ("alice", "bob")):
         slot.computed(tokens(first, 40))
         slot.cache_scope = scope
@@ -358,7 +355,7 @@ def test_a_stopping_loop_keeps_each_slots_sequence_not_already_kept_under_its_ow
     def read_sequence(slot_id):
         read.append(slot_id)
         return f"state of slot {slot_id}", 10 + slot_id
-    book.keep_slots(read_sequence)
+    sched.keep_sequences(read_sequence)  # the Protocol's call (PrefixBook.keep_slots)
     assert read == [0]  # bob's is kept already; the third slot holds nothing
     alice, shared = cache.lookup(tokens(1, 40), "alice")
     assert (alice.state, alice.nbytes, alice.tokens, shared) == ("state of slot 0", 10,

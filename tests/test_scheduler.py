@@ -179,3 +179,14 @@ def test_a_first_choice_that_ends_before_its_first_token_lets_its_siblings_compu
     assert sibling.status is RequestStatus.HELD
     sched.abort("a")
     assert sibling.status is RequestStatus.WAITING and list(sched.waiting) == [sibling]
+
+
+def test_the_protocol_answers_the_pools_limits_and_a_users_refused_grammar():
+    sched = make(n_slots=2, ctx=64, budget=8, max_num_seqs=1)
+    limits = sched.limits()
+    assert (limits.ctx_size, limits.n_slots, limits.max_num_batched_tokens,
+            limits.max_num_seqs) == (128, 2, 8, 1)
+    sched.costly_grammars.ended("alice", "root ::= x")
+    assert sched.grammar_refusal("alice", "root ::= x")
+    assert sched.grammar_refusal("bob", "root ::= x") is None
+    assert sched.grammar_refusal("alice", "root ::= y") is None

@@ -354,3 +354,24 @@ def test_invariant_13_a_step_giving_a_chat_its_first_token_drafts_nothing():
     step(sched, runner, plan)
     out, _ = run(sched, runner)
     assert alice.output_tokens == answer and out["bob"][0]
+
+
+def test_a_row_with_nothing_to_draft_leaves_the_drafts_to_the_rows_after_it():
+    prompt, answer = copy_case()
+    sched = Scheduler(SlotPool(512, 2), FakeVocab(), 64, speculative=True)
+    plain = req("plain", 0)  # first in every step's plan; its tokens never repeat
+    plain.prompt_tokens = list(range(200, 210))
+    copying = req("copy", 0)
+    copying.prompt_tokens = list(prompt)
+    sched.add(plain)
+    sched.add(copying)
+    run(sched, DraftingRunner({"plain": list(range(300, 340)) + [EOS], "copy": answer}))
+    assert copying.output_tokens == answer and sched.stats.draft_tokens_accepted > 20
+
+
+def test_a_draft_stops_before_an_images_rows_and_an_ngram_at_the_very_start_counts():
+    image = -5  # an image's rows are placeholders below zero (image_rows.py)
+    assert continued([1, 2, 3, 7, image, image, 8, 1, 2, 3], 3, 4) == [7]
+    assert continued([1, 2, 3, image, 8, 1, 2, 3], 3, 2) == []
+    assert continued([1, 2, 0, 4, 1, 2], 2, 2) == [0, 4]  # token 0 is a token
+    assert NgramDrafter().propose([5, 6, 9, 1, 5, 6], 1).tokens == [9]  # 5 6 began the text

@@ -57,7 +57,7 @@ class NgramDrafter:
         from a short length after it costs a step per doubling, each of few tokens, where
         llama.cpp's ngram-mod drafts 48-64 tokens behind every 24-token match."""
         n_total = len(tokens)
-        for end in range(max(self._indexed, 1), n_total):  # the tail itself is indexed later
+        for end in range(self._indexed, n_total):  # the tail itself is indexed later
             for n in NGRAMS:
                 if end >= n:
                     self._last_end[tuple(tokens[end - n:end])] = end
