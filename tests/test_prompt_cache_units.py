@@ -362,3 +362,37 @@ def test_a_stopping_loop_keeps_each_slots_sequence_not_already_kept_under_its_ow
                                                                  tokens(1, 40), 40)
     assert cache.lookup(tokens(100, 40), "bob")[0].state == "bob's, kept before"
     assert cache.lookup(tokens(1, 40), None) is None  # kept for alice only
+
+
+def test_the_disk_tier_counts_its_bytes_drops_the_oldest_file_and_forgets_an_unsound_one(tmp_path):
+    from localserve.engine.prompt_disk import DiskTier
+
+    def files() -> dict:
+        return {f: f.stat().st_size for f in tmp_path.glob("*.cache")}
+
+    assert PromptCache(10_000).spill() == 0  # no disk tier: nothing written
+    one = 100  # each state's bytes
+    cache = PromptCache(10_000, DiskTier(tmp_path, 100_000, "m"))
+    for i in range(3):
+        cache.put("alice", tokens(1000 * (i + 1), 40), bytes([i]) * one, one)
+    assert cache.spill() == 3 and cache.disk_bytes == sum(files().values())
+    size = max(files().values())
+    again = PromptCache(10_000, DiskTier(tmp_path, 100_000, "m"))  # a restart reads the files
+    assert again.disk_bytes == sum(files().values()) and again.nbytes == 0
+    entries = [again.lookup(tokens(1000 * (i + 1), 40), "alice")[0] for i in range(3)]
+    assert all(again.load(e) for e in entries[:2]) and again.stats.disk_reads == 2
+    assert again.nbytes == 2 * one and entries[1].state == bytes([1]) * one
+    bad = entries[2].path
+    bad.write_bytes(bad.read_bytes()[:-1] + b"!")  # its checksum no longer holds
+    assert not again.load(entries[2])  # read() deleted the file; the entry is forgotten
+    assert again.lookup(tokens(3000, 40), "alice") is None and len(files()) == 2
+    assert again.disk_bytes == sum(files().values())
+    again.drop_scope("alice")
+    assert (again.disk_bytes, again.nbytes, files()) == (0, 0, {})
+    small = PromptCache(10_000, DiskTier(tmp_path, 2 * size, "m"))  # room for two files
+    for i in range(3):
+        small.put("bob", tokens(1000 * (i + 1), 40), bytes([i]) * one, one)
+        small.spill()
+    assert len(files()) == 2 and small.disk_bytes == sum(files().values())
+    assert small.lookup(tokens(1000, 40), "bob") is None  # the oldest file went, and its entry
+    assert small.lookup(tokens(3000, 40), "bob") is not None
