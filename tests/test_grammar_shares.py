@@ -105,6 +105,15 @@ def test_the_memory_of_costly_grammars_expires_and_is_bounded():
         memory.check("eve", GRAMMAR, now=159.0)
     memory.check("eve", GRAMMAR, now=160.0)  # expired: accepted, and forgotten
     memory.check("eve", None, now=0.0)
+    with pytest.raises(GrammarRefused, match="30 s ago .* for 30 s more"):
+        memory.ended("eve", GRAMMAR, now=200.0)
+        memory.check("eve", GRAMMAR, now=230.0)
+    for i in range(1023):
+        memory.ended("eve", f"g{i}", now=1.0)
+    memory.ended("eve", GRAMMAR, now=240.0)  # ended again: the most recent now
+    memory.ended("eve", "g1023", now=1.0)  # one past the bound: the least recent goes
+    assert memory.refusal("eve", "g0", now=2.0) is None
+    assert memory.refusal("eve", GRAMMAR, now=241.0) and memory.refusal("eve", "g1", now=2.0)
     for i in range(2000):
         memory.ended("eve", f"g{i}", now=1.0)
     assert len(memory._ended) == 1024
