@@ -190,3 +190,26 @@ def test_the_protocol_answers_the_pools_limits_and_a_users_refused_grammar():
     assert sched.grammar_refusal("alice", "root ::= x")
     assert sched.grammar_refusal("bob", "root ::= x") is None
     assert sched.grammar_refusal("alice", "root ::= y") is None
+
+
+def test_siblings_copy_even_a_short_prompt_and_a_colleagues_same_short_prompt_is_computed_again():
+    """n > 1: each sibling choice copies the first's prompt from its slot and computes only
+    the last token, however short the prompt. A colleague's identical prompt in flight is
+    copied only from MIN_PREFIX_REUSE tokens on: this one is computed again."""
+    from localserve.engine.request import Request, SamplingParams
+
+    sched = make(n_slots=4, budget=16)
+    first = req("a", 5, max_tokens=3)
+    siblings = [Request(list(first.prompt_tokens), SamplingParams(max_tokens=3),
+                        request_id=f"a{i}", prefix_of=first) for i in (2, 3)]
+    colleague = req("b", 5, max_tokens=3)
+    runner = ScriptedRunner({r.request_id: [7, 8, 9] for r in (first, *siblings, colleague)})
+    for r in (first, *siblings):
+        sched.add(r)
+    plan = sched.schedule()
+    sched.update(plan, runner.decode(plan))  # the first choice's prompt is in its slot now
+    sched.add(colleague)
+    run(sched, runner)
+    assert [s.cached_tokens for s in siblings] == [4, 4] and colleague.cached_tokens == 0
+    prompt_rows = [tokens for batch in runner.batches for _, tokens, start in batch if start < 5]
+    assert sorted(len(t) for t in prompt_rows) == [1, 1, 5, 5]  # two prompts, two last tokens
