@@ -244,7 +244,7 @@ def keeper(pool_size, n_slots, *held):
         pool.slots[i].computed(running.prompt_tokens)
         running.output_tokens.append(5)  # decoding: one cell wanted this step
     stats = SchedulerStats()
-    return PoolKeeper(pool, PrefixBook(pool, None, stats), FairQueue(), stats)
+    return PoolKeeper(pool, PrefixBook(pool, None), FairQueue(), stats)
 
 
 def asking(n):
@@ -357,7 +357,7 @@ def test_a_colleagues_document_takes_back_the_cells_background_tasks_borrowed():
             assert "doc" in running_ids(sched)
         for r, ev in sched.update(plan, runner.decode(plan)):
             out[r.request_id].extend(ev.token_ids)
-    assert sched.stats.task_preemptions >= 1
+    assert sched.stats.task_preemptions == 1  # the task borrowing most, once
     assert out["doc"] == alone(lambda: request("doc", 150, 5, first=60, user="carol"))["doc"]
     t1 = alone(lambda: task("t1", 240, 120))["t1"]
     assert out["t1"] == t1[len(t1) - len(out["t1"]):]  # its first tokens came before "doc"

@@ -283,14 +283,13 @@ def test_a_removed_key_is_forgotten_in_idle_slots_and_at_start_in_files(tmp_path
 def test_the_cache_counts_saves_hits_misses_and_restored_tokens_and_the_threshold_is_exact():
     from localserve.engine.request import Request, SamplingParams
     from localserve.engine.reuse import PrefixBook
-    from localserve.engine.scheduler_stats import SchedulerStats
     from localserve.engine.slots import MIN_PREFIX_REUSE
 
     def ask(prompt):
         return Request(prompt, SamplingParams(max_tokens=4))
 
     cache = PromptCache(10_000)
-    book = PrefixBook(SlotPool(4096, 2), cache, SchedulerStats())
+    book = PrefixBook(SlotPool(4096, 2), cache)
     cache.put(None, tokens(1, 64), "s", 64)
     cache.put(None, tokens(1000, 64), "t", 64)
     cache.put(None, tokens(3000, BLOCK - 1), "too short", 1)  # not kept: under a block
@@ -322,11 +321,10 @@ def test_the_cache_counts_saves_hits_misses_and_restored_tokens_and_the_threshol
 def test_a_slot_is_saved_from_one_block_up_unless_its_own_scope_already_holds_it():
     from localserve.engine.plan import StepPlan
     from localserve.engine.reuse import PrefixBook
-    from localserve.engine.scheduler_stats import SchedulerStats
 
     cache = PromptCache(10_000)
     pool = SlotPool(4096, 1)
-    book, slot = PrefixBook(pool, cache, SchedulerStats()), pool.slots[0]
+    book, slot = PrefixBook(pool, cache), pool.slots[0]
 
     def saved(n: int, scope: str | None) -> bool:
         plan = StepPlan()

@@ -213,3 +213,12 @@ def test_siblings_copy_even_a_short_prompt_and_a_colleagues_same_short_prompt_is
     assert [s.cached_tokens for s in siblings] == [4, 4] and colleague.cached_tokens == 0
     prompt_rows = [tokens for batch in runner.batches for _, tokens, start in batch if start < 5]
     assert sorted(len(t) for t in prompt_rows) == [1, 1, 5, 5]  # two prompts, two last tokens
+
+
+def test_a_batch_or_a_pool_of_nothing_is_refused_naming_its_flag():
+    from localserve.engine.slots import SlotPool
+
+    with pytest.raises(ValueError, match="^--max-num-batched-tokens must be at least 1$"):
+        make(budget=0)
+    with pytest.raises(ValueError, match="^--parallel must be at least 1$"):
+        SlotPool(64, 0)

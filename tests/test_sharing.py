@@ -313,3 +313,15 @@ def test_no_cells_are_kept_back_from_a_chats_prompt_for_a_task_that_waits_for_it
     chat = req("b0", "bob", n_prompt=100, first=100, max_tokens=3)
     out, finish = run_all(sched, PositionalRunner(128), [title, chat], steps=50)
     assert finish == {"t0": "length", "b0": "length"}
+
+
+def test_a_chat_finding_every_slot_taken_by_tasks_takes_the_newest_tasks_slot():
+    sched = make(n_slots=2, ctx=256, budget=64, slot_share=None)
+    sched.add(task("t0", "bob"))
+    sched.add(task("t1", "carol", first=20))
+    step(sched)
+    sched.add(req("a0", "alice", first=40))
+    step(sched)
+    assert {s.request.request_id for s in sched.running} == {"t0", "a0"}
+    assert [r.request_id for r in sched.waiting] == ["t1"]
+    assert (sched.stats.task_preemptions, sched.stats.preemptions) == (1, 0)

@@ -33,8 +33,8 @@ class Placement:
 
 
 class PrefixBook:
-    def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None, stats: SchedulerStats):
-        self.pool, self.stats = pool, stats
+    def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None):
+        self.pool = pool
         self.prompt_cache = prompt_cache  # sequences beyond the slots
 
     def place(self, req: Request) -> Placement | None:
