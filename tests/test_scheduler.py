@@ -203,6 +203,8 @@ def test_siblings_copy_even_a_short_prompt_and_a_colleagues_same_short_prompt_is
     siblings = [Request(list(first.prompt_tokens), SamplingParams(max_tokens=3),
                         request_id=f"a{i}", prefix_of=first) for i in (2, 3)]
     colleague = req("b", 5, max_tokens=3)
+    for r in (first, *siblings, colleague):
+        r.cache_scope = "team"  # one key's (a scope holds its own slots' prompts only)
     runner = ScriptedRunner({r.request_id: [7, 8, 9] for r in (first, *siblings, colleague)})
     for r in (first, *siblings):
         sched.add(r)
@@ -222,3 +224,42 @@ def test_a_batch_or_a_pool_of_nothing_is_refused_naming_its_flag():
         make(budget=0)
     with pytest.raises(ValueError, match="^--parallel must be at least 1$"):
         SlotPool(64, 0)
+
+
+def bob_beside_alice(shared: int, bob_own: int = 8, background: bool = False,
+                     slot_used_before: bool = False) -> tuple[int, int]:
+    """Alice's 40-token prompt starts computing (8 tokens a step); a step later bob sends one
+    whose first `shared` tokens are hers. (Prompt tokens bob computed, tokens he got cached.)"""
+    from localserve.engine.request import Request, SamplingParams
+
+    sched = make(n_slots=3, ctx=256, budget=8)
+    runner = ScriptedRunner({"before": [7], "alice": [7, 8], "bob": [7, 8]})
+    if slot_used_before:  # an earlier request leaves an idle slot ahead of alice's
+        sched.add(req("before", 4, max_tokens=1, first=500))
+        run(sched, runner)
+    alice = Request(list(range(1, 41)), SamplingParams(max_tokens=2), request_id="alice",
+                    background=background)
+    bob = Request(list(range(1, shared + 1)) + list(range(200, 200 + bob_own)),
+                  SamplingParams(max_tokens=2), request_id="bob")
+    sched.add(alice)
+    plan = sched.schedule()
+    sched.update(plan, runner.decode(plan))
+    before = sched.stats.prompt_tokens_computed
+    sched.add(bob)
+    run(sched, runner)
+    assert bob.output_tokens == [7, 8]
+    return sched.stats.prompt_tokens_computed - before - (40 - 8), bob.cached_tokens
+
+
+def test_a_colleague_sharing_a_prompt_in_the_making_waits_for_it_then_copies_it():
+    """Alice and bob's editors send the same system prompt a moment apart: bob's admission
+    waits while alice's slot computes that part, then copies it (llama.cpp shares the cells)
+    and computes only his own tokens; from MIN_PREFIX_REUSE (16) shared tokens on, whichever
+    slot alice's is. The same whole prompt computes its last token only (for its own
+    logits). Beside a background task's prompt in the making nobody waits: bob computes his."""
+    assert bob_beside_alice(32) == (8, 32)
+    assert bob_beside_alice(32, slot_used_before=True) == (8, 32)
+    assert bob_beside_alice(16) == (8, 16)
+    assert bob_beside_alice(15) == (23, 0)
+    assert bob_beside_alice(40, bob_own=0) == (1, 39)
+    assert bob_beside_alice(32, background=True) == (40, 0)
