@@ -1,10 +1,10 @@
 """Every writer's output, whole and streamed, for each kind of ending, compared with what it
 was when reviewed (tests/writers_golden.json): what clients parse stays as it is. The events
-are handcrafted (fakes.EventChoices): text, a <think> block, logprobs, a generic tool call,
-text where a call could have been, prose then two calls in a model's own format, a failure, a
-client that left, the prompt's progress. Ids, clocks and durations are masked. After a
-deliberate change of a shape, review the difference and write the file again:
-LOCALSERVE_WRITE_GOLDEN=1 pytest tests/test_writers_golden.py"""
+are handcrafted (fakes.EventChoices): text, a <think> block (whole, or cut by the limit),
+logprobs, a generic tool call, text where a call could have been, prose then two calls in a
+model's own format, a failure, a client that left, the prompt's progress. Ids, clocks and
+durations are masked. After a deliberate change of a shape, review the difference and write
+the file again: LOCALSERVE_WRITE_GOLDEN=1 pytest tests/test_writers_golden.py"""
 
 import asyncio
 import json
@@ -49,6 +49,8 @@ SCENARIOS = {
     "word": [TokenEvent("Hi", (1,)), ended(stop="word")],
     "thought": [TokenEvent("<think>", (3,)), TokenEvent("plan", (4,)), TokenEvent("</think>", (3,)),
                 TokenEvent("Hi", (1,)), ended()],
+    "cut_thinking": [TokenEvent("<think>", (3,)), TokenEvent("plan", (4,)),
+                     ended(FinishReason.LENGTH, "limit")],  # the limit came inside the block
     "logprobs": [TokenEvent("Hel", (1,), logprobs=(1, -0.5, TOP)),
                  TokenEvent("lo", (2,), logprobs=(2, -0.25, TOP)), ended()],
     "called": [TokenEvent('{"tool_calls": [{"name": "get_weather", '), TokenEvent(
@@ -118,7 +120,7 @@ def writers(scenario: str):
     tools = {"called": ToolPlan(allow_text_response=False),
              "replied": ToolPlan(allow_text_response=True),
              "prose_calls": ToolPlan(allow_text_response=True, native=HERMES)}.get(scenario)
-    thinks = scenario == "thought"
+    thinks = scenario in ("thought", "cut_thinking")
     n = 2 if scenario == "plain" else 1
     logprobs = {"logprobs": True, "top_logprobs": 2} if scenario == "logprobs" else {}
     make = {

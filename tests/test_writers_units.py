@@ -4,6 +4,7 @@ pieces alone (answer.py), so these pin what every client reads at the end of an 
 
 import asyncio
 import json
+import time
 
 from fakes import ScriptedChoices
 
@@ -155,13 +156,14 @@ def test_ollama_final_line_counts_and_done_reason():
 
 def test_messages_whole_and_streamed_say_the_stop_reason_and_output_tokens():
     for max_tokens, reason, n_out in [(100, "end_turn", 4), (2, "max_tokens", 2)]:
-        reply = MessageReply("m", 5, None)
+        reply = MessageReply("m", 5, None, False)
         body = whole(reply.collect, ScriptedChoices({"a": HEY}, n_prompt=5, max_tokens=max_tokens))
         assert body["stop_reason"] == reason and body["content"] == [
             {"type": "text", "text": "hey"[:n_out]}]
         assert body["usage"] == {"input_tokens": 5, "output_tokens": n_out,
                                  "cache_read_input_tokens": 0, "cache_creation_input_tokens": 0}
-    sent = events(MessageReply("m", 5, None).events(ScriptedChoices({"a": HEY}, max_tokens=2)))
+    reply = MessageReply("m", 5, None, False)
+    sent = events(reply.events(ScriptedChoices({"a": HEY}, max_tokens=2)))
     delta = [json.loads(e["data"]) for e in sent if e["event"] == "message_delta"]
     assert delta == [{"type": "message_delta", "delta": {"stop_reason": "max_tokens",
                                                          "stop_sequence": None},
@@ -171,9 +173,9 @@ def test_messages_whole_and_streamed_say_the_stop_reason_and_output_tokens():
 def test_a_response_cut_by_its_limit_is_incomplete_with_its_usage():
     for max_tokens, status, n_out in [(100, "completed", 4), (2, "incomplete", 2)]:
         body = ResponsesRequest(model="m", input="hi")
-        reply = ResponseReply("m", body, 5, None)
+        reply = ResponseReply("m", body, 5, None, False)
         response = whole(reply.collect, ScriptedChoices({"a": HEY}, max_tokens=max_tokens))
-        assert response["status"] == status
+        assert response["status"] == status and abs(response["created_at"] - time.time()) < 60
         assert response["incomplete_details"] == (
             {"reason": "max_output_tokens"} if status == "incomplete" else None)
         assert response["usage"] == {"input_tokens": 5, "input_tokens_details": {"cached_tokens": 0},
@@ -185,7 +187,7 @@ def test_a_response_cut_by_its_limit_is_incomplete_with_its_usage():
 def test_a_streamed_response_the_store_refuses_ends_with_an_error_event_and_no_completion():
     """The answer streamed, then the store refused it (its room is gone): the client is told
     with Responses' `error` event, code and message, and never reads response.completed."""
-    reply = ResponseReply("m", ResponsesRequest(model="m", input="hi"), 5, None)
+    reply = ResponseReply("m", ResponsesRequest(model="m", input="hi"), 5, None, False)
 
     async def refuse(response, messages):
         raise OpenAIError(413, "the response store is full", code="store_full")
@@ -331,8 +333,8 @@ def test_every_whole_answer_is_cancelled_when_its_client_hangs_up(monkeypatch):
                           "fp").collect,
                     NativeReply("m", NativeCompletion(prompt="p"), lambda t: b"x").collect,
                     OllamaReply("m", True, None, False, True, 0, 0).collect,
-                    MessageReply("m", 3, None).collect,
-                    ResponseReply("m", responses, 3, None).collect):
+                    MessageReply("m", 3, None, False).collect,
+                    ResponseReply("m", responses, 3, None, False).collect):
         stream = Stalls()
         try:
             asyncio.run(answered(collect))
@@ -344,8 +346,6 @@ def test_every_whole_answer_is_cancelled_when_its_client_hangs_up(monkeypatch):
 
 
 def test_the_end_piece_times_the_queue_the_prompt_and_the_answer_from_the_requests_clocks():
-    import time
-
     from localserve.api.answer import finish
     from localserve.engine.request import Request, SamplingParams, TokenEvent
 
@@ -375,7 +375,6 @@ def test_every_token_spent_in_a_think_block_counts_as_reasoning_up_to_an_unclose
 
 
 def test_ollama_writes_utc_times_nanoseconds_and_generates_thinking_beside_the_response():
-    import time
     from datetime import datetime, timezone
 
     from fakes import EventChoices
