@@ -105,8 +105,8 @@ def test_the_memory_of_costly_grammars_expires_and_is_bounded():
         memory.check("eve", GRAMMAR, now=159.0)
     memory.check("eve", GRAMMAR, now=160.0)  # expired: accepted, and forgotten
     memory.check("eve", None, now=0.0)
+    memory.ended("eve", GRAMMAR, now=200.0)
     with pytest.raises(GrammarRefused, match="30 s ago .* for 30 s more"):
-        memory.ended("eve", GRAMMAR, now=200.0)
         memory.check("eve", GRAMMAR, now=230.0)
     for i in range(1023):
         memory.ended("eve", f"g{i}", now=1.0)

@@ -2,7 +2,8 @@
 
 import pytest
 
-from fakes import EOS, ScriptedRunner, make, req, run
+from fakes import EOS, ScriptedRunner, make, req, run, step
+from localserve.engine.request import Request, SamplingParams
 from localserve.engine.slots import SlotState
 
 def test_chunked_prefill_respects_budget_and_positions():
@@ -196,8 +197,6 @@ def test_siblings_copy_even_a_short_prompt_and_a_colleagues_same_short_prompt_is
     """n > 1: each sibling choice copies the first's prompt from its slot and computes only
     the last token, however short the prompt. A colleague's identical prompt in flight is
     copied only from MIN_PREFIX_REUSE tokens on: this one is computed again."""
-    from localserve.engine.request import Request, SamplingParams
-
     sched = make(n_slots=4, budget=16)
     first = req("a", 5, max_tokens=3)
     siblings = [Request(list(first.prompt_tokens), SamplingParams(max_tokens=3),
@@ -208,8 +207,7 @@ def test_siblings_copy_even_a_short_prompt_and_a_colleagues_same_short_prompt_is
     runner = ScriptedRunner({r.request_id: [7, 8, 9] for r in (first, *siblings, colleague)})
     for r in (first, *siblings):
         sched.add(r)
-    plan = sched.schedule()
-    sched.update(plan, runner.decode(plan))  # the first choice's prompt is in its slot now
+    step(sched, runner, sched.schedule())  # the first choice's prompt is in its slot now
     sched.add(colleague)
     run(sched, runner)
     assert [s.cached_tokens for s in siblings] == [4, 4] and colleague.cached_tokens == 0
@@ -230,8 +228,6 @@ def bob_beside_alice(shared: int, bob_own: int = 8, background: bool = False,
                      slot_used_before: bool = False) -> tuple[int, int]:
     """Alice's 40-token prompt starts computing (8 tokens a step); a step later bob sends one
     whose first `shared` tokens are hers. (Prompt tokens bob computed, tokens he got cached.)"""
-    from localserve.engine.request import Request, SamplingParams
-
     sched = make(n_slots=3, ctx=256, budget=8)
     runner = ScriptedRunner({"before": [7], "alice": [7, 8], "bob": [7, 8]})
     if slot_used_before:  # an earlier request leaves an idle slot ahead of alice's
@@ -242,8 +238,7 @@ def bob_beside_alice(shared: int, bob_own: int = 8, background: bool = False,
     bob = Request(list(range(1, shared + 1)) + list(range(200, 200 + bob_own)),
                   SamplingParams(max_tokens=2), request_id="bob")
     sched.add(alice)
-    plan = sched.schedule()
-    sched.update(plan, runner.decode(plan))
+    step(sched, runner, sched.schedule())
     before = sched.stats.prompt_tokens_computed
     sched.add(bob)
     run(sched, runner)

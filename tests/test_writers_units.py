@@ -6,7 +6,7 @@ import asyncio
 import json
 import time
 
-from fakes import ScriptedChoices
+from fakes import EventChoices, ScriptedChoices
 
 from localserve.api.answer import ChoiceReader, Finish, Timings, Usage, whole_answers
 from localserve.api.message_reply import MessageReply
@@ -17,6 +17,7 @@ from localserve.api.response_reply import ResponseReply
 from localserve.api.routes_native import NativeCompletion
 from localserve.api.routes_responses import ResponsesRequest
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
+from localserve.engine.request import Request, SamplingParams, TokenEvent
 
 HELLO = [7, 4, 11, 11, 14, 0]  # "hello", then end-of-generation (fakes.FakeVocab)
 HEY = [7, 4, 24, 0]  # "hey"
@@ -30,6 +31,12 @@ def events(generator) -> list:
     async def drain():
         return [item async for item in generator]
     return asyncio.run(drain())
+
+
+def handcrafted(events: list) -> EventChoices:
+    """One choice answering with these events (fakes.EventChoices)."""
+    return EventChoices([Request([1, 2, 3], SamplingParams(), request_id="r")],
+                        [(0, event) for event in events])
 
 
 def chat(**extra) -> ChatCompletionRequest:
@@ -209,34 +216,30 @@ def test_a_reply_is_one_json_body_or_an_event_stream_with_the_ignored_fields_nam
     async def collect(stream, request):
         return {"whole": stream.n}
 
-    async def events(stream):
+    async def one_event(stream):
         yield {"data": "x"}
     headers = ignored_header(["foo", "bar"])
     assert headers == {"X-Ignored-Fields": "foo, bar"} and ignored_header([]) is None
-    whole = asyncio.run(respond_with(collect, events, ScriptedChoices({"a": HEY}), None, False,
+    whole = asyncio.run(respond_with(collect, one_event, ScriptedChoices({"a": HEY}), None, False,
                                      headers))
     assert isinstance(whole, JSONResponse) and json.loads(whole.body) == {"whole": 1}
     assert whole.headers["x-ignored-fields"] == "foo, bar"
 
     async def streamed():
-        return await respond_with(collect, events, ScriptedChoices({"a": HEY}), None, True, headers)
+        return await respond_with(collect, one_event, ScriptedChoices({"a": HEY}), None, True,
+                                  headers)
     sse = asyncio.run(streamed())
     assert isinstance(sse, EventSourceResponse) and sse.headers["x-ignored-fields"] == "foo, bar"
     assert (sse.ping_interval, sse.sep) == (10, "\n")  # LF between events (module doc)
-    assert events_of(sse) == [{"data": "x"}]
+    assert events(sse.body_iterator) == [{"data": "x"}]
     chat_sse = asyncio.run(Reply("chat.completion", "m", chat(stream=True), "fp").respond(
         ScriptedChoices({"a": HEY}), None))
-    assert chat_sse.ping_interval == 15 and events_of(chat_sse)[-1] == {"data": "[DONE]"}
+    assert chat_sse.ping_interval == 15
+    assert events(chat_sse.body_iterator)[-1] == {"data": "[DONE]"}
     reply = Reply("chat.completion", "m", chat(stream=False, unknown_field=1), "fp")
     body = asyncio.run(reply.respond(ScriptedChoices({"a": HEY}), None))
     assert body.headers["x-ignored-fields"] == "unknown_field"
     assert json.loads(body.body)["choices"][0]["message"]["content"] == "hey"
-
-
-def events_of(response) -> list:
-    async def drain():
-        return [item async for item in response.body_iterator]
-    return asyncio.run(drain())
 
 
 def test_header_names_are_safe_and_bounded_and_the_fingerprint_names_build_and_file():
@@ -347,7 +350,6 @@ def test_every_whole_answer_is_cancelled_when_its_client_hangs_up(monkeypatch):
 
 def test_the_end_piece_times_the_queue_the_prompt_and_the_answer_from_the_requests_clocks():
     from localserve.api.answer import finish
-    from localserve.engine.request import Request, SamplingParams, TokenEvent
 
     r = Request([1, 2, 3], SamplingParams(), request_id="r")
     now = time.monotonic()
@@ -360,30 +362,23 @@ def test_the_end_piece_times_the_queue_the_prompt_and_the_answer_from_the_reques
 
 
 def test_every_token_spent_in_a_think_block_counts_as_reasoning_up_to_an_unclosed_end():
-    from fakes import EventChoices
-
     from localserve.engine.finish import FinishReason
-    from localserve.engine.request import Request, SamplingParams, TokenEvent
 
-    r = Request([1, 2, 3], SamplingParams(), request_id="r")
-    events = [TokenEvent("<think>", (3,)), TokenEvent("a", (4,)), TokenEvent("b", (5,)),
-              TokenEvent("</th", (6,), FinishReason.LENGTH, prompt_tokens=3,
-                         completion_tokens=4, stop_type="limit")]
-    [answer] = asyncio.run(whole_answers(EventChoices([r], [(0, e) for e in events]),
-                                         [ChoiceReader(reasoning=True)], None))
+    thinking = [TokenEvent("<think>", (3,)), TokenEvent("a", (4,)), TokenEvent("b", (5,)),
+                TokenEvent("</th", (6,), FinishReason.LENGTH, prompt_tokens=3,
+                           completion_tokens=4, stop_type="limit")]
+    [answer] = asyncio.run(whole_answers(handcrafted(thinking), [ChoiceReader(reasoning=True)],
+                                         None))
     assert (answer.thought, answer.text, answer.end.usage.reasoning) == ("ab</th", "", 3)
 
 
 def test_ollama_writes_utc_times_nanoseconds_and_generates_thinking_beside_the_response():
     from datetime import datetime, timezone
 
-    from fakes import EventChoices
-
     from localserve.api.ollama_reply import now_iso, ns
     from localserve.api.structured import ToolPlan
     from localserve.api.tool_formats import FORMATS
     from localserve.engine.finish import FinishReason
-    from localserve.engine.request import Request, SamplingParams, TokenEvent
 
     stamp = now_iso()
     assert stamp.endswith("Z") and abs(datetime.fromisoformat(stamp[:-1] + "+00:00").timestamp()
@@ -391,10 +386,9 @@ def test_ollama_writes_utc_times_nanoseconds_and_generates_thinking_beside_the_r
     assert (ns(1.5), ns(0), ns(-2)) == (1_500_000_000, 0, 0)
 
     def choices(*texts):
-        r = Request([1, 2, 3], SamplingParams(), request_id="r")
         ended = TokenEvent("", (9,), FinishReason.STOP, prompt_tokens=3, completion_tokens=1,
                            stop_type="eos")
-        return EventChoices([r], [(0, TokenEvent(t, (4,))) for t in texts] + [(0, ended)])
+        return handcrafted([TokenEvent(t, (4,)) for t in texts] + [ended])
     now = time.monotonic()
     thinking = OllamaReply("m", False, None, True, True, now - 2, now - 1.5)
     lines = [json.loads(line) for line in events(thinking.lines(choices(
