@@ -123,6 +123,25 @@ class PositionalRunner:
         return StepOutput(sampled, saved=saved)
 
 
+class RecurrentRunner(PositionalRunner):
+    """PositionalRunner with llama.cpp's recurrent memory: a sequence is cleared or extended,
+    never cut back to a prefix (llama_memory_seq_rm returns false), never copied in part,
+    and a step is never stopped midway. A plan that asks for any of it fails the test."""
+
+    def decode(self, plan):
+        held = {s: len(cells) for s, cells in self.cache.items()}
+        for slot_id, kept in plan.trims:
+            assert kept >= held.get(slot_id, 0), "a recurrent state cut back (a draft's rows)"
+        cleared = set(plan.dropped)
+        for a in plan.admitted:
+            assert a.copy_from is None, "a recurrent state copied to be cut back"
+            whole = len(a.restore_state) if a.restore is not None else (
+                0 if a.slot_id in cleared else held.get(a.slot_id, 0))
+            assert a.kept_tokens in (0, whole), "a recurrent state cut back to a prefix"
+        assert not self.interrupting, "a step of a recurrent model stopped midway"
+        return super().decode(plan)
+
+
 def run_all(sched, runner, requests, steps=5000):
     for r in requests:
         sched.add(r)

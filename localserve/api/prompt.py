@@ -90,9 +90,14 @@ async def media_prompt(host: ModelHost, text: str, data: list[str],
 
 def _image_tokens(host: ModelHost, parts: list, refs: list, param: str) -> tuple[list[int], dict]:
     try:
-        return host.tokenize_parts(parts, image_input.decode(refs))
+        tokens, images = host.tokenize_parts(parts, image_input.decode(refs))
     except ImageError as exc:
         raise OpenAIError(400, str(exc), param=param) from None
+    if tokens and tokens[-1] < 0:  # an image's row: the model answers from a text token
+        raise OpenAIError(400, f"{param}: the prompt ends with an image; the model answers "
+                          "from the text after it: add some (a question, or the template's "
+                          "generation prompt)", param=param)
+    return tokens, images
 
 
 async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str, param: str,

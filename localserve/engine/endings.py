@@ -58,15 +58,31 @@ class Endings:
         event.stop_type = stop_type
         return event
 
-    def failed(self, plan: StepPlan, pool: SlotPool, message: str) -> list[tuple[Request, TokenEvent]]:
-        """A failed decode leaves those slots' caches unknown: forget them and end the requests."""
+    def failed(self, plan: StepPlan, pool: SlotPool,
+               why: dict[int, str]) -> list[tuple[Request, TokenEvent]]:
+        """A failed decode leaves those slots' caches unknown: forget them and end the requests
+        of the chunks in `why` (slot id -> the error they get)."""
         events = []
         for chunk in plan.chunks:
             slot = pool.slots[chunk.slot_id]
-            if slot.request is chunk.request:
+            if slot.request is chunk.request and chunk.slot_id in why:
                 slot.forget()
-                events.append((chunk.request, self.end(slot, FinishReason.ERROR, error=message)))
+                events.append((chunk.request, self.end(slot, FinishReason.ERROR,
+                                                       error=why[chunk.slot_id])))
         return events
+
+    def abort(self, request_id: str, pool: SlotPool, reason: FinishReason,
+              error: str | None) -> tuple[Request, TokenEvent] | None:
+        """Drop a request wherever it is (waiting, held or in a slot); None: not found."""
+        for queued in (self.waiting, self.held):
+            for req in queued:
+                if req.request_id == request_id:
+                    queued.remove(req)
+                    return req, self.close(req, reason, error)
+        for slot in pool.slots:
+            if slot.request is not None and slot.request.request_id == request_id:
+                return slot.request, self.end(slot, reason, error=error)
+        return None
 
     def close(self, req: Request, reason: FinishReason, error: str | None = None) -> TokenEvent:
         """Any request's end, running or not: the final event, billed."""

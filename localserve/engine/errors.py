@@ -29,6 +29,16 @@ class Interrupted(DecodeError):
         self.saved = saved
 
 
+class RowsRefused(DecodeError):
+    """Some chunks of the step cannot be decoded for a reason of their own request's (an image
+    it cannot place), found before anything was decoded: those requests end (`refused`, slot
+    id -> why), the others' rows are planned again; `saved` as in Interrupted."""
+
+    def __init__(self, refused: dict[int, str], saved: list):
+        super().__init__("; ".join(sorted(set(refused.values()))))
+        self.refused, self.saved = refused, saved
+
+
 class EngineFailed(BaseException):
     """llama.cpp failed fatally (runner/aborts.py): the engine loop ends. A BaseException so
     that no per-request handler in the step catches it."""

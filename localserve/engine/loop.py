@@ -16,14 +16,14 @@ import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from localserve.engine.finish import FinishReason
 from localserve.engine.grammar_shares import GrammarRefused
 from localserve.engine.request import Request, TokenEvent
 from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Interrupted,
-                                      RestoreFailed)
+                                      RestoreFailed, RowsRefused)
+from localserve.engine.inbox import Abort, Add, DropScope, Stop
 from localserve.engine.interfaces import EngineObserver, Runner, StepScheduler
 from localserve.engine.plan import StepPlan
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
@@ -59,27 +59,6 @@ class QueueFull(RuntimeError):
 class UserQueueFull(QueueFull):
     """This user already holds their share of the queue (--max-queue-per-key): the rest of the
     queue stays free for everyone else."""
-
-
-# What other threads post to the loop's inbox; it applies them between steps.
-@dataclass(frozen=True)
-class Add:
-    request: Request
-
-
-@dataclass(frozen=True)
-class Abort:
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """The loop ends; what still runs or waits fails (the drain waited for it first)."""
-
-
-@dataclass(frozen=True)
-class DropScope:
-    scope: str  # a removed key's: its cached prompts go, in the prompt cache and idle slots
 
 
 class EngineLoop(threading.Thread):
@@ -227,6 +206,9 @@ class EngineLoop(threading.Thread):
                 self.scheduler.interrupted(plan, exc.saved)
                 events = []
                 self._wait_for_chats()
+            elif isinstance(exc, RowsRefused):
+                log.warning("%s; ending those %d requests only", exc, len(exc.refused))
+                events = self.scheduler.refused(plan, exc.refused, exc.saved)
             elif isinstance(exc, RestoreFailed):
                 log.warning("%s; its requests are placed again without it", exc)
                 self.scheduler.restore_failed(plan, exc.entry)

@@ -66,8 +66,12 @@ class CacheStats:
 
 
 class PromptCache:
-    def __init__(self, max_bytes: int, disk: DiskTier | None = None):
-        self.max_bytes, self.disk = max_bytes, disk
+    """`whole_only`: the model's cache cannot be cut back to a prefix (a recurrent or window
+    state, slots.SlotPool.cuts_back): an entry is found only where all of it starts the
+    prompt, and one that a longer entry extends stays (a checkpoint to come back to)."""
+
+    def __init__(self, max_bytes: int, disk: DiskTier | None = None, whole_only: bool = False):
+        self.max_bytes, self.disk, self.whole_only = max_bytes, disk, whole_only
         self.ram: OrderedDict[int, CachedPrompt] = OrderedDict()  # least recently used first
         self.on_disk: OrderedDict[int, CachedPrompt] = OrderedDict()  # entries with a file
         self._index: dict[tuple[str | None, int], set[int]] = {}  # (scope, block hash) -> ids
@@ -85,21 +89,32 @@ class PromptCache:
         return self.ram.get(entry_id) or self.on_disk[entry_id]
 
     def lookup(self, tokens: list[int], scope: str | None) -> tuple[CachedPrompt, int] | None:
-        """The entry of `scope` sharing the longest prefix with `tokens`, and that prefix's
-        length (at least one block), or None. Touches the entry (most recently used)."""
+        """The entry of `scope` sharing the longest prefix with `tokens` (whole_only: the
+        longest entry that all of it starts `tokens`), and that prefix's length (at least one
+        block), or None. Touches the entry (most recently used)."""
+        first: set[int] | None = None
         found: set[int] | None = None
         for h in block_hashes(tokens):
             ids = self._index.get((scope, h))
             if not ids:
                 break
-            found = ids
+            first, found = first or ids, ids
         if not found:
             return None
-        entry = self._entry(max(found))  # ids grow with each put: the newest of equals
+        entry = self._longest_whole(first, tokens) if self.whole_only else self._entry(max(found))
+        if entry is None:
+            return None
         for tier in (self.ram, self.on_disk):
             if entry.entry_id in tier:
                 tier.move_to_end(entry.entry_id)
         return entry, common_prefix_len(entry.tokens, tokens)
+
+    def _longest_whole(self, ids: set[int], tokens: list[int]) -> CachedPrompt | None:
+        """Among `ids` (every entry sharing the first block), the longest that `tokens` start
+        with; the newest of equals."""
+        whole = [e for e in map(self._entry, ids)
+                 if len(e.tokens) <= len(tokens) and tokens[:len(e.tokens)] == e.tokens]
+        return max(whole, key=lambda e: (len(e.tokens), e.entry_id), default=None)
 
     def holds(self, tokens: list[int], scope: str | None) -> bool:
         """Is this exact sequence (or a longer one starting with it) already kept?"""
@@ -111,7 +126,7 @@ class PromptCache:
         larger than the whole bound is not kept."""
         if nbytes > self.max_bytes or len(tokens) < BLOCK:
             return
-        older = self.lookup(tokens, scope)
+        older = None if self.whole_only else self.lookup(tokens, scope)
         if older is not None and older[1] == len(older[0].tokens):
             self.remove(older[0])
         self._add(CachedPrompt(scope, list(tokens), state, nbytes))

@@ -53,8 +53,9 @@ class PrefixBook:
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
         choice's, busy or not) rather than computing it again; only the last prompt token is
-        computed, for this choice's own first logits."""
-        if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
+        computed, for this choice's own first logits. Not where sequences cannot be cut back
+        (the copy holds the whole source): the prompt's checkpoint is restored instead."""
+        if not self.pool.cuts_back or req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
             return None
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
 
@@ -65,6 +66,8 @@ class PrefixBook:
         the cells: computed once, held once). While its slot is still computing that part,
         this request waits (None), as a sibling does, unless the slot is a background task's
         (which sits out the steps in which a chat waits: scheduler invariant 9)."""
+        if not self.pool.cuts_back:
+            return where  # a copy holds the whole source: it could not be cut back to the prefix
         tokens, floor = req.all_tokens, where.keep + MIN_PREFIX_REUSE
         best, best_done, computing = None, floor - 1, 0
         for slot in self.pool.slots:
@@ -88,12 +91,12 @@ class PrefixBook:
         """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
-        found = cache.lookup(tokens, req.cache_scope) if cache is not None else None
-        if (found is None or min(found[1], len(tokens) - 1) < keep + MIN_PREFIX_REUSE
+        found = cache.lookup(tokens[:-1], req.cache_scope) if cache is not None else None
+        if (found is None or found[1] < keep + MIN_PREFIX_REUSE
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             return Placement(slot, keep)
         entry, shared = found
-        return Placement(self.pool.lru_idle(), min(shared, len(tokens) - 1), restore=entry)
+        return Placement(self.pool.lru_idle(), shared, restore=entry)
 
     def taken(self, where: Placement) -> None:
         """Count a placement once it is admitted (a request placed again at every step
@@ -115,6 +118,19 @@ class PrefixBook:
             return
         plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
+    def checkpoint(self, plan: StepPlan, slot: Slot, tokens: list[int]) -> list[int]:
+        """Where sequences cannot be cut back (SlotPool.cuts_back), a new prompt's state just
+        before its last token goes to the prompt cache (llama-server's context checkpoints):
+        a Regenerate, an edited turn or a conversation's earlier turn restores it. Its chunk
+        stops there, and the last token is computed in the next step, after the save."""
+        req = slot.request
+        if self.pool.cuts_back or self.prompt_cache is None or req.output_tokens:
+            return tokens
+        before_last = req.num_prompt_tokens - 1 - slot.n_cached
+        if before_last == 0 and not any(a.slot_id == slot.slot_id for a in plan.admitted):
+            self.save(plan, slot)  # read before this step's rows (an admission's: after)
+        return tokens[:before_last] if 0 < before_last < len(tokens) else tokens
+
     def keep(self, saved) -> None:
         """The step's saves, serialized by the runner, into the prompt cache."""
         for save, state, size in saved:
@@ -128,9 +144,11 @@ class PrefixBook:
         self.keep([(SlotSave(s.slot_id, s.cache_scope, list(s.cached)), *read_sequence(s.slot_id))
                    for s in self.pool.slots if s.cached and not cache.holds(s.cached, s.cache_scope)])
 
-    def forget(self, entry: CachedPrompt) -> None:
-        """An entry whose state would not load (RestoreFailed): never offered again."""
-        self.prompt_cache.remove(entry)
+    def forget(self, entry: CachedPrompt | None) -> None:
+        """An entry whose state would not load (RestoreFailed): never offered again (None: the
+        slot's own cache would not be cut back; the slot forgot it)."""
+        if entry is not None:
+            self.prompt_cache.remove(entry)
 
     def drop_scope(self, scope: str) -> int:
         """A removed key: forget its prompts in idle slots (never saved, never reused again)

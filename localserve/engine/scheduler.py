@@ -65,7 +65,7 @@ class Scheduler:
         self.prefixes = PrefixBook(pool, prompt_cache)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
-        self.drafts = DraftBook(pool, self.stats, speculative)
+        self.drafts = DraftBook(pool, self.stats, speculative and pool.cuts_back)  # (13)
         self.max_long_prompts = max_long_prompts  # None: no cap (invariant 10)
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
@@ -92,6 +92,8 @@ class Scheduler:
         if request.num_prompt_tokens >= self.pool.n_ctx_per_slot:
             raise ValueError(f"a prompt of {request.num_prompt_tokens} tokens does not fit the "
                              f"{self.pool.n_ctx_per_slot} tokens one request may use")
+        if request.prompt_tokens and request.prompt_tokens[-1] < 0:  # an image's row
+            raise ValueError("a prompt ends with an image: nothing to answer from")
         self.costly_grammars.check(request.user, request.params.grammar)
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:
@@ -104,15 +106,7 @@ class Scheduler:
     def abort(self, request_id: str, reason: FinishReason = FinishReason.ABORT,
               error: str | None = None) -> tuple[Request, TokenEvent] | None:
         """Drop a request wherever it is; its slot is free for the very next schedule()."""
-        for queued in (self.waiting, self.endings.held):
-            for req in queued:
-                if req.request_id == request_id:
-                    queued.remove(req)
-                    return req, self.endings.close(req, reason, error)
-        for slot in self.pool.slots:
-            if slot.request is not None and slot.request.request_id == request_id:
-                return slot.request, self.endings.end(slot, reason, error=error)
-        return None
+        return self.endings.abort(request_id, self.pool, reason, error)
 
     def expire_waiting(self, max_wait_s: float, now: float) -> list[tuple[Request, TokenEvent]]:
         """End requests that waited longer than `max_wait_s` without getting a slot."""
@@ -171,7 +165,9 @@ class Scheduler:
            chat arriving whose prompt fits a step; one whose first tokens are all of one key
            with more of its requests waiting, by another key's such chat (plan.may_yield);
            never two in a row.
-        13. A step giving a chat its first token carries no drafts (plan.gives_first_token).
+        13. A step giving a chat its first token carries no drafts (plan.gives_first_token);
+           nor any step where sequences cannot be cut back (pool.cuts_back: no draft's rows
+           could be taken out, reuse.py).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)
@@ -269,6 +265,7 @@ class Scheduler:
     def _add_chunk(self, plan: StepPlan, slot: Slot, limit: int) -> int:
         pending = slot.pending_tokens()  # an image kept whole, or kept for later (image_rows.py)
         tokens = pending[:chunk_length(pending, limit, self.starting in (None, slot.request))]
+        tokens = self.prefixes.checkpoint(plan, slot, tokens)
         if tokens:
             plan.chunks.append(SeqChunk(slot.slot_id, slot.request, tokens, slot.n_cached,
                                         sample=len(tokens) == len(pending)))
@@ -387,9 +384,16 @@ class Scheduler:
         self.stats.interrupted_steps += 1
         self.yielded = True  # the next step is never stopped (12)
 
+    def refused(self, plan: StepPlan, refused: dict[int, str],
+                saved: list) -> list[tuple[Request, TokenEvent]]:
+        """Nothing was decoded: the refused chunks' requests end, the other rows are planned
+        again; the saves are kept."""
+        self.prefixes.keep(saved)
+        return self.endings.failed(plan, self.pool, refused)
+
     def cache_full(self) -> bool:
         """No cache room for the batch: evict one sequence for the next plan (False: none left)."""
         return self.cells.preempt_newest()
 
     def fail(self, plan: StepPlan, message: str) -> list[tuple[Request, TokenEvent]]:
-        return self.endings.failed(plan, self.pool, message)
+        return self.endings.failed(plan, self.pool, {c.slot_id: message for c in plan.chunks})

@@ -163,15 +163,19 @@ class SlotPool:
     sequence may grow to `n_ctx_per_slot` (the model's context, at most the pool) by borrowing
     cells no other slot uses. A borrower gives them back, preempted to the prompt cache, when
     a request within its guarantee needs them (scheduler.py). Without `n_ctx_seq` a sequence
-    is held to its guarantee, as in llama.cpp's split cache."""
+    is held to its guarantee, as in llama.cpp's split cache.
+    `cuts_back` False: the model's sequences cannot be cut back to a prefix (a recurrent state,
+    or window layers whose older cells are gone): a slot's cache is reused whole or not at
+    all, and nothing is copied from another slot (reuse.py)."""
 
-    def __init__(self, ctx_size: int, n_slots: int, n_ctx_seq: int | None = None):
+    def __init__(self, ctx_size: int, n_slots: int, n_ctx_seq: int | None = None,
+                 cuts_back: bool = True):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
         if n_ctx_seq is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
-        self.ctx_size = ctx_size
+        self.ctx_size, self.cuts_back = ctx_size, cuts_back
         self.guarantee = ctx_size // n_slots
         self.n_ctx_per_slot = min(n_ctx_seq or self.guarantee, ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
@@ -217,10 +221,16 @@ class SlotPool:
         idle = [s for s in self.slots if not s.busy]
         if not idle:
             return None
-        shared = {s.slot_id: min(s.prefix_shared(tokens), len(tokens) - 1)
-                  if s.cache_scope == scope else 0 for s in idle}
+        shared = {s.slot_id: self._reusable(s, tokens) if s.cache_scope == scope else 0
+                  for s in idle}
         worth = [s for s in idle
                  if shared[s.slot_id] >= max(MIN_PREFIX_REUSE, MIN_PREFIX_SHARE * s.n_cached)]
         best = max(worth, key=lambda s: (shared[s.slot_id], -s.last_used)) if worth else min(
             idle, key=lambda s: s.last_used)
         return best, shared[best.slot_id]
+
+    def _reusable(self, slot: Slot, tokens: list[int]) -> int:
+        """How much of `tokens` the slot's cache gives (at most all but the last token); where
+        it cannot be cut back, all it holds or nothing."""
+        shared = min(slot.prefix_shared(tokens), len(tokens) - 1)
+        return shared if self.cuts_back or shared == slot.n_cached else 0

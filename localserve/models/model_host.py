@@ -35,6 +35,17 @@ log = logging.getLogger("localserve")
 MIB = 1024 ** 2
 
 
+# The start-up log's line on the model's memory, by kind (runner.core.memory_kind).
+_WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the prompt cache, "
+          "no drafting and no step stopped midway (their rows could not be taken out again)")
+MEMORY_KINDS = {
+    "attention": "attention only: a slot's cache is cut back to any shared prefix",
+    "sliding-window": "sliding-window layers keep their window only (as llama-server's): " + _WHOLE,
+    "hybrid": "a recurrent state beside attention: " + _WHOLE,
+    "recurrent": "a recurrent state: " + _WHOLE,
+}
+
+
 class ModelHost(HostFace):
     """One model's engine: runner, slots, scheduler, engine loop, template and tokenization.
     With several models (registry.py) each has its own host. What the office shares (keys,
@@ -158,6 +169,7 @@ class ModelHost(HostFace):
             log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
             log.info("context: %d tokens, %s", pool.ctx_size, context.why)
             log.info("cache pool: %s", pool.describe())
+            log.info("memory: %s", MEMORY_KINDS[self.runner.memory_kind])
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
                      "decodes), --max-num-seqs %d, --max-queue %s", budget,
                      max(prefill_budget, budget), scheduler.limits().max_num_seqs, s.max_queue)
@@ -183,16 +195,14 @@ class ModelHost(HostFace):
         if s.ctx_size and trained and made > trained:
             log.warning("the pool (%d tokens) is longer than the model was trained for (%d): "
                         "one request may use %d", made, trained, trained)
-        return SlotPool(made, s.parallel, n_ctx_seq=min(made, trained or made))
+        return SlotPool(made, s.parallel, n_ctx_seq=min(made, trained or made),
+                        cuts_back=self.runner.cuts_back)
 
     def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:
-        """--cache-ram MiB, at most a quarter of the RAM free now; off for models with a
-        sliding window (their cache cannot be cut back to a prefix)."""
+        """--cache-ram MiB, at most a quarter of the RAM free now. Where sequences cannot be
+        cut back, it holds whole sequences and checkpoints (PromptCache.whole_only)."""
         s = self.settings
         if s.cache_ram == 0 or s.scheduler != "continuous":
-            return None
-        if self.runner.n_swa:
-            log.info("prompt cache in RAM: off (this model's sliding-window attention)")
             return None
         bound = min(s.cache_ram * MIB, psutil.virtual_memory().available // 4)
         log.info("prompt cache in RAM: up to %d MiB (--cache-ram %d, at most a quarter of free "
@@ -201,7 +211,7 @@ class ModelHost(HostFace):
         if s.cache_disk:
             folder = state_dir(s) / "prompt-cache" / re.sub(r"[^\w.-]", "_", self.model_id)
             disk = DiskTier(folder, s.cache_disk * MIB, self.runner.state_fingerprint())
-        cache = PromptCache(bound, disk)
+        cache = PromptCache(bound, disk, whole_only=not self.runner.cuts_back)
         if disk:
             gone = cache.keep_scopes(self.live_scope)
             log.info("prompt cache on disk: up to %d MiB in %s (--cache-disk), %d prompts kept "

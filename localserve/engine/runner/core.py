@@ -18,7 +18,7 @@ import llama_cpp as C
 import numpy as np
 
 from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Interrupted,
-                                      RestoreFailed)
+                                      RestoreFailed, RowsRefused)
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
@@ -33,6 +33,17 @@ from localserve.engine.runner.states import read_sequence, state_fingerprint, wr
 from localserve.engine.runner.upper_state import clear_upper_state
 
 log = logging.getLogger("localserve.llama")
+
+
+def memory_kind(model) -> str:
+    """What a sequence's cache holds: 'attention' (every position's keys and values: it can be
+    cut back to any prefix), 'sliding-window' (window layers keep their last cells only),
+    'hybrid' or 'recurrent' (a state that holds no earlier position)."""
+    if C.llama_model_is_hybrid(model):
+        return "hybrid"
+    if C.llama_model_is_recurrent(model):
+        return "recurrent"
+    return "sliding-window" if C.llama_model_n_swa(model) else "attention"
 
 
 class LlamaRunner(Sampling, ImageSteps):
@@ -53,6 +64,8 @@ class LlamaRunner(Sampling, ImageSteps):
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")
         self.vocab = C.llama_model_get_vocab(self.model)
+        self.memory_kind = memory_kind(self.model)
+        self.cuts_back = self.memory_kind == "attention"  # slots.SlotPool.cuts_back
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         threads = config.n_threads or os.cpu_count() or 1
         cparams = C.llama_context_default_params()
@@ -63,6 +76,7 @@ class LlamaRunner(Sampling, ImageSteps):
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True  # one pool; the scheduler keeps each slot's guarantee
+        cparams.swa_full = False  # window layers keep their window, as llama-server's (cuts_back)
         cparams.type_k = CACHE_TYPES[config.cache_type_k][0]
         cparams.type_v = CACHE_TYPES[config.cache_type_v][0]
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -162,7 +176,7 @@ class LlamaRunner(Sampling, ImageSteps):
                       "size_bytes": C.llama_model_size(self.model), "n_layers": n_layers,
                       "n_ctx_train": self.n_ctx_train, "n_vocab": self.n_vocab,
                       "quantization": description.rsplit(" ", 1)[-1],
-                      "name": self.meta("general.name")},
+                      "name": self.meta("general.name"), "memory": self.memory_kind},
             "backend": {"name": backend.lower(), "gpu_offload": gpu,
                         "n_gpu_layers": min(self.n_gpu_layers, n_layers + 1),
                         "system_info": info.strip(" |")},
@@ -208,9 +222,11 @@ class LlamaRunner(Sampling, ImageSteps):
             self._interrupt.clear()  # one meant for this step never stops the next
 
     def _decode(self, plan: StepPlan) -> StepOutput:
-        for slot_id, kept in plan.trims:
-            C.llama_memory_seq_rm(self.memory, slot_id, kept, -1)
+        refused = {slot_id: "its draft's rows could not be taken out of its cache"
+                   for slot_id, kept in plan.trims if not self._cut(slot_id, kept)}
         saved = [(save, *read_sequence(self.ctx, save.slot_id)) for save in plan.saves]
+        if refused:
+            raise RowsRefused(refused, saved)
         for slot_id in plan.dropped:
             C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         for admission in plan.admitted:
@@ -219,7 +235,9 @@ class LlamaRunner(Sampling, ImageSteps):
                 C.llama_memory_seq_cp(self.memory, admission.copy_from, admission.slot_id, -1, -1)
             elif admission.restore is not None:
                 self._restore(admission)
-            C.llama_memory_seq_rm(self.memory, admission.slot_id, admission.kept_tokens, -1)
+            if not self._cut(admission.slot_id, admission.kept_tokens):
+                raise RestoreFailed(f"slot {admission.slot_id}'s cache could not be cut back to "
+                                    f"{admission.kept_tokens} tokens", admission.restore)
             self._new_sampler(admission.slot_id, admission.request.params,
                               admission.request.all_tokens)
             self._new_grammar(admission.slot_id, admission.request.params.grammar,
@@ -307,10 +325,20 @@ class LlamaRunner(Sampling, ImageSteps):
         raise DecodeError(f"llama_decode returned {rc} for a batch of {n} tokens "
                           f"from {len(plan.chunks)} sequences")
 
+    def _cut(self, slot_id: int, keep: int) -> bool:
+        """The slot's sequence cut back to its first `keep` tokens; where llama.cpp cannot (a
+        recurrent state holds no earlier position), cleared instead, and False."""
+        if C.llama_memory_seq_rm(self.memory, slot_id, keep, -1):
+            return True
+        C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
+        return False
+
     def interrupt(self) -> None:
         """Any thread: stop the decode in flight at its next graph node (CPU backend), or the
-        next one when none is in flight."""
-        self._interrupt.request()
+        next one when none is in flight. Not where sequences cannot be cut back: a stopped
+        step's rows could not be taken out again (the step runs to its end)."""
+        if self.cuts_back:
+            self._interrupt.request()
 
     def read_sequence(self, slot_id: int) -> tuple[object, int]:
         """A slot's sequence serialized (state, bytes), for the prompt cache."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import llama_cpp as C
 
+from localserve.engine.errors import RowsRefused
 from localserve.engine.image_rows import image_row
 from localserve.engine.plan import SeqChunk, StepPlan
 
@@ -61,21 +62,42 @@ class ImageSteps:
 
     def _place_images(self, plan: StepPlan, saved) -> tuple[StepPlan, float]:
         """Decode every chunk's rows up to its last image row; the plan of what is left, and
-        the seconds spent in llama_decode."""
+        the seconds spent in llama_decode. A chunk whose images cannot be placed is refused
+        before anything is decoded (RowsRefused): its request alone ends."""
+        refused = {chunk.slot_id: why for chunk in plan.chunks
+                   if (why := self._unplaceable(chunk)) is not None}
+        if refused:
+            raise RowsRefused(refused, saved)
         chunks, spent = [], 0.0
         for chunk in plan.chunks:
             last = max((i for i, t in enumerate(chunk.tokens) if t < 0), default=-1)
             if last < 0:
                 chunks.append(chunk)
                 continue
-            if chunk.sample and last == len(chunk.tokens) - 1:
-                raise ValueError("a prompt ends with an image: nothing to answer from")
             for start, stop, h in image_runs(chunk.tokens, last + 1):
                 spent += self._decode_run(plan, chunk, start, stop, h, saved)
             if last + 1 < len(chunk.tokens):
                 chunks.append(SeqChunk(chunk.slot_id, chunk.request, chunk.tokens[last + 1:],
                                        chunk.start_pos + last + 1, chunk.sample, chunk.drafts))
         return replace(plan, chunks=chunks), spent
+
+    def _unplaceable(self, chunk: SeqChunk) -> str | None:
+        """Why this chunk's image rows cannot be decoded (None: they can, or it has none)."""
+        last = max((i for i, t in enumerate(chunk.tokens) if t < 0), default=-1)
+        if last < 0:
+            return None
+        if chunk.sample and last == len(chunk.tokens) - 1:
+            return "a prompt ends with an image: nothing to answer from"
+        for start, stop, h in image_runs(chunk.tokens, last + 1):
+            if h is None:
+                continue
+            image = chunk.request.images.get(h)
+            if image is None or self.projector is None:
+                return "a step reached an image this model cannot place"
+            first_row = image_row(chunk.tokens[start])[1]
+            if image.non_causal and (first_row != 0 or stop - start != image.n_rows):
+                return "an image that attends both ways was split between steps"
+        return None
 
     def _decode_run(self, plan, chunk: SeqChunk, start: int, stop: int, h, saved) -> float:
         image: ImageInput | None = None
@@ -99,12 +121,9 @@ class ImageSteps:
             self._undo(plan, rc, n, saved)
         return spent
 
-    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, image: ImageInput | None):
-        if image is None or self.projector is None:
-            raise ValueError("a step reached an image this model cannot place")
+    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, image: ImageInput):
+        """The image's rows start..stop as embeddings (_unplaceable checked they can be)."""
         first_row = image_row(chunk.tokens[start])[1]
-        if image.non_causal and (first_row != 0 or stop - start != image.n_rows):
-            raise ValueError("an image that attends both ways was split between steps")
         rows = self.projector.encode(image, self.n_embd)[first_row:first_row + stop - start]
         batch = self.embd_batch
         ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)

@@ -1,0 +1,121 @@
+"""Random-weight models of the memory kinds an office runs today (issue 78), written with gguf-py
+from llama.cpp's own sources, with a real tokenizer: what the tests and benchmarks serve where a
+real hybrid or mixture-of-experts model cannot be had here. Speed and plumbing do not depend on
+the weights' values; the cache's kind does.
+
+- `hybrid`: LFM2's shape, short-convolution layers (a recurrent state per sequence: it cannot be
+  cut back to a prefix) interleaved with attention layers;
+- `hybrid-moe`: LFM2-MoE's, the same memory with mixture-of-experts feed-forward layers after a
+  dense lead (experts that `--cpu-moe` places in host memory).
+
+Sliding-window memory is the second real test model's (Gemma 3 270M, scripts/setup-second-model).
+scripts/make-memory-model runs `python -m localserve.bench.memory_models KIND VOCAB.gguf OUT.gguf`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from localserve.bench.fast_model import q4_0_blocks
+
+KINDS = ("hybrid", "hybrid-moe")
+# ChatML, as LFM2's and Qwen's templates write turns (tokens the Qwen vocabulary has).
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# Attention at these layers, short convolutions at the others (LFM2 mixes them so).
+ATTENTION_LAYERS = (2, 5)
+
+
+def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: int = 128,
+          n_ff: int = 256, n_head: int = 4, n_head_kv: int = 2, n_ctx: int = 8192,
+          seed: int = 0) -> None:
+    import gguf  # llama.cpp's gguf-py, on PYTHONPATH (scripts/make-memory-model)
+
+    arch = {"hybrid": "lfm2", "hybrid-moe": "lfm2moe"}[kind]
+    reader = gguf.GGUFReader(vocab_path)
+    n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    writer = gguf.GGUFWriter(out_path, arch)
+    writer.add_name(f"random {kind} {n_layer}x{n_embd}, vocab {n_vocab}")
+    writer.add_context_length(n_ctx)
+    writer.add_embedding_length(n_embd)
+    writer.add_feed_forward_length(n_ff)
+    writer.add_block_count(n_layer)
+    writer.add_head_count(n_head)
+    writer.add_head_count_kv([n_head_kv if i in ATTENTION_LAYERS else 0 for i in range(n_layer)])
+    writer.add_rope_freq_base(1000000.0)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_uint32(f"{arch}.shortconv.l_cache", 3)
+    writer.add_vocab_size(n_vocab)
+    writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    moe = kind == "hybrid-moe"
+    n_expert, n_dense = 4, 2
+    if moe:
+        writer.add_leading_dense_block_count(n_dense)
+        writer.add_expert_count(n_expert)
+        writer.add_expert_used_count(2)
+        writer.add_expert_feed_forward_length(n_ff // 2)
+        writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    writer.add_chat_template(CHATML_TEMPLATE)
+
+    rng = np.random.default_rng(seed)
+    head_dim = n_embd // n_head
+    q4 = lambda name, rows, cols: writer.add_tensor(  # noqa: E731
+        name, q4_0_blocks(rng, rows, cols, 0.02), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    ones = lambda name, *shape: writer.add_tensor(name, np.ones(shape, dtype=np.float32))  # noqa: E731
+    small = lambda name, *shape: writer.add_tensor(  # noqa: E731
+        name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
+    q4("token_embd.weight", n_vocab, n_embd)  # also the output layer (tied, as LFM2's)
+    ones("token_embd_norm.weight", n_embd)  # LFM2's final norm
+    for i in range(n_layer):
+        ones(f"blk.{i}.attn_norm.weight", n_embd)
+        if i in ATTENTION_LAYERS:
+            ones(f"blk.{i}.attn_q_norm.weight", head_dim)
+            ones(f"blk.{i}.attn_k_norm.weight", head_dim)
+            q4(f"blk.{i}.attn_q.weight", n_embd, n_embd)
+            q4(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
+            q4(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
+            q4(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        else:
+            small(f"blk.{i}.shortconv.conv.weight", n_embd, 3)
+            q4(f"blk.{i}.shortconv.in_proj.weight", 3 * n_embd, n_embd)
+            q4(f"blk.{i}.shortconv.out_proj.weight", n_embd, n_embd)
+        ones(f"blk.{i}.ffn_norm.weight", n_embd)
+        if moe and i >= n_dense:
+            n_ff_exp = n_ff // 2
+            small(f"blk.{i}.ffn_gate_inp.weight", n_expert, n_embd)
+            writer.add_tensor(f"blk.{i}.exp_probs_b.bias", np.zeros(n_expert, dtype=np.float32))
+            for name, rows, cols in (("gate", n_ff_exp, n_embd), ("up", n_ff_exp, n_embd),
+                                     ("down", n_embd, n_ff_exp)):
+                experts = np.stack([q4_0_blocks(rng, rows, cols, 0.02) for _ in range(n_expert)])
+                writer.add_tensor(f"blk.{i}.ffn_{name}_exps.weight", experts,
+                                  raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+        else:
+            q4(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
+            q4(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
+            q4(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("kind", choices=KINDS)
+    parser.add_argument("vocab", help="a vocabulary-only GGUF with ChatML's special tokens (qwen2)")
+    parser.add_argument("out", help="where to write the model")
+    args = parser.parse_args(argv)
+    write(args.kind, args.vocab, args.out)
+    print(args.out, file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Pure tests of the scheduler on a model whose sequences cannot be cut back to a prefix (a
+hybrid or recurrent state, or window layers: SlotPool(cuts_back=False)): slots reused whole or
+not at all, a checkpoint of each new prompt before its last token, checkpoints kept beside the
+longer turns that extend them, no copies, no drafts; and the same answers as on attention
+(fakes.RecurrentRunner fails any plan that would cut a recurrent state)."""
+
+from localserve.engine.prompt_cache import BLOCK, PromptCache
+from localserve.engine.request import Request, SamplingParams
+from localserve.engine.scheduler import Scheduler
+from localserve.engine.slots import SlotPool
+
+from fakes import FakeVocab, PositionalRunner, RecurrentRunner, run_all
+
+
+def tokens(first: int, n: int) -> list[int]:
+    return list(range(first, first + n))
+
+
+def test_a_whole_only_cache_finds_entries_all_of_which_start_the_prompt_and_keeps_earlier_turns():
+    cache = PromptCache(10_000, whole_only=True)
+    cache.put("a", tokens(1, 40), "turn 1", 40)
+    cache.put("a", tokens(1, 80), "turn 2", 80)  # extends turn 1: both stay (checkpoints)
+    assert sorted(e.state for e in cache.ram.values()) == ["turn 1", "turn 2"]
+    entry, shared = cache.lookup(tokens(1, 70) + [7] * 20, "a")  # diverges inside turn 2
+    assert (entry.state, shared) == ("turn 1", 40)  # the longest entry that starts it whole
+    assert cache.lookup(tokens(1, 90), "a")[0].state == "turn 2"
+    assert cache.lookup(tokens(1, 30) + [7] * 20, "a") is None  # no entry starts it whole
+    assert cache.holds(tokens(1, 40), "a") and not cache.holds(tokens(1, 60), "a")
+    assert cache.lookup(tokens(1, 90), "b") is None
+
+
+def test_a_slot_that_cannot_be_cut_back_is_reused_whole_or_not_at_all():
+    for cuts_back, expected in ((True, 40), (False, 0)):
+        pool = SlotPool(512, 1, cuts_back=cuts_back)
+        pool.slots[0].computed(tokens(1, 60))
+        slot, keep = pool.best_idle_slot(tokens(1, 40) + [7] * 30)  # shares 40 of its 60
+        assert keep == expected
+    slot, keep = pool.best_idle_slot(tokens(1, 60) + [7] * 10)  # all it holds, and more
+    assert keep == 60
+
+
+def make(cuts_back: bool, n_slots: int = 2, ctx: int = 512, speculative=False):
+    cache = PromptCache(1_000_000, whole_only=not cuts_back)
+    sched = Scheduler(SlotPool(ctx, n_slots, cuts_back=cuts_back), FakeVocab(), 64,
+                      prompt_cache=cache, speculative=speculative)
+    return sched, cache
+
+
+def ask(rid: str, prompt: list[int], n_tokens: int = 6, n: int = 1) -> list[Request]:
+    first = Request(list(prompt), SamplingParams(max_tokens=n_tokens), request_id=rid)
+    siblings = [Request(list(prompt), SamplingParams(max_tokens=n_tokens),
+                        request_id=f"{rid}.{i}", prefix_of=first) for i in range(1, n)]
+    return [first, *siblings]
+
+
+def test_a_new_prompt_stops_one_token_short_and_is_saved_before_its_last_token():
+    sched, cache = make(cuts_back=False)
+    sched.add(ask("doc", tokens(1, 40))[0])
+    first = sched.schedule()
+    assert [len(c.tokens) for c in first.chunks] == [39] and not first.chunks[0].sample
+    runner = RecurrentRunner(512)
+    sched.update(first, runner.decode(first))
+    last = sched.schedule()
+    assert [(s.slot_id, len(s.tokens)) for s in last.saves] == [(0, 39)]
+    assert [(c.tokens, c.sample) for c in last.chunks] == [([40], True)]
+    sched.update(last, runner.decode(last))
+    assert cache.holds(tokens(1, 39), None)
+
+
+def conversation(answers: dict) -> list[list[Request]]:
+    """Turn 1; a follow-up; Regenerate; turn 1 again; turn 1 with two choices; then turn 3
+    after seven colleagues with the same system prompt took every slot. Prompts follow the answers given so far."""
+    system = tokens(1, 3 * BLOCK)
+    turn1 = system + tokens(500, 20)
+    rounds = [lambda: ask("turn1", turn1)]
+    turn2 = lambda: turn1 + answers["turn1"] + tokens(600, 10)  # noqa: E731
+    rounds += [lambda: ask("turn2", turn2()), lambda: ask("regen", turn2()),
+               lambda: ask("turn1-again", turn1), lambda: ask("two", turn1, n=2)]
+    rounds.append(lambda: [r for i in range(7)  # at once, the same system prompt
+                           for r in ask(f"colleague{i}", system + tokens(1000 * (i + 1), 30))])
+    rounds.append(lambda: ask("turn3", turn2() + answers["turn2"] + tokens(700, 10)))
+    return rounds
+
+
+def serve(sched, runner) -> dict:
+    answers: dict = {}
+    for make_round in conversation(answers):
+        out, finish = run_all(sched, runner, make_round())
+        assert all(reason == "length" for reason in finish.values()), finish
+        answers.update(out)
+    return answers
+
+
+def test_a_conversation_on_a_recurrent_model_cuts_nothing_and_answers_as_on_attention():
+    attention, _ = make(cuts_back=True)  # (the fake runner does not check drafts)
+    expected = serve(attention, PositionalRunner(512))
+    recurrent, cache = make(cuts_back=False, speculative=True)
+    runner = RecurrentRunner(512)
+    assert serve(recurrent, runner) == expected
+    assert expected["two"] == expected["two.1"] == expected["turn1"]
+    assert runner.restored > 0 and cache.stats.hits >= 4  # regen, turn 1 again, a sibling, turn 3
+    assert recurrent.stats.draft_tokens == 0  # asked for, and off
