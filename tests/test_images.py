@@ -241,3 +241,30 @@ def test_props_and_models_say_the_model_reads_images(vision, server):
     assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
     show = httpx.post(vision.url + "/api/show", json={"model": "m"}).json()
     assert "vision" in show["capabilities"]
+
+
+def test_a_prompt_ending_with_an_image_is_refused_and_ends_no_colleagues_answer(vision):
+    """Hardening round 7, case 1: the model answers from a text token, so a prompt whose last
+    row is an image's is refused with a 400 before it is queued; colleagues' streams running
+    meanwhile end as they would alone."""
+    import concurrent.futures
+
+    def stream(question: str) -> list[str]:
+        body = {**text_only(question), "max_tokens": 40, "stream": True}
+        with httpx.stream("POST", vision.url + "/v1/chat/completions", json=body,
+                          timeout=300) as reply:
+            return [line for line in reply.iter_lines() if '"finish_reason": "' in line]
+
+    ending = openai_chat(png(), continue_final_message=True, add_generation_prompt=False)
+    ending["messages"].append({"role": "assistant", "content": [
+        {"type": "text", "text": "Here it is again:"}, ending["messages"][0]["content"][1]]})
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        colleagues = [pool.submit(stream, q) for q in ("Count to twenty.", "Name ten colours.")]
+        for path, body in (("/completion", {"prompt": {"prompt_string": "hi <__media__>",
+                                                       "multimodal_data": [png()]}}),
+                           ("/v1/chat/completions", ending)):
+            reply = post(vision, path, body)
+            assert reply.status_code == 400, reply.text
+            assert "ends with an image" in reply.json()["error"]["message"]
+        ends = [future.result() for future in colleagues]
+    assert all(len(end) == 1 and '"finish_reason": "error"' not in end[0] for end in ends), ends
