@@ -325,3 +325,33 @@ def test_a_chat_finding_every_slot_taken_by_tasks_takes_the_newest_tasks_slot():
     assert {s.request.request_id for s in sched.running} == {"t0", "a0"}
     assert [r.request_id for r in sched.waiting] == ["t1"]
     assert (sched.stats.task_preemptions, sched.stats.preemptions) == (1, 0)
+
+
+def test_a_task_with_three_choices_gets_them_all_and_holds_up_no_colleague():
+    """Hardening round 7, case 0: a task-shaped chat with n: 3. Its siblings, released when
+    the first choice has its first token, wait in the tasks' lane (not ahead of every chat,
+    where they stopped tasks and chats alike while every slot idled)."""
+    from localserve.engine.request import Request, SamplingParams
+
+    from fakes import ScriptedRunner
+
+    sched = make(n_slots=2, ctx=256, budget=16, slot_share=None)
+    first = task("t0", "bob", n_prompt=20)
+    first.params = SamplingParams(max_tokens=6, ignore_eos=True)
+    siblings = [Request(list(first.prompt_tokens), SamplingParams(max_tokens=6, ignore_eos=True),
+                        request_id=f"t{i}", user="bob", prefix_of=first) for i in (1, 2)]
+    for sibling in siblings:
+        sibling.background = True
+    runner = ScriptedRunner({r: [5] * 10 for r in ("t0", "t1", "t2", "c0")})
+    for r in (first, *siblings):
+        sched.add(r)
+    for n in range(400):
+        if n == 3:
+            sched.add(req("c0", "carol", n_prompt=4, first=100, max_tokens=4))
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        assert plan or not sched.waiting, [r.request_id for r in sched.waiting]
+        sched.update(plan, runner.decode(plan))
+    assert not sched.has_work()
+    assert all(r.num_output_tokens == 6 for r in (first, *siblings))

@@ -41,8 +41,16 @@ class FairQueue:
 
     def follow(self, request: Request) -> None:
         """A sibling choice (n > 1) of a request just admitted: behind the preempted ones, ahead
-        of every user's queue, as part of the request it belongs to."""
-        self._resumed.append(request)
+        of every user's queue, as part of the request it belongs to; a background task's at the
+        head of the tasks' lane, behind its earlier siblings (ahead of the chats, it would stop
+        tasks, itself included, and every chat behind it: hardening round 7)."""
+        if not request.background:
+            self._resumed.append(request)
+            return
+        lane = self._background
+        behind = next((i for i, r in enumerate(lane) if r.prefix_of is not request.prefix_of),
+                      len(lane))
+        lane.insert(behind, request)
 
     def peek(self) -> Request:
         if self._resumed:
