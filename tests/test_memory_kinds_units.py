@@ -53,18 +53,18 @@ def ask(rid: str, prompt: list[int], n_tokens: int = 6, n: int = 1) -> list[Requ
     return [first, *siblings]
 
 
-def test_a_new_prompt_stops_one_token_short_and_is_saved_before_its_last_token():
+def test_a_new_prompt_stops_short_of_its_end_and_is_saved_before_its_last_tokens():
     sched, cache = make(cuts_back=False)
     sched.add(ask("doc", tokens(1, 40))[0])
     first = sched.schedule()
-    assert [len(c.tokens) for c in first.chunks] == [39] and not first.chunks[0].sample
+    assert [len(c.tokens) for c in first.chunks] == [36] and not first.chunks[0].sample
     runner = RecurrentRunner(512)
     sched.update(first, runner.decode(first))
     last = sched.schedule()
-    assert [(s.slot_id, len(s.tokens)) for s in last.saves] == [(0, 39)]
-    assert [(c.tokens, c.sample) for c in last.chunks] == [([40], True)]
+    assert [(s.slot_id, len(s.tokens)) for s in last.saves] == [(0, 36)]
+    assert [(c.tokens, c.sample) for c in last.chunks] == [(tokens(37, 4), True)]
     sched.update(last, runner.decode(last))
-    assert cache.holds(tokens(1, 39), None)
+    assert cache.holds(tokens(1, 36), None)
 
 
 def conversation(answers: dict) -> list[list[Request]]:

@@ -21,6 +21,11 @@ from localserve.engine.scheduler_stats import SchedulerStats
 from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState, common_prefix_len
 
 
+# Where sequences cannot be cut back, each new prompt's checkpoint is this many tokens before
+# its end (llama-server's offset: its greedy text then comes from the same batches).
+CHECKPOINT_BEFORE_END = 4
+
+
 @dataclass(frozen=True)
 class Placement:
     """Where an admission goes: its slot, the prefix it keeps, copied from `source` (a sibling
@@ -119,17 +124,18 @@ class PrefixBook:
         plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
     def checkpoint(self, plan: StepPlan, slot: Slot, tokens: list[int]) -> list[int]:
-        """Where sequences cannot be cut back (SlotPool.cuts_back), a new prompt's state just
-        before its last token goes to the prompt cache (llama-server's context checkpoints):
-        a Regenerate, an edited turn or a conversation's earlier turn restores it. Its chunk
-        stops there, and the last token is computed in the next step, after the save."""
+        """Where sequences cannot be cut back (SlotPool.cuts_back), a new prompt's state
+        CHECKPOINT_BEFORE_END tokens before its end goes to the prompt cache (llama-server's
+        context checkpoints, at its offset): a Regenerate, an edited turn or a conversation's
+        earlier turn restores it. Its chunk stops there, and the last tokens are computed in
+        the next step, after the save."""
         req = slot.request
         if self.pool.cuts_back or self.prompt_cache is None or req.output_tokens:
             return tokens
-        before_last = req.num_prompt_tokens - 1 - slot.n_cached
-        if before_last == 0 and not any(a.slot_id == slot.slot_id for a in plan.admitted):
+        before_end = req.num_prompt_tokens - CHECKPOINT_BEFORE_END - slot.n_cached
+        if before_end == 0 and not any(a.slot_id == slot.slot_id for a in plan.admitted):
             self.save(plan, slot)  # read before this step's rows (an admission's: after)
-        return tokens[:before_last] if 0 < before_last < len(tokens) else tokens
+        return tokens[:before_end] if 0 < before_end < len(tokens) else tokens
 
     def keep(self, saved) -> None:
         """The step's saves, serialized by the runner, into the prompt cache."""
