@@ -70,6 +70,13 @@ GROUPS: dict[str, list[Option]] = {
                "all when the build can offload, else 0"),
         Option("main_gpu", ("--main-gpu",), "GPU for the model"),
         Option("tensor_split", ("--tensor-split",), "share of the model per GPU, e.g. 3,1"),
+        Option("cpu_moe", ("-cmoe", "--cpu-moe"), "keep every layer's mixture-of-experts "
+               "weights in host memory, the rest on the GPU (llama-server's)"),
+        Option("n_cpu_moe", ("-ncmoe", "--n-cpu-moe"), "keep the experts of the first N "
+               "layers in host memory (llama-server's)", "0, or as --fit chooses"),
+        Option("override_tensor", ("-ot", "--override-tensor"), "PATTERN=BUFFER: weights whose "
+               "name the pattern finds go to that buffer type, e.g. 'exps=CPU' "
+               "(llama-server's; comma-separated or repeated)", repeat=True),
         Option("rpc_servers", ("--rpc",), "llama.cpp RPC workers (localserve rpc-worker) as "
                "devices, e.g. 10.0.0.2:50052,10.0.0.3:50052; -ngl layers go to them (RPC builds "
                "only)"),

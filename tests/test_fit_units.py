@@ -161,3 +161,31 @@ def test_the_projector_counted_is_its_file_and_an_encoders_buffer(tmp_path):
     mmproj.write_bytes(b"GGUF" + bytes(1000))
     assert projector_bytes(Settings(mmproj=str(mmproj))) == 1004 + PROJECTOR_COMPUTE
     assert projector_bytes(Settings()) == 0
+
+
+# gpt-oss-20b (MXFP4): 24 layers, each ~480 MB of which ~450 MB are its 32 experts
+GPT_OSS_20B = ModelSize(layers=(480_000_000,) * 24, output=580_000_000, embeddings=580_000_000,
+                        kv_per_token=24 * 8 * 64 * 2 * 2, n_ctx_train=131_072, n_vocab=201_088,
+                        n_embd=2880, experts=(450_000_000,) * 24)
+
+
+def test_a_mixture_of_experts_keeps_its_context_on_a_16_gb_card_with_the_fewest_experts_moved():
+    """llama-server's fit: the experts of the first layers go to host memory before the
+    context is lowered; as few layers' as it takes."""
+    devices = [card(15.5)]
+    chosen = fit(GPT_OSS_20B, devices)
+    assert chosen.ctx_size == 131_072 and chosen.n_gpu_layers == 25
+    assert 0 < chosen.n_cpu_moe < 24 and f"--n-cpu-moe {chosen.n_cpu_moe}" in chosen.why
+    assert list(chosen.needs) == needs(GPT_OSS_20B, devices, (), 131_072, 25, chosen.n_cpu_moe)
+    one_less = needs(GPT_OSS_20B, devices, (), 131_072, 25, chosen.n_cpu_moe - 1)
+    assert one_less[0] > devices[0].free - FIT_MARGIN and chosen.needs[0] <= devices[0].free - FIT_MARGIN
+
+
+def test_experts_placed_by_flag_are_kept_and_a_dense_model_moves_none():
+    devices = [card(15.5)]
+    every = fit(GPT_OSS_20B, devices, moe=24)  # --cpu-moe
+    assert (every.ctx_size, every.n_cpu_moe) == (131_072, 24)
+    assert every.needs[0] < fit(GPT_OSS_20B, devices, moe=4).needs[0]
+    assert fit(QWEN_14B, [card(11)]).n_cpu_moe == 0  # no experts: the context is lowered
+    small = fit(GPT_OSS_20B, [card(6)])  # every expert moved, then the context lowered
+    assert small.n_cpu_moe == 24 and small.ctx_size < 131_072 and "experts of 24 layers" in small.why

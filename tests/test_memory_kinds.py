@@ -8,13 +8,14 @@ six colleagues at once are answered; the start-up log and /props say which memor
 from __future__ import annotations
 
 import asyncio
+import sys
 import subprocess
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import ROOT, running
+from conftest import ROOT, free_port, running
 
 GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 FRESH = [f"fresh{i}-key-0123456789" for i in range(2)]  # keys whose cache starts empty
@@ -103,3 +104,28 @@ def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served
     said = {"hybrid": "memory: a recurrent state beside attention: a slot's cache is reused whole",
             "sliding-window": "memory: sliding-window layers keep their window only"}
     assert said[kind] in srv.log() and "no drafting" in srv.log()
+
+
+def test_experts_kept_in_host_memory_by_flag_give_the_same_answer():
+    """--n-cpu-moe and -ot as llama-server spells them: llama.cpp's loader places the experts'
+    tensors (counted from its own report), and the greedy answer is the answer without them;
+    a buffer type the build lacks stops the start with the ones it has."""
+    path = str(memory_model("hybrid-moe"))
+    question = [{"role": "user", "content": "Which printer is on the second floor?"}]
+    answers = {}
+    for flags, moved in (((), 0), (("--n-cpu-moe", "6"), 12),  # layers 2-5 have experts
+                         (("-ot", r"blk\.[23]\.ffn_.*_exps=CPU"), 6)):
+        with running("-m", path, "-c", "2048", "-np", "2", "-t", "2", *flags,
+                     log_name="memory-moe") as srv:
+            answers[flags] = chat(srv, question)[0]
+            placed = httpx.get(srv.url + "/props").json()["backend"]["tensors_overridden"]
+            assert sum(placed.values()) == moved
+            assert set(placed) <= {"CPU", "CPU_REPACK"}  # host memory
+    assert len(set(map(tuple, answers.values()))) == 1
+    for placement, says in (("exps=NOPE", "no buffer type named NOPE for --override-tensor "
+                                          "(this build has: CPU"),
+                            ("exps", "'exps' is not PATTERN=BUFFER")):
+        started = subprocess.run([sys.executable, "-m", "localserve", "up", "-m", path, "-ot",
+                                  placement, "--port", str(free_port())], capture_output=True,
+                                 text=True, timeout=120, cwd=ROOT)
+        assert started.returncode != 0 and says in started.stderr, started.stderr[-500:]

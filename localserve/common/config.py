@@ -23,6 +23,21 @@ CHOICES = {"scheduler": SCHEDULERS, "spec": SPEC_TYPES, "flash_attn": FLASH_ATTN
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
 
 
+def bad_override(placement: str) -> str | None:
+    """Why an -ot/--override-tensor entry is not PATTERN=BUFFER with a valid pattern (None:
+    it is); the buffer's name is checked against the devices when the model loads."""
+    import re
+
+    pattern, _, buffer = placement.rpartition("=")
+    if not pattern or not buffer:
+        return f"{placement!r} is not PATTERN=BUFFER, e.g. 'exps=CPU'"
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"{pattern!r} is not a valid pattern ({exc})"
+    return None
+
+
 class SettingsError(ValueError):
     """A bad setting: the message names the flag and the value."""
 
@@ -49,6 +64,9 @@ class Settings:
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
     rpc_servers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) used as devices
+    cpu_moe: bool = False  # every layer's experts in host memory (llama-server's --cpu-moe)
+    n_cpu_moe: int = 0  # the first N layers' experts in host memory (--n-cpu-moe)
+    override_tensor: tuple[str, ...] = ()  # PATTERN=BUFFER placements (-ot/--override-tensor)
     threads: int | None = None
     host: str = "127.0.0.1"
     port: int = 8080
@@ -174,6 +192,10 @@ class Settings:
             (self.n_gpu_layers is None or self.n_gpu_layers >= 0, "-ngl/--n-gpu-layers",
              self.n_gpu_layers, "must be 0 or more"),
             (self.main_gpu >= 0, "--main-gpu", self.main_gpu, "must be 0 or more"),
+            (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be 0 or more"),
+            (all(bad_override(o) is None for o in self.override_tensor), "--override-tensor",
+             ",".join(self.override_tensor), next(filter(None, map(bad_override,
+                                                                   self.override_tensor)), "")),
             (all(x >= 0 for x in self.tensor_split) and (not self.tensor_split or sum(self.tensor_split) > 0),
              "--tensor-split", ",".join(map(str, self.tensor_split)), "needs non-negative shares"),
             (all(len(k) >= 8 for k in self.api_keys), "--api-key", "(hidden)",

@@ -87,6 +87,7 @@ class RunnerConfig:
     n_gpu_layers: int | None = None  # None: all layers when the build can offload, else 0
     main_gpu: int = 0
     tensor_split: tuple[float, ...] = ()
+    tensor_overrides: tuple[tuple[str, str], ...] = ()  # (pattern, buffer type): placement.py
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"

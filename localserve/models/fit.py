@@ -44,6 +44,7 @@ class ModelSize:
     n_embd: int
     projector: int = 0  # an image projector (--mmproj): on the first GPU when any layer is
     # (as llama.cpp places it), its weights and compute buffer (llama-server's fit counts it too)
+    experts: tuple[int, ...] = ()  # each layer's mixture-of-experts weights (part of `layers`)
 
 
 @dataclass(frozen=True)
@@ -52,45 +53,74 @@ class Fit:
     n_gpu_layers: int  # len(layers) + 1: every layer and the output layer
     needs: tuple[int, ...]  # bytes on each device
     why: str
+    n_cpu_moe: int = 0  # the first layers whose experts stay in host memory (--n-cpu-moe)
 
 
 def fit(model: ModelSize, devices: list[Device], ctx_given: int = 0,
-        ngl_given: int | None = None, split: tuple[float, ...] = ()) -> Fit:
+        ngl_given: int | None = None, split: tuple[float, ...] = (), moe: int | None = None) -> Fit:
     """The context and layers that fit `devices` (see the module doc); FitError when a value
-    given does not."""
+    given does not. A mixture of experts first keeps the experts of its first layers in host
+    memory (`moe`: as many as --n-cpu-moe or --cpu-moe say, None: as many as it takes), as
+    llama-server's fit does, before the context is lowered."""
     all_layers = len(model.layers) + 1
     wanted_ctx = ctx_given or model.n_ctx_train or FIT_MIN_CTX
     ngl = all_layers if ngl_given is None else min(ngl_given, all_layers)
-    if _fits(model, devices, split, wanted_ctx, ngl):
-        return _result(model, devices, split, wanted_ctx, ngl, _kept(ctx_given, ngl_given, model))
+    cpu_moe = moe or 0
+    if moe is None and model.experts and not _fits(model, devices, split, wanted_ctx, ngl):
+        cpu_moe = _smallest(len(model.experts), lambda n: _fits(
+            model, devices, split, wanted_ctx, ngl, n))
+        if _fits(model, devices, split, wanted_ctx, ngl, cpu_moe):
+            kept = _kept(ctx_given, ngl_given, model)
+            return _result(model, devices, split, wanted_ctx, ngl, f"{kept} with the experts of "
+                           f"the first {cpu_moe} layers in host memory (--n-cpu-moe {cpu_moe})",
+                           cpu_moe)
+    fits = lambda c, n: _fits(model, devices, split, c, n, cpu_moe)  # noqa: E731
+    experts = f", the experts of {cpu_moe} layers in host memory" if cpu_moe else ""
+    if fits(wanted_ctx, ngl):
+        return _result(model, devices, split, wanted_ctx, ngl,
+                       _kept(ctx_given, ngl_given, model) + experts, cpu_moe)
     floor = min(FIT_MIN_CTX, wanted_ctx)
     ctx = wanted_ctx
     if not ctx_given:
-        ctx = _largest(floor, wanted_ctx, lambda c: _fits(model, devices, split, c, ngl), 256)
-        if _fits(model, devices, split, ctx, ngl):
+        ctx = _largest(floor, wanted_ctx, lambda c: fits(c, ngl), 256)
+        if fits(ctx, ngl):
             return _result(model, devices, split, ctx, ngl, f"context lowered from {wanted_ctx} "
-                           f"to {ctx} tokens to fit GPU memory, {_placed(ngl, all_layers)}")
+                           f"to {ctx} tokens to fit GPU memory, {_placed(ngl, all_layers)}"
+                           f"{experts}", cpu_moe)
     if ngl_given is None:
-        ngl = _largest(0, all_layers, lambda n: _fits(model, devices, split, ctx, n), 1)
-        if _fits(model, devices, split, ctx, ngl):
+        ngl = _largest(0, all_layers, lambda n: fits(ctx, n), 1)
+        if fits(ctx, ngl):
             return _result(model, devices, split, ctx, ngl, f"{ctx} tokens of context"
                            f"{'' if ctx_given else ' (--fit-ctx)'}, {_placed(ngl, all_layers)} "
-                           f"to fit GPU memory")
+                           f"to fit GPU memory{experts}", cpu_moe)
     raise FitError(_refusal(model, devices, split, ctx, ngl, ctx_given, ngl_given))
 
 
+def _smallest(high: int, ok) -> int:
+    """The smallest n in [0, high] that is ok, else `high`: ok turns true as n grows (more
+    experts in host memory: less on the GPUs)."""
+    lo, hi = 0, high
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid + 1, hi)
+    return lo
+
+
 def needs(model: ModelSize, devices: list[Device], split: tuple[float, ...], ctx: int,
-          ngl: int) -> list[int]:
-    """Bytes each device needs: its layers' weights and cache, the output layer on the last
-    device when every layer is offloaded, a compute buffer where it has layers, the projector
-    on the first when any layer is offloaded, and on a unified device the host's share too."""
+          ngl: int, cpu_moe: int = 0) -> list[int]:
+    """Bytes each device needs: its layers' weights and cache (less the experts of the first
+    `cpu_moe` layers, kept in host memory), the output layer on the last device when every
+    layer is offloaded, a compute buffer where it has layers, the projector on the first when
+    any layer is offloaded, and on a unified device the host's share too."""
     n_layer = len(model.layers)
     on_gpu = min(ngl, n_layer)
     counts = _layer_counts(on_gpu, split or tuple(d.free for d in devices))
     per_layer_kv = model.kv_per_token // max(n_layer, 1) * ctx
+    in_host = [model.experts[i] if i < cpu_moe and i < len(model.experts) else 0
+               for i in range(n_layer)]
     out, first = [], n_layer - on_gpu
     for count in counts:
-        layers = model.layers[first:first + count]
+        layers = [b - in_host[first + i] for i, b in enumerate(model.layers[first:first + count])]
         first += count
         out.append(sum(layers) + count * per_layer_kv + (_compute(model) if count else 0))
     last = max((i for i, c in enumerate(counts) if c), default=None)
@@ -98,16 +128,17 @@ def needs(model: ModelSize, devices: list[Device], split: tuple[float, ...], ctx
         out[last] += model.output + UBATCH * model.n_vocab * 4  # and its logits
     if on_gpu and out:
         out[0] += model.projector
-    host = model.embeddings + sum(model.layers[:n_layer - on_gpu]) + (n_layer - on_gpu) * per_layer_kv
+    host = (model.embeddings + sum(model.layers[:n_layer - on_gpu]) + (n_layer - on_gpu) * per_layer_kv
+            + sum(in_host[n_layer - on_gpu:]))
     for i, device in enumerate(devices):
         if device.unified:
             out[i] += host
     return out
 
 
-def _fits(model, devices, split, ctx, ngl) -> bool:
-    return all(need <= d.free - FIT_MARGIN for need, d in zip(needs(model, devices, split, ctx, ngl),
-                                                             devices))
+def _fits(model, devices, split, ctx, ngl, cpu_moe=0) -> bool:
+    return all(need <= d.free - FIT_MARGIN
+               for need, d in zip(needs(model, devices, split, ctx, ngl, cpu_moe), devices))
 
 
 def _largest(low: int, high: int, ok, step: int) -> int:
@@ -167,5 +198,5 @@ def _refusal(model, devices, split, ctx, ngl, ctx_given, ngl_given) -> str:
             f"device ({shown}): {hint} would fit, or leave them unset and the server fits them")
 
 
-def _result(model, devices, split, ctx, ngl, why) -> Fit:
-    return Fit(ctx, ngl, tuple(needs(model, devices, split, ctx, ngl)), why)
+def _result(model, devices, split, ctx, ngl, why, cpu_moe=0) -> Fit:
+    return Fit(ctx, ngl, tuple(needs(model, devices, split, ctx, ngl, cpu_moe)), why, cpu_moe)

@@ -24,7 +24,8 @@ def string_metadata(path: str | Path) -> dict[str, str]:
 
 
 def model_size(path: str | Path) -> dict:
-    """Bytes of each repeating layer's weights (`layers`), of the output layer (`output`: the
+    """Bytes of each repeating layer's weights (`layers`; `experts`: of which its mixture of
+    experts' weights), of the output layer (`output`: the
     token embeddings again where the file ties them), of the token embeddings (`embeddings`,
     kept in host memory by llama.cpp), and the numbers a compute buffer grows with."""
     with open(path, "rb") as f:
@@ -43,7 +44,9 @@ def model_size(path: str | Path) -> dict:
     n_layer = int(meta.get(f"{arch}.block_count", 0))
     layers = [sum(b for n, b in size.items() if n.startswith(f"blk.{i}.")) for i in range(n_layer)]
     embeddings = size.get("token_embd.weight", 0)
-    return {"layers": layers, "embeddings": embeddings,
+    experts = [sum(b for n, b in size.items() if n.startswith(f"blk.{i}.") and "_exps" in n)
+               for i in range(n_layer)]
+    return {"layers": layers, "embeddings": embeddings, "experts": experts,
             "output": sum(b for n, b in size.items() if n.startswith("output")) + (
                 0 if "output.weight" in size else embeddings),
             "n_embd": int(meta.get(f"{arch}.embedding_length", 0)),

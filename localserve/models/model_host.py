@@ -19,6 +19,7 @@ from localserve.models.host_face import HostFace
 from localserve.common.config import Settings
 from localserve.models.model_specs import find_model
 from localserve.engine.loop import AsyncEngine, EngineLoop
+from localserve.engine.runner.placement import placements
 from localserve.models.embeddings import Embeddings
 from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
                                       rpc_devices, supports_gpu_offload)
@@ -137,6 +138,8 @@ class ModelHost(HostFace):
                 n_batch=prefill_budget, n_threads=s.threads,
                 n_gpu_layers=s.n_gpu_layers if context.n_gpu_layers is None else context.n_gpu_layers,
                 main_gpu=s.main_gpu, tensor_split=s.tensor_split,
+                tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
+                                            s.override_tensor),
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
                 mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
             facts = self.facts = self.runner.describe()
@@ -167,6 +170,9 @@ class ModelHost(HostFace):
                      facts["model"]["description"], facts["model"]["n_layers"],
                      facts["model"]["n_ctx_train"])
             log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
+            if backend["tensors_overridden"]:
+                log.info("weights placed by --cpu-moe, --n-cpu-moe or -ot: %s", ", ".join(
+                    f"{n} tensors to {where}" for where, n in backend["tensors_overridden"].items()))
             log.info("context: %d tokens, %s", pool.ctx_size, context.why)
             log.info("cache pool: %s", pool.describe())
             log.info("memory: %s", MEMORY_KINDS[self.runner.memory_kind])

@@ -34,12 +34,13 @@ class ContextChoice:
     kv_bytes_per_token: int
     why: str
     n_gpu_layers: int | None = None  # fitted to GPU memory (fit.py); None: as -ngl says
+    n_cpu_moe: int = 0  # the first layers whose experts stay in host memory (fit.py, flags)
     gpu_bytes: tuple[tuple[str, int, int], ...] = ()  # each device: name, needed, free
 
     def as_json(self) -> dict:
         return {"ctx_size": self.ctx_size, "n_ctx_train": self.n_ctx_train,
                 "kv_bytes_per_token": self.kv_bytes_per_token, "why": self.why,
-                "n_gpu_layers": self.n_gpu_layers,
+                "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": self.n_cpu_moe,
                 "devices": [{"name": n, "needed_bytes": need, "free_bytes": free}
                             for n, need, free in self.gpu_bytes]}
 
@@ -94,16 +95,20 @@ def fit_to_gpus(settings: Settings, model_path: str, trained: int,
     if size is None:
         return None
     shape = ModelSize(tuple(size["layers"]), size["output"], size["embeddings"], per_token,
-                      trained, size["n_vocab"], size["n_embd"], projector_bytes(settings))
+                      trained, size["n_vocab"], size["n_embd"], projector_bytes(settings),
+                      tuple(size["experts"]))
+    moe = len(shape.layers) if settings.cpu_moe else settings.n_cpu_moe or None
     try:
-        chosen = fit(shape, devices, settings.ctx_size, settings.n_gpu_layers, settings.tensor_split)
+        chosen = fit(shape, devices, settings.ctx_size, settings.n_gpu_layers,
+                     settings.tensor_split, moe)
     except FitError as exc:
         if settings.memory_check:
             raise SettingsError(f"{exc} (--no-memory-check loads it anyway)") from None
         return ContextChoice(settings.ctx_size or trained or FIT_MIN_CTX, trained, per_token,
                              f"as given, not checked (--no-memory-check): {exc}")
     room = tuple((d.name, n, d.free) for d, n in zip(devices, chosen.needs))
-    return ContextChoice(chosen.ctx_size, trained, per_token, chosen.why, chosen.n_gpu_layers, room)
+    return ContextChoice(chosen.ctx_size, trained, per_token, chosen.why, chosen.n_gpu_layers,
+                         chosen.n_cpu_moe, room)
 
 
 def projector_bytes(settings: Settings) -> int:

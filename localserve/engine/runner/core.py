@@ -21,13 +21,14 @@ from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Inte
                                       RestoreFailed, RowsRefused)
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
-from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, _load_progress,
-                                                 _quiet_llama, reset_load_progress,
-                                                 supports_gpu_offload)
+from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, OVERRIDDEN,
+                                                 _load_progress, _quiet_llama,
+                                                 reset_load_progress, supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
 from localserve.engine.runner.calls import compacts, decode_calls, interleaved, one_call
 from localserve.engine.runner.image_steps import ImageSteps
 from localserve.engine.runner.interrupt import StepInterrupt
+from localserve.engine.runner.placement import TensorOverrides
 from localserve.engine.runner.sampling import Sampling
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 from localserve.engine.runner.upper_state import clear_upper_state
@@ -58,8 +59,11 @@ class LlamaRunner(Sampling, ImageSteps):
         if config.tensor_split:
             self._tensor_split = (ctypes.c_float * C.llama_max_devices())(*config.tensor_split)
             mparams.tensor_split = self._tensor_split
+        self._overrides = TensorOverrides(config.tensor_overrides)  # alive while loading
+        mparams.tensor_buft_overrides = self._overrides.pointer
         mparams.progress_callback = _load_progress
         reset_load_progress()
+        OVERRIDDEN.clear()
         self.model = C.llama_model_load_from_file(config.model_path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")
@@ -179,6 +183,7 @@ class LlamaRunner(Sampling, ImageSteps):
                       "name": self.meta("general.name"), "memory": self.memory_kind},
             "backend": {"name": backend.lower(), "gpu_offload": gpu,
                         "n_gpu_layers": min(self.n_gpu_layers, n_layers + 1),
+                        "tensors_overridden": dict(OVERRIDDEN),
                         "system_info": info.strip(" |")},
         }
 
