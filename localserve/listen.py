@@ -33,11 +33,19 @@ def bind_all(host: str, port: int) -> list[socket.socket]:
     return bound
 
 
+# The socket files this process made, by path: (device, inode, change time; an inode number
+# is soon reused), so that at exit it removes its own and never a newer server's on that path.
+_MADE: dict[str, tuple[int, int, int]] = {}
+
+
 def remove_unix_sockets(host: str) -> None:
-    """At exit: the socket files this server made leave with it."""
+    """At exit: the socket files this server made leave with it (a file another server made
+    at the same path since stays)."""
     for address in filter(is_unix_socket, listen_addresses(host)):
         with contextlib.suppress(OSError):
-            os.unlink(address)
+            found = os.stat(address)
+            if _MADE.get(address) == (found.st_dev, found.st_ino, found.st_ctime_ns):
+                os.unlink(address)
 
 
 def _bind_tcp(address: str, port: int, v6_only: bool) -> socket.socket:
@@ -64,7 +72,13 @@ def _bind_unix(path: str) -> socket.socket:
     _remove_stale_socket(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(path)
+        umask = os.umask(0o177)  # the file is the owner's only (0600), whatever the umask
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(umask)
+        made = os.stat(path)
+        _MADE[path] = (made.st_dev, made.st_ino, made.st_ctime_ns)
         sock.listen(BACKLOG)
     except OSError as exc:
         sock.close()

@@ -157,8 +157,11 @@ GROUPS: dict[str, list[Option]] = {
                "Hosts are refused (DNS-rebinding guard)", repeat=True),
         Option("max_body_bytes", ("--max-body-bytes",), "largest request body, in bytes"),
         Option("image_urls", ("--image-urls",), "fetch the images that chats name by http(s) "
-               "address (20 MB and 10 s each at most); off, such an image is refused and "
-               "clients send the image itself"),
+               "address (public addresses only, 20 MB and 10 s each at most, 2 at a time per "
+               "key); off, such an image is refused and clients send the image itself"),
+        Option("image_url_hosts", ("--image-url-host",), "a host --image-urls may fetch from "
+               "even at a private or loopback address (the office's own image server; "
+               "repeatable)", repeat=True),
         Option("header_timeout", ("--header-timeout",), "seconds a client may take to send its "
                "request headers"),
         Option("body_timeout", ("--body-timeout",), "seconds a client may take to send a request "

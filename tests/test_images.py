@@ -9,7 +9,7 @@ import base64
 import httpx
 import pytest
 
-from conftest import png, random_projector, running
+from conftest import png, random_projector, running, wait_for
 
 pytestmark = pytest.mark.model
 
@@ -207,8 +207,9 @@ def test_image_addresses_are_refused_unless_the_admin_allows_fetching():
     assert from_url("https://example.com/cat.png", "x", fetch=True).url
 
 
-def test_image_addresses_are_fetched_where_the_admin_allows_it(vision, tmp_path):
-    """The vision server runs with --image-urls: an address is fetched, bounded."""
+def test_image_addresses_are_fetched_where_the_admin_allows_it(projector, tmp_path):
+    """--image-urls: an address is fetched, bounded; a loopback one only from a host the admin
+    named (--image-url-host), and every refusal says the same (hardening round 7)."""
     import functools
     import http.server
     import threading
@@ -218,21 +219,38 @@ def test_image_addresses_are_fetched_where_the_admin_allows_it(vision, tmp_path)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     threading.Thread(target=files.serve_forever, daemon=True).start()
-    base = f"http://127.0.0.1:{files.server_address[1]}"
+    port = files.server_address[1]
 
-    def ask(name):
+    def ask(srv, url):
         body = openai_chat("x")
-        body["messages"][0]["content"][1]["image_url"]["url"] = f"{base}/{name}"
-        return post(vision, "/v1/chat/completions", body)
+        body["messages"][0]["content"][1]["image_url"]["url"] = url
+        return post(srv, "/v1/chat/completions", body)
     try:
-        fetched = ask("cat.png")
-        assert fetched.status_code == 200, fetched.text
-        assert fetched.json()["usage"]["prompt_tokens"] > ROWS
-        for name, says in (("missing.png", "answered 404"), ("big.png", "over 20 MB")):
-            refused = ask(name)
-            assert refused.status_code == 400 and says in refused.json()["error"]["message"]
+        with running("-c", "2048", "-np", "2", "-t", "2", "--mmproj", projector, "--image-urls",
+                     "--image-url-host", "localhost", log_name="image-hosts") as srv:
+            fetched = ask(srv, f"http://localhost:{port}/cat.png")
+            assert fetched.status_code == 200, fetched.text
+            assert fetched.json()["usage"]["prompt_tokens"] > ROWS
+            refusals = [ask(srv, url) for url in (
+                f"http://localhost:{port}/missing.png", f"http://localhost:{port}/big.png",
+                f"http://127.0.0.1:{port}/cat.png",  # loopback, not a host the admin named
+                f"{srv.url}/health", "http://169.254.169.254/latest/meta-data/",
+                "http://[::ffff:127.0.0.1]/", "http://10.0.0.1/cat.png")]
+            assert {r.status_code for r in refusals} == {400}
+            assert len({r.json()["error"]["message"] for r in refusals}) == 1
+            assert "public addresses only" in refusals[0].json()["error"]["message"]
     finally:
         files.shutdown()
+
+
+def test_only_global_unicast_addresses_are_public():
+    from localserve.api.image_fetch import is_public
+
+    for address in ("127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254",
+                    "100.64.0.1", "0.0.0.0", "224.0.0.1", "::1", "fe80::1%eth0", "fd00::1",
+                    "::ffff:127.0.0.1", "::ffff:10.0.0.1", "ff02::1"):
+        assert not is_public(address), address
+    assert is_public("93.184.216.34") and is_public("2606:2800:220:1:248:1893:25c8:1946")
 
 
 def test_props_and_models_say_the_model_reads_images(vision, server):
@@ -268,3 +286,50 @@ def test_a_prompt_ending_with_an_image_is_refused_and_ends_no_colleagues_answer(
             assert "ends with an image" in reply.json()["error"]["message"]
         ends = [future.result() for future in colleagues]
     assert all(len(end) == 1 and '"finish_reason": "error"' not in end[0] for end in ends), ends
+
+
+def test_a_dripping_image_server_is_cut_at_the_deadline_and_holds_up_no_colleagues_chat(projector):
+    """Hardening round 7, case 4: fetches run on the event loop within one deadline each, so a
+    server that drips its headers neither keeps a fetch past it nor takes the threads that
+    tokenize colleagues' chats."""
+    import concurrent.futures
+    import socket
+    import threading
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    connected, stop = [], threading.Event()
+
+    def drip(conn):
+        connected.append(conn)
+        conn.recv(4096)
+        conn.sendall(b"HTTP/1.1 200 OK\r\n")
+        while not stop.wait(0.5):
+            try:
+                conn.sendall(b"X-Drip: 1\r\n")
+            except OSError:
+                return
+
+    def accept():
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=drip, args=(conn,), daemon=True).start()
+    threading.Thread(target=accept, daemon=True).start()
+    url = f"http://localhost:{listener.getsockname()[1]}/cat.png"
+    try:
+        with running("-c", "2048", "-np", "2", "-t", "2", "--mmproj", projector, "--image-urls",
+                     "--image-url-host", "localhost", log_name="image-drip") as srv:
+            body = openai_chat("x")
+            body["messages"][0]["content"][1]["image_url"]["url"] = url
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                drips = [pool.submit(post, srv, "/v1/chat/completions", body) for _ in range(4)]
+                wait_for(lambda: len(connected) >= 2, 60, "two fetches dripping")
+                chat = post(srv, "/v1/chat/completions", text_only())
+                assert chat.status_code == 200 and not any(d.done() for d in drips)
+                ends = [d.result() for d in drips]
+            assert all(r.status_code == 400 and "within 10 s" in r.text for r in ends)
+    finally:
+        stop.set()
+        listener.close()

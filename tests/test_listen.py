@@ -78,3 +78,28 @@ def test_a_stale_socket_file_is_replaced_but_a_live_one_or_another_file_is_not(t
     with pytest.raises(SettingsError, match="exists and is not a socket"):
         bind_all(str(notes), 0)
     assert notes.read_text() == "mine"
+
+
+def test_a_socket_file_is_private_whatever_the_umask_and_its_server_removes_only_its_own(tmp_path):
+    """Hardening round 7, case 6: under umask 000 a keyless server's socket was anyone's; a
+    stopping server removed the socket file of a newer one on the same path."""
+    import os
+
+    from localserve.listen import remove_unix_sockets
+
+    path = str(tmp_path / "office.sock")
+    old = os.umask(0)
+    try:
+        first = bind_all(path, 0)
+    finally:
+        os.umask(old)
+    assert os.stat(path).st_mode & 0o777 == 0o600
+    for sock in first:
+        sock.close()
+    os.unlink(path)  # a newer server (another process) found it stale and made its own
+    with socket.socket(socket.AF_UNIX) as newer:
+        newer.bind(path)
+        remove_unix_sockets(path)  # ...then the first one exits
+        assert os.path.exists(path)
+    remove_unix_sockets(path)
+    assert os.path.exists(path)

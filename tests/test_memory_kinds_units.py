@@ -100,3 +100,16 @@ def test_a_conversation_on_a_recurrent_model_cuts_nothing_and_answers_as_on_atte
     assert expected["two"] == expected["two.1"] == expected["turn1"]
     assert runner.restored > 0 and cache.stats.hits >= 4  # regen, turn 1 again, a sibling, turn 3
     assert recurrent.stats.draft_tokens == 0  # asked for, and off
+
+
+def test_colleagues_sharing_a_system_prompt_restore_it_from_the_checkpoint_at_their_branch():
+    """The second colleague's prompt parts from the first's after their system prompt: it is
+    checkpointed there, and every later colleague restores it instead of computing it."""
+    sched, cache = make(cuts_back=False, n_slots=1)
+    system = tokens(1, 4 * BLOCK)
+    colleagues = [ask(f"c{i}", system + tokens(1000 * (i + 1), 20))[0] for i in range(3)]
+    runner = RecurrentRunner(512)
+    for colleague in colleagues:
+        run_all(sched, runner, [colleague])
+    assert cache.holds(system, None)  # saved at the second colleague's branch point
+    assert [c.cached_tokens for c in colleagues] == [0, 0, len(system)]

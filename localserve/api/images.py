@@ -5,7 +5,7 @@ Each API's image (OpenAI's `image_url` part, Anthropic's `image` block, Response
 sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it on a worker thread with bounds
 on bytes, pixels and count, each refusal a 400 naming the image; the projector then resizes it
 as llama.cpp does (runner/images.py). Image addresses are fetched only where the admin said so
-(--image-urls: the server reaches out on a client's word), bounded in bytes and time.
+(--image-urls: the server reaches out on a client's word), by image_fetch.py.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import base64
 import binascii
 import io
 import re
-import time
 import warnings
 from dataclasses import dataclass
 
@@ -25,7 +24,6 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # about 8K x 5K: bigger is a decompression bomb, not a photo
 MAX_SIDE = 2048  # larger images are shrunk to this first (the projector shrinks them further)
 MAX_IMAGES = 16  # per request
-FETCH_TIMEOUT_S = 10.0
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECASE)
 
@@ -34,9 +32,10 @@ DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECAS
 class ImageRef:
     """An image as a client sent it: base64 text, and the field it came in (for errors)."""
 
-    data: str  # base64; empty for an address to fetch
+    data: str  # base64; empty for an address to fetch, or for bytes fetched from one
     where: str
     url: str | None = None
+    raw: bytes | None = None  # fetched from `url` (image_fetch.py)
 
 
 def from_url(url: str, where: str, fetch: bool = False) -> ImageRef:
@@ -74,34 +73,13 @@ def _decoded(ref: ImageRef) -> bytes:
             from None
 
 
-def _fetched(ref: ImageRef) -> bytes:
-    """The image at ref.url, at most MAX_IMAGE_BYTES in FETCH_TIMEOUT_S in all (redirects
-    followed only to http(s))."""
-    import httpx  # only where the admin allows fetching (--image-urls)
-
-    deadline, body = time.monotonic() + FETCH_TIMEOUT_S, bytearray()
-    try:
-        with httpx.stream("GET", ref.url, timeout=FETCH_TIMEOUT_S, follow_redirects=True,
-                          headers={"accept": "image/*"}) as response:
-            if response.status_code != 200:
-                raise OpenAIError(400, f"{ref.where}: fetching the image answered "
-                                  f"{response.status_code}", param=ref.where)
-            for piece in response.iter_bytes():
-                body += piece
-                if len(body) > MAX_IMAGE_BYTES or time.monotonic() > deadline:
-                    raise OpenAIError(400, f"{ref.where}: the image at that address is over "
-                                      f"{MAX_IMAGE_BYTES >> 20} MB or took over "
-                                      f"{FETCH_TIMEOUT_S:.0f} s", param=ref.where)
-    except httpx.HTTPError as exc:
-        raise OpenAIError(400, f"{ref.where}: the image could not be fetched "
-                          f"({exc.__class__.__name__})", param=ref.where) from None
-    return bytes(body)
-
-
 def _decode_one(ref: ImageRef) -> DecodedImage:
     from PIL import Image  # Pillow, which matplotlib brings
 
-    raw = _fetched(ref) if ref.url else _decoded(ref)
+    if ref.url and ref.raw is None:
+        raise OpenAIError(400, f"{ref.where}: the image at that address was not fetched",
+                          param=ref.where)
+    raw = ref.raw if ref.raw is not None else _decoded(ref)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

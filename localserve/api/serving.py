@@ -15,6 +15,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
+from localserve.api.image_fetch import fetch_images
 from localserve.api.images import from_url
 from localserve.api.reasoning import uses_reasoning
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, SamplingBody
@@ -164,9 +165,11 @@ class ChatPrompt(NamedTuple):
     images: dict  # the images placed among the tokens, by hash
 
 
-async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPrompt:
+async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
+                      key: str | None = None) -> ChatPrompt:
     """A chat request's prompt: tools or response_format become a grammar, the messages go
-    through the template, their images through the projector (worker threads: prompt.py)."""
+    through the template, their images through the projector (worker threads: prompt.py);
+    images named by address are fetched first, counted against `key` (image_fetch.py)."""
     tools = await run_in_threadpool(structured.tool_setup, host, body)
     if tools is not None:
         messages, grammar, plan = tools
@@ -182,7 +185,8 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest) -> ChatPromp
     urls = [found for i, m in enumerate(body.messages) for found in m.image_urls(f"messages[{i}]")]
     if urls:
         prompt.check_reads_images(host, urls[0][1])
-    images = [from_url(url, where, host.settings.image_urls) for url, where in urls]
+    images = await fetch_images([from_url(url, where, host.settings.image_urls)
+                                 for url, where in urls], host.settings.image_url_hosts, key)
     tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
                                               body.template_kwargs, images)
     return ChatPrompt(tokens, grammar, plan, placed)
@@ -200,6 +204,6 @@ async def queue_chat(admitted: Admitted, host: ModelHost, body: ChatCompletionRe
     for every chat-shaped API: OpenAI's chat, Anthropic's Messages and Responses through
     start_chat, Ollama's chat and generate inside their own lease (which may only load)."""
     with host.chat_on_its_way(background_task(body)):
-        chat = await chat_tokens(host, body)
+        chat = await chat_tokens(host, body, admitted.caller.key)
         return submit(admitted, host, chat.tokens, body, chat.grammar, endpoint, context_limit,
                       chat.images), chat.plan

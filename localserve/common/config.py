@@ -80,7 +80,8 @@ class Settings:
     trusted_frontends: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback (no-key loopback)
     max_body_bytes: int = 4 * 1024 * 1024
-    image_urls: bool = False  # fetch images that chats name by http(s) address (api/images.py)
+    image_urls: bool = False  # fetch images that chats name by http(s) address (api/image_fetch.py)
+    image_url_hosts: tuple[str, ...] = ()  # hosts fetched from even at private addresses
     # Shares between API keys (only with keys: without them no identity can be trusted).
     shared_prefix_cache: bool = False  # reuse cached prefixes across keys (leaks; see README)
     max_queue_per_key: int | None = None  # None: half of --max-queue

@@ -92,13 +92,7 @@ class PromptCache:
         """The entry of `scope` sharing the longest prefix with `tokens` (whole_only: the
         longest entry that all of it starts `tokens`), and that prefix's length (at least one
         block), or None. Touches the entry (most recently used)."""
-        first: set[int] | None = None
-        found: set[int] | None = None
-        for h in block_hashes(tokens):
-            ids = self._index.get((scope, h))
-            if not ids:
-                break
-            first, found = first or ids, ids
+        first, found = self._matching(tokens, scope)
         if not found:
             return None
         entry = self._longest_whole(first, tokens) if self.whole_only else self._entry(max(found))
@@ -108,6 +102,24 @@ class PromptCache:
             if entry.entry_id in tier:
                 tier.move_to_end(entry.entry_id)
         return entry, common_prefix_len(entry.tokens, tokens)
+
+    def shared(self, tokens: list[int], scope: str | None) -> int:
+        """The longest prefix `tokens` share with any entry of `scope`, whole or not (0: less
+        than a block); touches nothing."""
+        _, found = self._matching(tokens, scope)
+        return common_prefix_len(self._entry(max(found)).tokens, tokens) if found else 0
+
+    def _matching(self, tokens: list[int], scope: str | None) -> tuple[set | None, set | None]:
+        """The ids of the entries sharing the first block with `tokens`, and of those sharing
+        the most blocks."""
+        first: set[int] | None = None
+        found: set[int] | None = None
+        for h in block_hashes(tokens):
+            ids = self._index.get((scope, h))
+            if not ids:
+                break
+            first, found = first or ids, ids
+        return first, found
 
     def _longest_whole(self, ids: set[int], tokens: list[int]) -> CachedPrompt | None:
         """Among `ids` (every entry sharing the first block), the longest that `tokens` start

@@ -112,6 +112,9 @@ class Request:
     preemptions: int = 0  # times evicted from the cache and requeued
     long_prompt: bool = False  # admitted with more uncached prompt than one step computes
     times_passed: int = 0  # admissions past it while it could not fit (scheduler.py: aging)
+    # where its prompt parts from a cached one (a shared system prompt), checkpointed there
+    # where sequences cannot be cut back (reuse.PrefixBook.checkpoint); 0: nowhere
+    branch_point: int = 0
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
     # n > 1: the first choice; this one waits until that one's prompt is in cache, then

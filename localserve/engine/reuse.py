@@ -97,6 +97,8 @@ class PrefixBook:
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
         found = cache.lookup(tokens[:-1], req.cache_scope) if cache is not None else None
+        if cache is not None and cache.whole_only and not req.images:  # (checkpoint)
+            req.branch_point = cache.shared(tokens[:-1], req.cache_scope)
         if (found is None or found[1] < keep + MIN_PREFIX_REUSE
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             return Placement(slot, keep)
@@ -124,18 +126,25 @@ class PrefixBook:
         plan.saves.append(SlotSave(slot.slot_id, slot.cache_scope, list(slot.cached)))
 
     def checkpoint(self, plan: StepPlan, slot: Slot, tokens: list[int]) -> list[int]:
-        """Where sequences cannot be cut back (SlotPool.cuts_back), a new prompt's state
-        CHECKPOINT_BEFORE_END tokens before its end goes to the prompt cache (llama-server's
-        context checkpoints, at its offset): a Regenerate, an edited turn or a conversation's
-        earlier turn restores it. Its chunk stops there, and the last tokens are computed in
-        the next step, after the save."""
+        """Where sequences cannot be cut back (SlotPool.cuts_back), a new prompt's state is
+        saved to the prompt cache as a checkpoint (llama-server's context checkpoints): where it
+        parts from a cached prompt (Request.branch_point: the end of a system prompt that
+        colleagues share, restored for the next one), and CHECKPOINT_BEFORE_END tokens before
+        its end (llama-server's offset: a Regenerate, an edited turn or a conversation's
+        earlier turn restores it). Its chunk stops at each, and goes on in the next step,
+        after the save."""
         req = slot.request
         if self.pool.cuts_back or self.prompt_cache is None or req.output_tokens:
             return tokens
-        before_end = req.num_prompt_tokens - CHECKPOINT_BEFORE_END - slot.n_cached
-        if before_end == 0 and not any(a.slot_id == slot.slot_id for a in plan.admitted):
-            self.save(plan, slot)  # read before this step's rows (an admission's: after)
-        return tokens[:before_end] if 0 < before_end < len(tokens) else tokens
+        end = req.num_prompt_tokens - CHECKPOINT_BEFORE_END
+        at = next((p for p in (req.branch_point, end) if p >= slot.n_cached and p >= BLOCK
+                   and p <= end), end)
+        if at == slot.n_cached:
+            if not any(a.slot_id == slot.slot_id for a in plan.admitted):
+                self.save(plan, slot)  # read before this step's rows (an admission's: after)
+            at = end
+        before = at - slot.n_cached
+        return tokens[:before] if 0 < before < len(tokens) else tokens
 
     def keep(self, saved) -> None:
         """The step's saves, serialized by the runner, into the prompt cache."""
