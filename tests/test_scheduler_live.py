@@ -111,3 +111,37 @@ def test_queue_overflow_gets_503_with_retry_after_and_serving_goes_on(one_slot_s
     assert after.status_code == 200
     snap = one_slot_server.slots()
     assert snap["queue"]["waiting"] == 0 and snap["slots"][0]["state"] == "idle"
+
+
+def test_back_to_back_chats_cannot_stall_a_colleagues_long_prompt():
+    """Hardening round 7, case 2: bob sends a short chat every step (as from three connections)
+    while alice's 2,500-token prompt computes; each may stop a step of hers or start beside it.
+    Her prompt keeps a floor of progress: done within twice its steps alone, not ~40x."""
+    from localserve.engine.request import Request, SamplingParams
+    from localserve.engine.scheduler import Scheduler
+    from localserve.engine.slots import SlotPool
+
+    from fakes import FakeVocab, PositionalRunner
+
+    def steps_until_answered(with_bob: bool) -> int:
+        sched = Scheduler(SlotPool(8192, 4, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+        runner = PositionalRunner(8192)
+        alice = Request(list(range(1, 2501)), SamplingParams(max_tokens=1), request_id="alice",
+                        user="alice")
+        sched.add(alice)
+        for step in range(1, 1000):
+            bob = Request(list(range(3000 + 8 * step, 3008 + 8 * step)),
+                          SamplingParams(max_tokens=1), request_id=f"bob{step}", user="bob")
+            plan = sched.schedule()
+            if with_bob and plan.stops_for(bob):
+                sched.interrupted(plan, [])
+            else:
+                sched.update(plan, runner.decode(plan))
+            if alice.finish_reason is not None:
+                return step
+            if with_bob:
+                sched.add(bob)
+        raise AssertionError("alice was never answered")
+
+    alone = steps_until_answered(False)
+    assert steps_until_answered(True) <= 2 * alone + 8, alone

@@ -23,7 +23,7 @@ class JsonBodyByDefault:
     JSON still gets the 400 that says so.
 
     Except a browser's "simple request": a page on another site can POST a form or text/plain
-    body without a preflight, so reading it as JSON would let any page the user visits drive a
+    body, or one with no Content-Type at all (fetch's no-cors Blob), without a preflight, so reading it as JSON would let any page the user visits drive a
     keyless server (cross-site request forgery). A POST that carries a browser's marks and a
     safelisted type is refused with 415 before any work; a page of a --cors-origin sends JSON
     with fetch, which the preflight covers."""
@@ -34,8 +34,8 @@ class JsonBodyByDefault:
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and scope["method"] == "POST":
             kind = _media_type(scope["headers"])
-            if kind in SIMPLE_BODY_TYPES and _from_a_browser(scope["headers"]):
-                return await _refuse_simple_body(send, kind.decode("latin-1"))
+            if (kind in SIMPLE_BODY_TYPES or not kind) and _from_a_browser(scope["headers"]):
+                return await _refuse_simple_body(send, kind.decode("latin-1") or "untyped")
             headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
             scope = {**scope, "headers": headers + [(b"content-type", b"application/json")]}
         return await self.app(scope, receive, send)

@@ -112,6 +112,8 @@ class Request:
     preemptions: int = 0  # times evicted from the cache and requeued
     long_prompt: bool = False  # admitted with more uncached prompt than one step computes
     times_passed: int = 0  # admissions past it while it could not fit (scheduler.py: aging)
+    times_held: int = 0  # steps its prompt was held to a few tokens beside a starting chat
+    times_stopped: int = 0  # steps of its that a chat stopped midway (long_prompts.py)
     # where its prompt parts from a cached one (a shared system prompt), checkpointed there
     # where sequences cannot be cut back (reuse.PrefixBook.checkpoint); 0: nowhere
     branch_point: int = 0

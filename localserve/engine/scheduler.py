@@ -18,7 +18,8 @@ import time
 from localserve.engine.grammar_shares import CostlyGrammars, GrammarShares, too_costly
 from localserve.engine.image_rows import chunk_length
 from localserve.engine.interfaces import Vocab
-from localserve.engine.long_prompts import LongPromptPlaces
+from localserve.engine.long_prompts import (LongPromptPlaces, count_stopped, held_beside_a_chat,
+                                            stopped_enough)
 from localserve.engine.plan import Admission, Lanes, SeqChunk, StepOutput, StepPlan
 from localserve.engine.pool_keeper import PoolKeeper
 from localserve.engine.progress import prompt_progress
@@ -159,15 +160,15 @@ class Scheduler:
            passed by the ones behind it that fit, MAX_TIMES_PASSED times at most; and while a
            chat waits that a free slot and the cells can take, its step carries at most half
            as many of others' prompt tokens as its own (STARTING_CHAT_FLOOR at least; half the
-           step for a long one) and none of their images: its first token comes about as soon
-           as alone (nothing is kept for one that cannot start).
+           step for a long one, or once a prompt was held so MAX_TIMES_HELD times) and none of
+           their images: its first token comes about as soon as alone (nothing is kept for one
+           that cannot start).
         12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
            chat arriving whose prompt fits a step; one whose first tokens are all of one key
            with more of its requests waiting, by another key's such chat (plan.may_yield);
-           never two in a row.
-        13. A step giving a chat its first token carries no drafts (plan.gives_first_token);
-           nor any step where sequences cannot be cut back (pool.cuts_back: no draft's rows
-           could be taken out, reuse.py).
+           never two in a row, nor one with a request stopped MAX_TIMES_STOPPED times.
+        13. A step giving a chat its first token carries no drafts (plan.gives_first_token),
+           nor any where sequences cannot be cut back (pool.cuts_back: reuse.py).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)
@@ -179,8 +180,8 @@ class Scheduler:
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
         yielded, self.yielded = self.yielded, False  # (12)
-        plan.may_yield(self.budget if not yielded and self._slot_free() else 0,
-                       self.waiting.users())
+        plan.may_yield(self.budget if not (yielded or stopped_enough(plan.chunks))
+                       and self._slot_free() else 0, self.waiting.users())
         return plan
 
     def _slot_free(self) -> bool:
@@ -226,7 +227,7 @@ class Scheduler:
         if chosen and not chosen[0].background and self._slot_free() and self.cells.fits_now(
                 plan, *chosen):
             own = len(chosen[0].all_tokens) - chosen[1].keep
-            others = max(own // 2, STARTING_CHAT_FLOOR)
+            others = max(own // 2, held_beside_a_chat(lanes.chats, STARTING_CHAT_FLOOR, budget))
             budget, kept = (own + others, own) if own + others <= budget else (budget, budget // 2)
             self.starting = chosen[0]
         budget = kept + self._chunks(plan, lanes.chats, SlotState.PREFILL, budget - kept, reserved)
@@ -381,13 +382,13 @@ class Scheduler:
         """The step stopped before its tokens were computed (a chat came during a step of
         tasks or of prompt chunks): its saves are kept, its rows planned again."""
         self.prefixes.keep(saved)
+        count_stopped(plan.chunks)
         self.stats.interrupted_steps += 1
         self.yielded = True  # the next step is never stopped (12)
 
     def refused(self, plan: StepPlan, refused: dict[int, str],
                 saved: list) -> list[tuple[Request, TokenEvent]]:
-        """Nothing was decoded: the refused chunks' requests end, the other rows are planned
-        again; the saves are kept."""
+        """Nothing was decoded: the refused chunks' requests end, the others are planned again."""
         self.prefixes.keep(saved)
         return self.endings.failed(plan, self.pool, refused)
 
