@@ -31,6 +31,8 @@ FAMILIES = {
     "meta-llama-Llama-3.2-3B-Instruct": "llama3", "mistralai-Mistral-Nemo-Instruct-2407": "mistral",
     "ibm-granite-granite-3.3-2B-Instruct": "granite", "google-gemma-2-2b-it": None,
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command-r",
+    "Qwen3.5-4B": "qwen3-coder", "Qwen3-Coder": "qwen3-coder",
+    "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3-coder", "ByteDance-Seed-OSS": "seed-oss",
 }
 
 
@@ -65,6 +67,15 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
     ("command-r", 'I will look it up.<|START_ACTION|>[\n    {"tool_call_id": "0", "tool_name": '
                   '"get_weather", "parameters": {"city": "Oslo"}}\n]<|END_ACTION|>',
      "I will look it up.", [("get_weather", {"city": "Oslo"})]),
+    ("qwen3-coder", "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nParis"
+                    "\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+     "Let me check.", [("get_weather", {"city": "Paris", "days": 3})]),
+    ("qwen3-coder", "<tool_call>\n<function=write>\n<parameter=text>\nline one\nline two\n"
+                    "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+                    "</function>\n</tool_call>",
+     None, [("write", {"text": "line one\nline two"}), ("get_time", {})]),
+    ("seed-oss", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Rome</parameter>\n"
+                 "</function>\n</seed:tool_call>", None, [("get_weather", {"city": "Rome"})]),
     ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
 ]
@@ -161,3 +172,16 @@ def test_required_calls_are_written_in_command_r_form_and_parse():
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
     assert "city" in json.loads(call["function"]["arguments"])
+
+
+def test_qwen35_is_asked_for_its_xml_calls_and_its_forced_call_is_written_so():
+    """Qwen3.5's own format, constrained (tool_choice "required") on the real server with its
+    template: the answer is <tool_call><function=...><parameter=...>, read back as OpenAI calls."""
+    template = TEMPLATES / "Qwen3.5-4B.jinja"
+    with running("-c", "2048", "-np", "1", "-t", "2", "--chat-template-file", str(template),
+                 log_name="tool-formats-qwen35") as srv:
+        choice = ask(srv, tool_choice="required", parallel_tool_calls=False)
+    assert choice["finish_reason"] == "tool_calls"
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city"}

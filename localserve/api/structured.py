@@ -224,6 +224,9 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
     if auto:
         return messages, None, plan
     most = 1 if body.parallel_tool_calls is False or fmt.name == "llama3" else MAX_CALLS_PER_ANSWER
+    if fmt.xml:
+        return messages, checked_grammar(host, tool_formats.xml_grammar(tools, fmt, most),
+                                         "tools"), plan
     call = schema_grammar(host, tool_formats.call_schema(tools, fmt), "tools")
     grammar = checked_grammar(host, tool_formats.wrap_grammar(call, fmt, most), "tools")
     return messages, grammar, plan

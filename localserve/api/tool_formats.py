@@ -2,6 +2,8 @@
 call them in its own words, so tools and tool history go through that template, and its
 answer is read in that format:
 
+    qwen3-coder <tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>
+             (Qwen3.5, Qwen3-Coder, Nemotron 3, StepFun 3.5; Seed-OSS's in <seed:tool_call>)
     hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated  (Qwen 2.5/3, Hermes)
     mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]   (Mistral, Devstral)
     granite  <|tool_call|>[{"name": ..., "arguments": {...}}]                    (Granite 3.x)
@@ -39,12 +41,16 @@ class NativeFormat:
     as_list: bool = False  # one JSON list after the trigger (else one object per block)
     close: str = ""  # what ends one block
     triggers: tuple[str, ...] = ()  # other openings of the same calls
+    xml: bool = False  # <function=NAME><parameter=KEY>value</parameter>... inside each block
 
     def call_id(self) -> str:
         return uuid.uuid4().hex[:9] if self.name == "mistral" else "call_" + uuid.uuid4().hex[:24]
 
 
-FORMATS = (
+FORMATS = (  # the first whose marker the template holds
+    NativeFormat("seed-oss", "<seed:tool_call>", "<seed:tool_call>", close="</seed:tool_call>",
+                 xml=True),
+    NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml=True),
     NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
     NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
     NativeFormat("granite", "<|tool_call|>", "<|tool_call|>", as_list=True),
@@ -159,12 +165,54 @@ def parse(text: str, fmt: NativeFormat) -> tuple[str | None, list[dict]]:
 
 def _calls_in(text: str, fmt: NativeFormat) -> list:
     """The call objects written from the trigger on (complete ones only)."""
+    if fmt.xml:  # one complete call per block
+        return [call for block in text.split(fmt.trigger)[1:] if fmt.close in block
+                for call in [xml_call(block.split(fmt.close)[0])] if call is not None]
     if fmt.close:  # one object per block
         return [value for block in text.split(fmt.trigger)[1:]
                 for value in json_values(block.split(fmt.close)[0])]
     for opening in fmt.triggers + ((fmt.trigger,) if fmt.as_list else ()):
         text = text.replace(opening, "")
     return json_values(text)
+
+
+XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
+XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
+
+
+def xml_call(block: str) -> dict | None:
+    """One <function=NAME>...</function> call as {"name", "arguments"}: each parameter's
+    value as JSON where it reads as a number, boolean, null, object or list, else as text."""
+    found = XML_FUNCTION.search(block)
+    if found is None:
+        return None
+    args = {}
+    for key, value in XML_PARAMETER.findall(found.group(2)):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            parsed = value
+        args[key.strip()] = value if isinstance(parsed, str) else parsed
+    return {"name": found.group(1).strip(), "arguments": args}
+
+
+def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
+    """The whole answer as 1..most calls in the XML form: each tool's required parameters in
+    its schema's order, the others optional, each value free text without a '<'."""
+    rules, calls = [], []
+    for i, tool in enumerate(tools):
+        schema = tool.function.parameters or {}
+        required = set(schema.get("required", ()))
+        params = []
+        for key in schema.get("properties", {}):
+            one = f'{json.dumps(f"<parameter={key}>")} "\\n" xml-value "\\n</parameter>\\n"'
+            params.append(one if key in required else f"({one})?")
+        head = json.dumps(f"<function={tool.function.name}>")
+        rules.append(f'call-{i} ::= {head} "\\n" {" ".join(params)} "</function>"')
+        calls.append(f"call-{i}")
+    block = f'{json.dumps(fmt.trigger)} "\\n" ({" | ".join(calls)}) "\\n" {json.dumps(fmt.close)}'
+    more = f' ("\\n" {block}){{0,{most - 1}}}' if most > 1 else ""
+    return "\n".join([f"root ::= {block}{more}", *rules, "xml-value ::= [^<]+"])
 
 
 def json_values(text: str) -> list:
