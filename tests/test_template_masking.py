@@ -98,7 +98,14 @@ def test_every_template_renders_a_tool_conversation(path):
     assert any("Sunny" in p.text for p in parts)  # the tool's result is written
 
 
-@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
+# Nemotron 3 trims "<think></think>" ~ an answer: the answer's marker does not carry that trim
+# (its trailing whitespace stays in the prompt). Found with the template; issue 79.
+TRIMS_AROUND_A_MARKER = pytest.mark.xfail(strict=True, reason="a trim over a marker and text")
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, marks=TRIMS_AROUND_A_MARKER)
+                                  if p.stem.startswith("NVIDIA-Nemotron-3") else p
+                                  for p in TEMPLATES], ids=lambda p: p.stem)
 def test_the_prompt_is_what_the_template_writes_unmasked_even_where_it_trims(path):
     """Gemma's and Llama 3's templates `| trim` each message: the caller's text behind its
     marker is trimmed too, so the prompt is the one llama.cpp and Transformers render (a
@@ -119,7 +126,7 @@ def test_the_prompt_is_what_the_template_writes_unmasked_even_where_it_trims(pat
     plain = env.from_string(path.read_text()).render(
         messages=messages, add_generation_prompt=True, bos_token="<s>", eos_token="</s>")
     assert "".join(p.text for p in parts) == plain
-    if "| trim" in path.read_text():
+    if "  Copy this" not in plain:  # the template trims the user's text (Seed-OSS: only answers)
         assert any(p.text == "Copy this:\n  x = 1" and not p.trusted for p in parts)
 
 
