@@ -119,6 +119,9 @@ GROUPS: dict[str, list[Option]] = {
         Option("cache_type_v", ("-ctv", "--cache-type-v"), "cache type for V; a quantized V "
                "needs --flash-attn on"),
         Option("flash_attn", ("-fa", "--flash-attn"), "flash attention"),
+        Option("swa_full", ("--swa-full",), "a sliding-window model's window layers keep every "
+               "position, as llama-server's --swa-full: several times their cache, and the "
+               "model then gets drafting and prefix reuse as a pure-attention one does"),
         Option("max_queue", ("--max-queue",), "waiting requests beyond this get HTTP 503 + "
                "Retry-After"),
         Option("queue_timeout", ("--queue-timeout",), "seconds a request may wait for a slot "
@@ -156,6 +159,10 @@ GROUPS: dict[str, list[Option]] = {
                "names (repeatable); only matters on a loopback server without keys, where other "
                "Hosts are refused (DNS-rebinding guard)", repeat=True),
         Option("max_body_bytes", ("--max-body-bytes",), "largest request body, in bytes"),
+        Option("ssl_key_file", ("--ssl-key-file",), "a PEM private key: serve HTTPS (with "
+               "--ssl-cert-file), as llama-server's; plain HTTP to the port is then refused"),
+        Option("ssl_cert_file", ("--ssl-cert-file",), "the PEM certificate (chain) for "
+               "--ssl-key-file"),
         Option("image_urls", ("--image-urls",), "fetch the images that chats name by http(s) "
                "address (public addresses only, 20 MB and 10 s each at most, 2 at a time per "
                "key); off, such an image is refused and clients send the image itself"),

@@ -189,22 +189,43 @@ def check_state_dir(office: Office) -> None:
                             f"$STATE_DIRECTORY), or run with --no-ledger --no-web") from None
 
 
+def check_tls(settings: Settings) -> None:
+    """The key and certificate load, or the start stops naming them (not uvicorn's trace)."""
+    import ssl
+
+    if settings.ssl_cert_file:
+        try:
+            ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(
+                settings.ssl_cert_file, settings.ssl_key_file)
+        except (OSError, ssl.SSLError) as exc:
+            raise SettingsError(f"--ssl-cert-file {settings.ssl_cert_file} with --ssl-key-file "
+                                f"{settings.ssl_key_file}: cannot be used "
+                                f"({getattr(exc, 'strerror', None) or exc})") from None
+
+
+def scheme(settings: Settings) -> str:
+    return "https" if settings.ssl_cert_file else "http"
+
+
 def say_what_runs(settings: Settings, office: Office) -> None:
     """One line each: where the page and the API are, who may use them, with what quotas,
     and where the state lives."""
     addresses = listen_addresses(settings.host)
     for address in addresses:
+        where = f"{scheme(settings)}://{address}:{settings.port}/v1"
         log.info("listening on %s", f"unix:{address} (http://localhost/v1 through it)"
-                 if is_unix_socket(address) else f"http://{address}:{settings.port}/v1")
+                 if is_unix_socket(address) else where)
     tcp = [a for a in addresses if not is_unix_socket(a)]
     everywhere = any(a in ("0.0.0.0", "::", "") for a in tcp)
     lan = lan_address() if everywhere else None
     if lan:
-        log.info("for colleagues: http://%s:%d/v1 (API) and http://%s:%d/ (chat page)", lan,
-                 settings.port, lan, settings.port)
+        log.info("for colleagues: %s://%s:%d/v1 (API) and %s://%s:%d/ (chat page)%s",
+                 scheme(settings), lan, settings.port, scheme(settings), lan, settings.port,
+                 "" if settings.ssl_cert_file else "; keys cross the network in clear text: "
+                 "--ssl-key-file and --ssl-cert-file serve HTTPS")
     elif settings.web and tcp:
         host = "localhost" if is_loopback(tcp[0]) else tcp[0]
-        log.info("chat page: http://%s:%d/%s", host, settings.port,
+        log.info("chat page: %s://%s:%d/%s", scheme(settings), host, settings.port,
                  " (for colleagues: this machine's address)" if everywhere else "")
     roles = [role for _, role in office.keys.values()]
     if roles:
@@ -241,6 +262,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
             log.info("models: %s (the first is the default; the others load on demand)",
                      ", ".join(models.entries))
         check_state_dir(office)
+        check_tls(settings)
         sockets = bind_all(settings.host, settings.port)
     except SettingsError as exc:
         log.error("%s", exc)
@@ -250,6 +272,7 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
     protocol = guarded_protocol(settings.header_timeout, settings.body_timeout,
                                 connection_cap(settings.max_connections, open_files))
     config = uvicorn.Config(app, log_level=log_level,
+                            ssl_keyfile=settings.ssl_key_file, ssl_certfile=settings.ssl_cert_file,
                             timeout_graceful_shutdown=5, http=protocol,
                             loop="asyncio",  # the connection guard is asyncio's (connections.py)
                             **({} if plain_uvicorn_logs else {"log_config": None}))

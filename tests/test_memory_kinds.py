@@ -129,3 +129,14 @@ def test_experts_kept_in_host_memory_by_flag_give_the_same_answer():
                                   placement, "--port", str(free_port())], capture_output=True,
                                  text=True, timeout=120, cwd=ROOT)
         assert started.returncode != 0 and says in started.stderr, started.stderr[-500:]
+
+
+def test_swa_full_serves_a_window_model_as_attention_with_drafting():
+    """llama-server's --swa-full: window layers keep every position, so the model is served as
+    a pure-attention one (drafting, prefixes cut back)."""
+    if not GEMMA.is_file():
+        pytest.skip("no Gemma 3 270M: scripts/setup-second-model")
+    with running("-m", str(GEMMA), "-c", "2048", "-np", "2", "-t", "2", "--swa-full",
+                 log_name="memory-swa-full") as srv:
+        assert httpx.get(srv.url + "/props").json()["model"]["memory"] == "attention"
+        assert "memory: attention only" in srv.log() and "no drafting" not in srv.log()

@@ -58,6 +58,7 @@ class Settings:
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
+    swa_full: bool = False  # window layers keep every position: 4x their cache, cut back freely
     max_queue: int | None = 64  # waiting requests beyond this get 503 at once
     queue_timeout: float | None = None  # seconds a request may wait for a slot
     n_gpu_layers: int | None = None  # None: every layer when the build can offload, else 0
@@ -80,6 +81,8 @@ class Settings:
     trusted_frontends: tuple[str, ...] = ()
     allowed_hosts: tuple[str, ...] = ()  # Host names accepted besides loopback (no-key loopback)
     max_body_bytes: int = 4 * 1024 * 1024
+    ssl_key_file: str | None = None  # TLS, as llama-server's --ssl-key-file / --ssl-cert-file
+    ssl_cert_file: str | None = None
     image_urls: bool = False  # fetch images that chats name by http(s) address (api/image_fetch.py)
     image_url_hosts: tuple[str, ...] = ()  # hosts fetched from even at private addresses
     # Shares between API keys (only with keys: without them no identity can be trusted).
@@ -194,6 +197,8 @@ class Settings:
              self.n_gpu_layers, "must be 0 or more"),
             (self.main_gpu >= 0, "--main-gpu", self.main_gpu, "must be 0 or more"),
             (self.n_cpu_moe >= 0, "--n-cpu-moe", self.n_cpu_moe, "must be 0 or more"),
+            ((self.ssl_key_file is None) == (self.ssl_cert_file is None), "--ssl-key-file",
+             self.ssl_key_file or "(none)", "goes with --ssl-cert-file: give both, or neither"),
             (all(bad_override(o) is None for o in self.override_tensor), "--override-tensor",
              ",".join(self.override_tensor), next(filter(None, map(bad_override,
                                                                    self.override_tensor)), "")),

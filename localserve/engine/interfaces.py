@@ -91,4 +91,5 @@ class RunnerConfig:
     cache_type_k: str = "f16"
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
+    swa_full: bool = False  # window layers keep every position (llama-server's --swa-full)
     mmproj: str | None = None  # the model's projector: images in prompts (runner/images.py)

@@ -141,6 +141,7 @@ class ModelHost(HostFace):
                 tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
                                             s.override_tensor),
                 cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
+                swa_full=s.swa_full,
                 mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))

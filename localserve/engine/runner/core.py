@@ -36,15 +36,16 @@ from localserve.engine.runner.upper_state import clear_upper_state
 log = logging.getLogger("localserve.llama")
 
 
-def memory_kind(model) -> str:
+def memory_kind(model, swa_full: bool = False) -> str:
     """What a sequence's cache holds: 'attention' (every position's keys and values: it can be
-    cut back to any prefix), 'sliding-window' (window layers keep their last cells only),
-    'hybrid' or 'recurrent' (a state that holds no earlier position)."""
+    cut back to any prefix; window layers too with `swa_full`), 'sliding-window' (window
+    layers keep their last cells only), 'hybrid' or 'recurrent' (a state that holds no earlier
+    position)."""
     if C.llama_model_is_hybrid(model):
         return "hybrid"
     if C.llama_model_is_recurrent(model):
         return "recurrent"
-    return "sliding-window" if C.llama_model_n_swa(model) else "attention"
+    return "sliding-window" if C.llama_model_n_swa(model) and not swa_full else "attention"
 
 
 class LlamaRunner(Sampling, ImageSteps):
@@ -68,7 +69,7 @@ class LlamaRunner(Sampling, ImageSteps):
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load the model file {config.model_path}")
         self.vocab = C.llama_model_get_vocab(self.model)
-        self.memory_kind = memory_kind(self.model)
+        self.memory_kind = memory_kind(self.model, config.swa_full)
         self.cuts_back = self.memory_kind == "attention"  # slots.SlotPool.cuts_back
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         threads = config.n_threads or os.cpu_count() or 1
@@ -80,7 +81,7 @@ class LlamaRunner(Sampling, ImageSteps):
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.kv_unified = True  # one pool; the scheduler keeps each slot's guarantee
-        cparams.swa_full = False  # window layers keep their window, as llama-server's (cuts_back)
+        cparams.swa_full = config.swa_full  # else window layers keep their window (cuts_back)
         cparams.type_k = CACHE_TYPES[config.cache_type_k][0]
         cparams.type_v = CACHE_TYPES[config.cache_type_v][0]
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
