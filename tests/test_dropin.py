@@ -227,3 +227,10 @@ def test_more_choices_than_slots_is_refused(server):
     r = httpx.post(server.url + "/v1/chat/completions", timeout=30,
                    json={"messages": COUNT, "max_tokens": 4, "n": 5})
     assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+
+
+def test_infill_refuses_a_prompt_with_images_by_name(server):
+    """The fuzzer's find: /infill shares /completion's body, whose prompt may carry images;
+    it was a 500 (the image prompt read as token ids)."""
+    r = httpx.post(server.url + "/infill", json={"prompt": {"prompt_string": ""}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text

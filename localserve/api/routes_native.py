@@ -99,6 +99,9 @@ async def completion(body: NativeCompletion, request: Request,
 @router.post("/infill")
 async def infill(body: Infill, request: Request,
                  admitted: Admitted = Depends(admit)):
+    if isinstance(body.prompt, MediaPrompt):  # the shape /completion takes, not /infill
+        raise OpenAIError(400, "prompt: /infill takes text or token ids, not a prompt with "
+                          "images (send those to /completion)", param="prompt")
     async with admitted.lease(body.model) as host:
         middle = await prompt.text_or_ids(host, body.prompt, "prompt") if body.prompt else []
         tokens = await prompt.fill_in_the_middle(host, body.input_prefix, body.input_suffix,
