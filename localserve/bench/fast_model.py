@@ -37,6 +37,32 @@ def q4_0_blocks(rng: np.random.Generator, rows: int, cols: int, scale: float) ->
     return out.reshape(rows, cols // QK4_0 * Q4_0_BYTES)
 
 
+def copy_tokenizer(reader, writer, template: str) -> None:
+    """A vocabulary-only GGUF's tokenizer into the model being written, with `template` as its
+    chat template instead of the vocabulary's own."""
+    for key, field in reader.fields.items():
+        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
+            sub = field.types[1] if len(field.types) > 1 else None
+            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    writer.add_chat_template(template)
+
+
+def q4_tensor(writer, rng: np.random.Generator, name: str, rows: int, cols: int,
+              scale: float = 0.02) -> None:
+    import gguf
+
+    writer.add_tensor(name, q4_0_blocks(rng, rows, cols, scale),
+                      raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+
+
+def finish(writer) -> None:
+    """Header, metadata and tensors to the file, which is then closed."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
 def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
           n_ff: int = 512, n_head: int = 4, n_head_kv: int = 2, n_ctx: int = 8192,
           seed: int = 0) -> None:
@@ -60,16 +86,11 @@ def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    writer.add_chat_template(LLAMA3_TEMPLATE)
+    copy_tokenizer(reader, writer, LLAMA3_TEMPLATE)
 
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
-    q4 = lambda name, rows, cols: writer.add_tensor(  # noqa: E731
-        name, q4_0_blocks(rng, rows, cols, 0.02), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    q4 = lambda name, rows, cols: q4_tensor(writer, rng, name, rows, cols)  # noqa: E731
     ones = lambda name, n: writer.add_tensor(name, np.ones(n, dtype=np.float32))  # noqa: E731
     q4("token_embd.weight", n_vocab, n_embd)  # also the output layer (tied, as Llama 3.2's)
     ones("output_norm.weight", n_embd)
@@ -83,10 +104,7 @@ def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
         q4(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
         q4(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
         q4(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,7 +19,7 @@ import sys
 
 import numpy as np
 
-from localserve.bench.fast_model import q4_0_blocks
+from localserve.bench.fast_model import copy_tokenizer, finish, q4_0_blocks, q4_tensor
 
 KINDS = ("hybrid", "hybrid-moe")
 # ChatML, as LFM2's and Qwen's templates write turns (tokens the Qwen vocabulary has).
@@ -59,16 +59,11 @@ def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: i
         writer.add_expert_used_count(2)
         writer.add_expert_feed_forward_length(n_ff // 2)
         writer.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    for key, field in reader.fields.items():
-        if key.startswith("tokenizer.") and key != "tokenizer.chat_template":
-            sub = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    writer.add_chat_template(CHATML_TEMPLATE)
+    copy_tokenizer(reader, writer, CHATML_TEMPLATE)
 
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
-    q4 = lambda name, rows, cols: writer.add_tensor(  # noqa: E731
-        name, q4_0_blocks(rng, rows, cols, 0.02), raw_dtype=gguf.GGMLQuantizationType.Q4_0)
+    q4 = lambda name, rows, cols: q4_tensor(writer, rng, name, rows, cols)  # noqa: E731
     ones = lambda name, *shape: writer.add_tensor(name, np.ones(shape, dtype=np.float32))  # noqa: E731
     small = lambda name, *shape: writer.add_tensor(  # noqa: E731
         name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
@@ -101,10 +96,7 @@ def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: i
             q4(f"blk.{i}.ffn_gate.weight", n_ff, n_embd)
             q4(f"blk.{i}.ffn_up.weight", n_ff, n_embd)
             q4(f"blk.{i}.ffn_down.weight", n_embd, n_ff)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,8 @@ import argparse
 
 import numpy as np
 
+from localserve.bench.fast_model import finish
+
 IMAGE_SIZE, PATCH_SIZE = 64, 16
 # CLIP's normalisation, as LLaVA's projector files carry it
 IMAGE_MEAN = [0.48145466, 0.4578275, 0.40821073]
@@ -62,10 +64,7 @@ def write(out_path: str, text_embd: int, n_embd: int = 64, n_ff: int = 128, n_la
     writer.add_tensor("mm.0.bias", f32(text_embd))
     writer.add_tensor("mm.2.weight", f32(text_embd, text_embd))
     writer.add_tensor("mm.2.bias", f32(text_embd))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    finish(writer)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,8 @@ class PrefixBook:
         if choice is None:
             return None
         slot, keep = choice
+        if not self.pool.cuts_back:  # a copy holds its whole source: it could not be cut back
+            return self._cached_prefix(req, slot, keep)  # to the prefix; checkpoints instead
         source = self._copy_source(req, keep)
         if source is not None:
             return Placement(slot, req.num_prompt_tokens - 1, source)
@@ -58,9 +60,8 @@ class PrefixBook:
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
         choice's, busy or not) rather than computing it again; only the last prompt token is
-        computed, for this choice's own first logits. Not where sequences cannot be cut back
-        (the copy holds the whole source): the prompt's checkpoint is restored instead."""
-        if not self.pool.cuts_back or req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
+        computed, for this choice's own first logits."""
+        if req.prefix_of is None or req.output_tokens or keep >= req.num_prompt_tokens - 1:
             return None
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
 
@@ -71,8 +72,6 @@ class PrefixBook:
         the cells: computed once, held once). While its slot is still computing that part,
         this request waits (None), as a sibling does, unless the slot is a background task's
         (which sits out the steps in which a chat waits: scheduler invariant 9)."""
-        if not self.pool.cuts_back:
-            return where  # a copy holds the whole source: it could not be cut back to the prefix
         tokens, floor = req.all_tokens, where.keep + MIN_PREFIX_REUSE
         best, best_done, computing = None, floor - 1, 0
         for slot in self.pool.slots:

@@ -93,8 +93,6 @@ class Scheduler:
         if request.num_prompt_tokens >= self.pool.n_ctx_per_slot:
             raise ValueError(f"a prompt of {request.num_prompt_tokens} tokens does not fit the "
                              f"{self.pool.n_ctx_per_slot} tokens one request may use")
-        if request.prompt_tokens and request.prompt_tokens[-1] < 0:  # an image's row
-            raise ValueError("a prompt ends with an image: nothing to answer from")
         self.costly_grammars.check(request.user, request.params.grammar)
         first = request.prefix_of
         if first is not None and not first.output_tokens and first.finish_reason is None:

@@ -17,11 +17,11 @@ log = logging.getLogger("localserve.llama")
 _LOG_LEVEL_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
 
 
-# What llama.cpp says when a step is interrupted: the graph stopped (ggml status 1: aborted),
-# twice, the stopped ubatch's cells removed, llama_decode's return code 2.
-_INTERRUPTED_STEP = ("failed with error 1", "compute status: 1", "removing memory module entries",
-                     "ret = 2",
-                     "tensor overrides to CPU are used with mmap")  # names a flag we lack
+# What llama.cpp says that the engine expects: a step interrupted (the graph stopped, ggml
+# status 1: aborted, twice; the stopped ubatch's cells removed; llama_decode's return code 2),
+# and the hint that tensor overrides to CPU go with a --load-mode localserve does not have.
+_EXPECTED = ("failed with error 1", "compute status: 1", "removing memory module entries",
+             "ret = 2", "tensor overrides to CPU are used with mmap")
 
 
 # Tensors the loader placed by a tensor override, per buffer type (placement.py): counted from
@@ -32,13 +32,13 @@ OVERRIDDEN: Counter = Counter()
 @C.llama_log_callback
 def _llama_log(level, text, _user_data):
     """Keep llama.cpp's chatter out of the console; pass on its warnings and errors, except
-    those of an interrupted step (runner/interrupt.py), which the engine expects; count the
+    those the engine expects (an interrupted step: runner/interrupt.py); count the
     tensors the loader placed by an override."""
     message = text.decode("utf-8", "replace").rstrip() if text else ""
     if " buffer type overridden to " in message:
         OVERRIDDEN[message.rsplit(" ", 1)[-1]] += 1
     if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and message \
-            and not any(part in message for part in _INTERRUPTED_STEP):
+            and not any(part in message for part in _EXPECTED):
         log.warning(message)
 
 
