@@ -227,11 +227,14 @@ def say_what_runs(settings: Settings, office: Office) -> None:
         host = "localhost" if is_loopback(tcp[0]) else tcp[0]
         log.info("chat page: %s://%s:%d/%s", scheme(settings), host, settings.port,
                  " (for colleagues: this machine's address)" if everywhere else "")
-    roles = [role for _, role in office.keys.values()]
-    if roles:
-        admins = sorted(name for name, role in office.keys.values() if role == "admin")
-        log.info("keys: %d loaded, %d admin%s%s", len(roles), len(admins),
+    holders = list(office.keys.values())
+    if holders:
+        admins = sorted(h.name for h in holders if h.role == "admin")
+        log.info("keys: %d loaded, %d admin%s%s", len(holders), len(admins),
                  "" if len(admins) == 1 else "s", f" ({', '.join(admins)})" if admins else "")
+    for holder in holders:
+        if holder.models is not None:
+            log.info("key %s may use only: %s", holder.name, ", ".join(sorted(holder.models)))
     for name, quota in sorted(settings.quotas.items()):
         limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
         log.info("quota [%s]: %s", name, limits)
@@ -239,6 +242,17 @@ def say_what_runs(settings: Settings, office: Office) -> None:
         log.warning("%s names no key in the key file: it applies to nobody (misspelt?)", name)
     if settings.ledger or settings.web or settings.cache_disk:
         log.info("state folder: %s", office.state_dir().resolve())
+
+
+def unserved_key_models(models: ModelRegistry) -> list[str]:
+    """A key file's models= names that no served model is called (a misspelt name would keep
+    the colleague off the model meant for them, silently)."""
+    served = {name for e in models.entries.values()
+              for name in (e.spec.name, *e.host.settings.aliases)}
+    return [f"--api-key-file: {holder.name}'s models= names '{name}', which no served model is "
+            f"called (served: {', '.join(models.entries)})"
+            for holder in models.office.keys.values() for name in sorted(holder.models or ())
+            if name not in served]
 
 
 def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool = True) -> int:
@@ -256,6 +270,8 @@ def serve(settings: Settings, log_level: str = "info", plain_uvicorn_logs: bool 
             log.warning(problem)
         for entry in models.entries.values():
             check_gguf(entry.host.model_file)
+        for problem in unserved_key_models(models):
+            log.warning(problem)
         if settings.memory_check:
             log.info(default_host.check_memory(str(default_host.model_file)))
         if models.several:

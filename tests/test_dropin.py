@@ -234,3 +234,47 @@ def test_infill_refuses_a_prompt_with_images_by_name(server):
     it was a 500 (the image prompt read as token ids)."""
     r = httpx.post(server.url + "/infill", json={"prompt": {"prompt_string": ""}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+
+
+def data_events(url, path, body):
+    """Each SSE event's data (events named with `event:` lines too, as Responses sends)."""
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200 and "timings" not in r.headers.get("x-ignored-fields", "")
+        lines = [line for line in r.iter_lines() if line.startswith("data: {")]
+    return [json.loads(line[6:]) for line in lines]
+
+
+TIMINGS = {"cache_n", "prompt_n", "prompt_ms", "prompt_per_token_ms", "prompt_per_second",
+           "predicted_n", "predicted_ms", "predicted_per_token_ms", "predicted_per_second"}
+
+
+@pytest.mark.parametrize("path, body, texts", [
+    ("/v1/chat/completions", {"messages": COUNT, "max_tokens": 6, "ignore_eos": True},
+     lambda e: e["choices"] and e["choices"][0]["delta"].get("content")),
+    ("/completion", {"prompt": "1, 2, 3,", "n_predict": 6, "ignore_eos": True},
+     lambda e: e.get("content") and not e["stop"]),
+    ("/v1/responses", {"input": "Count.", "max_output_tokens": 6, "ignore_eos": True},
+     lambda e: e["type"] == "response.output_text.delta"),
+])
+def test_timings_per_token_and_the_last_events_timings_as_llama_server_sends_them(
+        server, path, body, texts):
+    """llama-server's `timings` (its test_compat_oai_responses.py telemetry test): on every
+    text piece when timings_per_token is sent, and on the last event always."""
+    events = data_events(server.url, path, {**body, "timings_per_token": True})
+    pieces = [e for e in events if texts(e)]
+    assert len(pieces) >= 2 and all(set(e["timings"]) == TIMINGS for e in pieces)
+    assert [e["timings"]["predicted_n"] for e in pieces] == sorted(
+        e["timings"]["predicted_n"] for e in pieces)  # counted as the answer grows
+    last = events[-1]["timings"]
+    assert set(last) == TIMINGS and last["predicted_n"] == 6 and last["prompt_n"] > 0
+    untimed = data_events(server.url, path, body)
+    assert not any("timings" in e for e in untimed if texts(e))
+
+
+def test_a_whole_chat_answer_carries_llama_servers_timings(server):
+    r = httpx.post(server.url + "/v1/chat/completions", timeout=120,
+                   json={"messages": COUNT, "max_tokens": 4, "ignore_eos": True})
+    timings = r.json()["timings"]
+    assert set(timings) == TIMINGS and timings["predicted_n"] == 4
+    assert timings["predicted_per_second"] > 0 and timings["prompt_n"] + timings["cache_n"] == \
+        r.json()["usage"]["prompt_tokens"]

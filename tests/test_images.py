@@ -259,6 +259,22 @@ def test_props_and_models_say_the_model_reads_images(vision, server):
     assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
     show = httpx.post(vision.url + "/api/show", json={"model": "m"}).json()
     assert "vision" in show["capabilities"]
+    for srv, capabilities in ((vision, ["completion", "multimodal"]), (server, ["completion"])):
+        listed = httpx.get(srv.url + "/v1/models").json()["models"]  # llama-server's list
+        assert [m["capabilities"] for m in listed] == [capabilities]
+
+
+def test_apply_template_shows_an_image_as_llama_servers_marker_never_the_servers_own(vision):
+    shown = post(vision, "/apply-template", {"messages": openai_chat(png())["messages"]})
+    assert shown.status_code == 200, shown.text
+    assert "<__media__>" in shown.json()["prompt"] and "<image-" not in shown.json()["prompt"]
+
+
+def test_a_chats_input_tokens_count_its_image_as_a_request_would(vision):
+    counted = post(vision, "/chat/completions/input_tokens", openai_chat(png()))
+    assert counted.status_code == 200, counted.text
+    assert counted.json() == {"object": "response.input_tokens", "input_tokens": post(
+        vision, "/v1/chat/completions", openai_chat(png())).json()["usage"]["prompt_tokens"]}
 
 
 def test_a_prompt_ending_with_an_image_is_refused_and_ends_no_colleagues_answer(vision):

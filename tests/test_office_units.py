@@ -71,7 +71,7 @@ def test_a_key_reload_audits_each_change_and_says_who_came_and_went(tmp_path):
     assert office.ledger.audits == [("key_added", "dave", ""), ("key_removed", "carol", ""),
                                     ("key_rotated", "alice", ""),
                                     ("role_changed", "bob", "admin -> user")]
-    assert office.keys["alice-key-0009"] == ("alice", "user")
+    assert office.keys["alice-key-0009"] == ("alice", "user", None)
 
 
 def test_a_model_gets_the_per_key_counters_only_with_keys_and_the_ledger_when_kept(tmp_path):

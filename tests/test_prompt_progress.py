@@ -1,6 +1,7 @@
 """llama-server's `return_progress` (its tests/unit/test_chat_completion.py::test_return_progress,
 the same assertions): a streamed request that asks is told how far its prompt is computed
-before the first token, on /v1/chat/completions and llama-server's /completion."""
+before the first token, on /v1/chat/completions, /v1/responses (its response.in_progress
+events: test_compat_oai_responses.py) and llama-server's /completion."""
 
 import json
 
@@ -51,3 +52,18 @@ def test_llama_servers_completion_reports_it_too_and_nobody_unasked_gets_it(serv
             "messages": [{"role": "user", "content": "Hi " + PROMPT}], "max_tokens": 2,
             "stream": True}) as r:
         assert not any("prompt_progress" in line for line in r.iter_lines())
+
+
+def test_a_responses_stream_reports_progress_in_in_progress_events(server):
+    reports = []
+    with httpx.stream("POST", server.url + "/v1/responses", timeout=120, json={
+            "input": "Now " + PROMPT, "max_output_tokens": 4, "stream": True,
+            "return_progress": True}) as r:
+        assert "return_progress" not in r.headers.get("x-ignored-fields", "")
+        for line in r.iter_lines():
+            if line.startswith("data: ") and "prompt_progress" in line:
+                data = json.loads(line[6:])
+                assert data["type"] == "response.in_progress"
+                reports.append(data["prompt_progress"])
+    check(reports)
+    assert len(reports) >= 2

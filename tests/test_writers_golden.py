@@ -32,7 +32,8 @@ from localserve.engine.request import Request, SamplingParams, TokenEvent
 GOLDEN = Path(__file__).parent / "writers_golden.json"
 IDS = re.compile(r"^(chatcmpl-|cmpl-|msg_|resp_|rs_|call_|toolu_|fc_)[0-9a-f]{24}$")
 CLOCKS = {"created", "created_at", "total_duration", "load_duration", "prompt_eval_duration",
-          "eval_duration", "prompt_ms", "predicted_ms", "predicted_per_second"}
+          "eval_duration", "prompt_ms", "predicted_ms", "predicted_per_second",
+          "prompt_per_token_ms", "prompt_per_second", "predicted_per_token_ms"}
 TOP = ((5, -0.1), (6, -2.5))
 HERMES = next(f for f in FORMATS if f.name == "hermes")  # a model's own calls, after its prose
 

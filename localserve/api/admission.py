@@ -43,7 +43,7 @@ class Admitted:
         loading. A `load_only` lease (Ollama's load call, no prompt) switches models only
         for an admin."""
         return self.models.lease(model, kind, may_switch=not load_only or self.caller.is_admin,
-                                 user=self.caller.key)
+                                 user=self.caller.key, allowed=self.caller.models)
 
     def keep_alive(self, model: str | None, seconds: float | None) -> list[str]:
         """Ollama's keep_alive of an accepted request (registry.keep_alive: a colleague's

@@ -9,6 +9,7 @@ shape from them.
     Finish(reason, stop, usage,       the end: the reason as clients see it ("tool_calls" when
            timings, tokens)           it called), llama-server's stop type, the counts billed,
                                       the request's timings and its answer's token ids
+                                      (llama_timings: llama-server's timings object)
     Failed(error)                     no answer: 503 queue timeout, 500 engine error, 400 a
                                       grammar grown too costly, 499 the client left
 
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import AsyncIterator, Protocol, Union
 
 from fastapi import Request
@@ -60,6 +61,12 @@ class Text:
     text: str
     logprobs: tuple = ()  # the (token, logprob, top) entries of the tokens behind it, if asked
     token_ids: tuple[int, ...] = ()
+    timings: dict | None = None  # llama-server's timings so far, for timings_per_token
+
+
+def timed(piece: Text) -> dict:
+    """A streamed piece's llama-server timings, for a request that asked timings_per_token."""
+    return {"timings": piece.timings} if piece.timings is not None else {}
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,20 @@ class Timings:
     decode: float
 
 
+def llama_timings(usage: Usage, timings: Timings) -> dict:
+    """llama-server's `timings` object (server_slot_stats::to_json): the prompt computed (its
+    cached part apart) and the answer, in milliseconds, per token and per second; the first
+    answer token comes with the prompt's last step, so the answer's rates count the rest."""
+    prompt_n, steps = usage.prompt - usage.cached, max(usage.completion - 1, 0)
+    prompt_ms, decode_ms = timings.prompt * 1000, timings.decode * 1000
+    return {"cache_n": usage.cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+            "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+            "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
+            "predicted_n": usage.completion, "predicted_ms": decode_ms,
+            "predicted_per_token_ms": decode_ms / steps if steps else 0.0,
+            "predicted_per_second": 1e3 * steps / decode_ms if decode_ms > 0 else 0.0}
+
+
 @dataclass(frozen=True)
 class Finish:
     reason: str  # as clients see it: stop, length, tool_calls
@@ -99,6 +120,10 @@ class Finish:
     usage: Usage
     timings: Timings
     tokens: tuple[int, ...]  # the answer's token ids
+
+    @property
+    def llama_timings(self) -> dict:
+        return llama_timings(self.usage, self.timings)
 
     @property
     def cut(self) -> bool:
@@ -110,12 +135,22 @@ class Finish:
 def finish(reason: str, event: TokenEvent, request: EngineRequest, reasoning: int) -> Finish:
     """The end piece, from the final event's billed counts and the engine request's clocks:
     the one place a writer's figures come from."""
+    usage = Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, reasoning)
+    return Finish(reason, event.stop_type, usage, clocks(request), tuple(request.output_tokens))
+
+
+def clocks(request: EngineRequest) -> Timings:
+    """The engine request's timings until now."""
     now = time.monotonic()
     first = request.first_token_time or now
     admitted = request.admitted_time or first
-    usage = Usage(event.prompt_tokens, event.completion_tokens, event.cached_tokens, reasoning)
-    timings = Timings(admitted - request.arrival_time, first - admitted, now - first)
-    return Finish(reason, event.stop_type, usage, timings, tuple(request.output_tokens))
+    return Timings(admitted - request.arrival_time, first - admitted, now - first)
+
+
+def timings_so_far(request: EngineRequest) -> dict:
+    """llama-server's timings of an answer still running (timings_per_token)."""
+    usage = Usage(request.num_prompt_tokens, request.num_output_tokens, request.cached_tokens)
+    return llama_timings(usage, clocks(request))
 
 
 @dataclass(frozen=True)
@@ -167,8 +202,10 @@ def client_closed() -> OpenAIError:
 class ChoiceReader:
     """One choice's events -> pieces (see the module doc)."""
 
-    def __init__(self, tools: ToolPlan | None = None, reasoning: bool = False):
+    def __init__(self, tools: ToolPlan | None = None, reasoning: bool = False,
+                 timed: bool = False):
         self.tools = tools
+        self.timed = timed  # timings_per_token: each Text carries the timings so far
         self.thinking = ThinkSplitter() if reasoning and tools is None else None
         streams_prose = tools is not None and tools.native is not None and tools.allow_text_response
         self.prose = ProseThenCalls(tools.native) if streams_prose else None
@@ -184,6 +221,9 @@ class ChoiceReader:
         if event.progress is not None:
             return [Progress(*event.progress)]
         pieces = self._text(event)
+        if self.timed:
+            pieces = [replace(p, timings=timings_so_far(request)) if isinstance(p, Text) else p
+                      for p in pieces]
         if event.finished:
             pieces += self._end(event, request)
         return pieces

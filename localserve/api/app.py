@@ -28,7 +28,7 @@ from localserve.api.schemas import OpenAIError
 from localserve.common.config import Settings
 from localserve.api.connections import install_loop_error_throttle
 from localserve.common.model_errors import (ModelError, ModelUnavailable, NotEnoughMemory,
-                                     UnknownModel, WrongKind)
+                                            NotPermitted, UnknownModel, WrongKind)
 from localserve.models.registry import ModelRegistry
 from localserve.models.model_host import ModelHost
 
@@ -134,8 +134,8 @@ def _note_refusal(request: Request, exc: OpenAIError) -> None:
 
 
 # The model layer's refusals (model_errors.py) as HTTP answers: the one place they are mapped.
-MODEL_ERROR_STATUS = {UnknownModel: 404, WrongKind: 400, NotEnoughMemory: 507,
-                      ModelUnavailable: 503}
+MODEL_ERROR_STATUS = {UnknownModel: 404, NotPermitted: 403, WrongKind: 400,
+                      NotEnoughMemory: 507, ModelUnavailable: 503}
 
 
 def model_refusal(exc: ModelError) -> OpenAIError:

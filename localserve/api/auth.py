@@ -20,17 +20,19 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from localserve.api.schemas import OpenAIError
+from localserve.office.keys import KeyHolder
 
 
 log = logging.getLogger("localserve")
 
 
 class KeyChecker:
-    def __init__(self, keys: dict[str, tuple[str, str]]):
+    def __init__(self, keys: dict[str, KeyHolder]):
         self._keys = [(k.encode("utf-8"), who) for k, who in keys.items()]
 
-    def identify(self, request: Request) -> tuple[str, str] | None:
-        """(name, role), None when no keys are configured; 401 when a key is wrong or missing."""
+    def identify(self, request: Request) -> KeyHolder | None:
+        """Whom the key names, None when no keys are configured; 401 when a key is wrong or
+        missing."""
         if not self._keys:
             return None
         offered = _offered_key(request)
@@ -58,11 +60,13 @@ def _offered_key(request: Request) -> bytes | None:
 
 @dataclass(frozen=True)
 class Caller:
-    """Who is asking, as require_key found out: the key's name and role. Without keys there
-    is no name, and the one desktop user may see everything (role admin)."""
+    """Who is asking, as require_key found out: the key's name, role and the models it may
+    use (None: all). Without keys there is no name, and the one desktop user may see
+    everything (role admin)."""
 
     key: str | None = None
     role: str = "admin"
+    models: frozenset[str] | None = None
     frontend: str | None = None  # the trusted frontend's key a colleague's request came through
 
     @property
@@ -116,7 +120,7 @@ def forwarded(request: Request, frontend: Caller) -> Caller:
     if header is None:  # the frontend's own requests (titles, tags): its key's
         return frontend
     return Caller(f"{frontend.key}:{colleague_name(request.headers[header].strip())}", "user",
-                  frontend.key)
+                  frontend.models, frontend.key)
 
 
 def colleague_name(raw: str) -> str:

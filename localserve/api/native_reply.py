@@ -15,7 +15,8 @@ from typing import Callable
 
 from fastapi import Request
 
-from localserve.api.answer import ChoiceReader, Failed, Finish, Progress, Text, read, whole_answer
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Progress, Text, read, timed,
+                                   whole_answer)
 
 
 class NativeReply:
@@ -28,7 +29,8 @@ class NativeReply:
         return {**self._final(answer.text, answer.end), **self._probabilities(answer.logprobs)}
 
     async def events(self, stream):
-        async with aclosing(read(stream, [ChoiceReader()])) as pieces:
+        reader = ChoiceReader(timed=self.body.timings_per_token)
+        async with aclosing(read(stream, [reader])) as pieces:
             async for _, piece in pieces:
                 if isinstance(piece, Failed):
                     yield {"data": json.dumps({"error": {"message": piece.error.message,
@@ -39,7 +41,7 @@ class NativeReply:
                              **self._probabilities(list(piece.logprobs))}
                     if self.body.return_tokens:
                         chunk["tokens"] = list(piece.token_ids)
-                    yield {"data": json.dumps(chunk)}
+                    yield {"data": json.dumps({**chunk, **timed(piece)})}
                 elif isinstance(piece, Finish):
                     yield {"data": json.dumps(self._final("", piece))}
                 elif isinstance(piece, Progress):
@@ -60,14 +62,10 @@ class NativeReply:
             for token, logprob, top in found]}
 
     def _final(self, text: str, end: Finish) -> dict:
-        body, usage, timings = self.body, end.usage, end.timings
-        decode_s = max(timings.decode, 1e-9)
+        body, usage = self.body, end.usage
         return {"content": text, "tokens": list(end.tokens) if body.return_tokens else [],
                 "id_slot": -1, "stop": True, "model": self.model,
                 "tokens_predicted": usage.completion, "tokens_evaluated": usage.prompt,
                 "tokens_cached": usage.cached, "truncated": False, "stop_type": end.stop,
                 "stopping_word": "", "prompt": body.prompt if isinstance(body.prompt, str) else "",
-                "timings": {"prompt_n": usage.prompt - usage.cached,
-                            "prompt_ms": timings.prompt * 1000, "predicted_n": usage.completion,
-                            "predicted_ms": decode_s * 1000,
-                            "predicted_per_second": usage.completion / decode_s}}
+                "timings": end.llama_timings}

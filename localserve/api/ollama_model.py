@@ -49,6 +49,14 @@ def tags_entry(entry: Entry) -> dict:
             "digest": hashlib.sha256(stamp.encode()).hexdigest(), "details": model_details(entry)}
 
 
+def listed_with_capabilities(entry: Entry) -> dict:
+    """One model in llama-server's `models` list of /v1/models (Ollama's shape): what it can
+    do, "multimodal" when it is served with a projector (loaded or not)."""
+    capabilities = (["embedding"] if entry.spec.kind == "embedding" else
+                    ["completion"] + (["multimodal"] if entry.host.settings.mmproj else []))
+    return {**tags_entry(entry), "capabilities": capabilities}
+
+
 def show(entry: Entry, reasons: bool) -> dict:
     host, details = entry.host, model_details(entry)
     facts = (host.facts or {}).get("model", {}) if entry.loaded else {}

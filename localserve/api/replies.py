@@ -26,7 +26,8 @@ from sse_starlette.sse import EventSourceResponse
 
 from localserve import __version__
 from localserve.api.answer import (FAILED_REASON, Answers, ChoiceReader, Failed, Finish, Progress,
-                                   Text, Thought, ToolCalls, joined_content, read, whole_answers)
+                                   Text, Thought, ToolCalls, joined_content, read, timed,
+                                   whole_answers)
 from localserve.api.schemas import SamplingBody
 from localserve.api.structured import ToolPlan
 
@@ -115,7 +116,8 @@ class Reply:
                                     "choices": choices, **extra})}
 
     def readers(self, n: int) -> list[ChoiceReader]:
-        return [ChoiceReader(self.tools, self.reasoning) for _ in range(n)]
+        return [ChoiceReader(self.tools, self.reasoning, self.body.timings_per_token)
+                for _ in range(n)]
 
     async def sse(self, stream: Answers):
         """Each choice's chunks carry its index; they interleave as the choices progress."""
@@ -141,19 +143,20 @@ class Reply:
                 elif isinstance(piece, Text):
                     yield self._chunk([self._delta(i, {"content": piece.text},
                                                    logprobs=list(piece.logprobs) or None,
-                                                   offset=offsets[i])])
+                                                   offset=offsets[i])], **timed(piece))
                     offsets[i] += len(piece.text)
                 elif isinstance(piece, ToolCalls):
                     for chunk in self._tool_chunks(i, piece):
                         yield chunk
                 elif isinstance(piece, Finish):
-                    yield self._chunk([self._delta(i, {}, piece.reason)])
-                    last[i] = piece
+                    last[i] = piece  # llama-server's timings ride on the last chunk (or usage's)
+                    shown = {} if self.body.include_usage else {"timings": piece.llama_timings}
+                    yield self._chunk([self._delta(i, {}, piece.reason)], **shown)
                 elif isinstance(piece, Progress):  # llama-server's shape for it
                     delta = {"role": "assistant", "content": None} if self.chat else {"content": ""}
                     yield self._chunk([self._delta(i, delta)], prompt_progress=piece.as_json())
             if self.body.include_usage and len(last) == n:
-                yield self._chunk([], usage=usage(last))
+                yield self._chunk([], usage=usage(last), timings=last[n - 1].llama_timings)
             yield {"data": "[DONE]"}
 
     def _tool_chunks(self, i: int, tools: ToolCalls):
@@ -169,7 +172,8 @@ class Reply:
                 "system_fingerprint": self.fingerprint,
                 "choices": [self._choice(i, self.prefix + a.text, a.end, a.logprobs, a.thought,
                                          a.tools) for i, a in enumerate(answers)],
-                "usage": usage(dict(enumerate(a.end for a in answers)))}
+                "usage": usage(dict(enumerate(a.end for a in answers))),
+                "timings": answers[-1].end.llama_timings}
 
     def _choice(self, index: int, text: str, end: Finish, found: list, thought: str,
                 tools: ToolCalls | None) -> dict:

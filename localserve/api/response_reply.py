@@ -11,8 +11,8 @@ from contextlib import aclosing
 
 from fastapi import Request
 
-from localserve.api.answer import (ChoiceReader, Failed, Finish, Text, Thought, ToolCalls,
-                                   joined_content, read, whole_answer)
+from localserve.api.answer import (ChoiceReader, Failed, Finish, Progress, Text, Thought,
+                                   ToolCalls, joined_content, read, timed, whole_answer)
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan
 
@@ -34,7 +34,8 @@ class ResponseReply:
         self.sequence = 0
 
     def _reader(self) -> ChoiceReader:
-        return ChoiceReader(self.tools, self.reasoning)
+        timed = bool((self.body.model_extra or {}).get("timings_per_token"))
+        return ChoiceReader(self.tools, self.reasoning, timed)
 
     def _items(self, thought: str, text: str, tools: ToolCalls | None,
                with_message: bool = False) -> list[dict]:
@@ -134,9 +135,12 @@ class ResponseReply:
                         opened = True
                     yield self._event("response.output_text.delta", item_id=self.message_id,
                                       output_index=self.message_index, content_index=0,
-                                      delta=piece.text, logprobs=[])
+                                      delta=piece.text, logprobs=[], **timed(piece))
                 elif isinstance(piece, ToolCalls):
                     tools = piece
+                elif isinstance(piece, Progress):  # return_progress: llama-server's shape
+                    yield self._event("response.in_progress", prompt_progress=piece.as_json(),
+                                      response=self._response("in_progress", []))
                 elif isinstance(piece, Finish):
                     items = self._items("".join(thoughts), "".join(texts), tools, opened)
                     try:
@@ -148,7 +152,7 @@ class ResponseReply:
                         yield event
                     kind = ("response.incomplete" if response["status"] == "incomplete"
                             else "response.completed")
-                    yield self._event(kind, response=response)
+                    yield self._event(kind, response=response, timings=piece.llama_timings)
 
     def _close_items(self, response: dict, opened: bool):
         for index, item in enumerate(response["output"]):

@@ -39,18 +39,19 @@ async def health(request: Request):
 
 def shown_entry(request: Request, model: str | None) -> Entry:
     """The model a monitoring route describes: ?model=NAME, else the first loaded one (the
-    default model first), else the default model."""
-    models = request.app.state.models
-    if model is not None:
-        return models.entry(model)
-    loaded = [e for e in models.entries.values() if e.loaded]
-    return loaded[0] if loaded else next(iter(models.entries.values()))
+    default model first), else the default model; only those the caller's key may use."""
+    models, allowed = request.app.state.models, caller(request).models
+    shown = models.visible(allowed)
+    if model is not None or not shown:
+        return models.entry(model, allowed)
+    loaded = [e for e in shown if e.loaded]
+    return loaded[0] if loaded else shown[0]
 
 
 def not_loaded(request: Request, entry: Entry) -> JSONResponse:
     """503 with the model's lifecycle state (model_entry.ModelState) and every model's card."""
-    return JSONResponse({"status": str(entry.state), "models": request.app.state.models.cards()},
-                        status_code=503)
+    cards = request.app.state.models.cards(caller(request).models)
+    return JSONResponse({"status": str(entry.state), "models": cards}, status_code=503)
 
 
 @router.get("/slots")
@@ -76,7 +77,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     return {"model": host.model_id, "ctx_size": pool.ctx_size, "n_slots": pool.n_slots,
             "n_ctx_per_slot": pool.n_ctx_per_slot, "n_ctx_guaranteed": pool.guarantee,
             "split": pool.split, "embeddings_running": host.embeddings.running, **snap,
-            "models": request.app.state.models.cards()}
+            "models": request.app.state.models.cards(caller(request).models)}
 
 
 @router.get("/openapi.json", include_in_schema=False)

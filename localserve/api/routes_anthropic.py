@@ -218,5 +218,5 @@ async def count_tokens(body: CountTokensRequest, request: Request,
                        admitted: Admitted = Depends(admit)):
     chat = as_chat(body.model_copy(update={"max_tokens": body.max_tokens or 1}))
     async with admitted.lease(chat.model) as host:
-        tokens = (await chat_tokens(host, chat)).tokens
+        tokens = (await chat_tokens(host, chat, admitted.caller.key)).tokens
     return {"input_tokens": len(tokens)}

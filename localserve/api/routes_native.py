@@ -18,6 +18,7 @@ from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
+from localserve.models.host_face import IMAGE_MARKER
 from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, SamplingBody
 
 router = APIRouter()
@@ -158,7 +159,9 @@ async def apply_template(body: TemplateBody, request: Request,
                     else [m.as_template_dict() for m in body.messages])
         ending = body.ending
         try:
-            return {"prompt": await run_in_threadpool(host.template.render, messages,
-                                                      ending == "assistant", ending == "continue")}
+            text = await run_in_threadpool(host.template.render, messages, ending == "assistant",
+                                           ending == "continue")
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None
+    # each image where llama-server shows it: the server's own marker stays unknown to clients
+    return {"prompt": text.replace(IMAGE_MARKER, prompt.MEDIA_MARKER)}

@@ -28,6 +28,7 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted, admit
+from localserve.api.auth import caller
 from localserve.api.chat_message import base64_image_part
 from localserve.api.embedding import EmbeddingRequest, embed
 from localserve.api.ollama_model import show, tags_entry
@@ -341,7 +342,8 @@ async def version():
 
 @catalog_router.get("/tags")
 async def tags(request: Request):
-    return {"models": [tags_entry(entry) for entry in request.app.state.models.entries.values()]}
+    visible = request.app.state.models.visible(caller(request).models)
+    return {"models": [tags_entry(entry) for entry in visible]}
 
 
 @catalog_router.get("/ps")
@@ -351,7 +353,7 @@ async def ps(request: Request):
     registry = request.app.state.models
     return {"models": [{**tags_entry(entry), "expires_at": registry.expires_at(entry),
                         "size_vram": 0, "context_length": entry.host.n_ctx_per_slot}
-                       for entry in registry.entries.values() if entry.loaded]}
+                       for entry in registry.visible(caller(request).models) if entry.loaded]}
 
 
 class ShowBody(BaseModel):
@@ -364,7 +366,7 @@ class ShowBody(BaseModel):
 
 @catalog_router.post("/show")
 async def show_route(body: ShowBody, request: Request):
-    entry = request.app.state.models.entry(body.model or body.name)
+    entry = request.app.state.models.entry(body.model or body.name, caller(request).models)
     return show(entry, reasons(entry.host) if entry.loaded else False)
 
 

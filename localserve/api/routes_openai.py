@@ -13,9 +13,11 @@ from starlette.concurrency import run_in_threadpool
 
 from localserve.api import prompt, structured
 from localserve.api.admission import Admitted, admit
+from localserve.api.auth import caller
 from localserve.api.replies import Reply, fingerprint
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest
-from localserve.api.serving import reasons, start_chat, submit
+from localserve.api.ollama_model import listed_with_capabilities
+from localserve.api.serving import chat_tokens, reasons, start_chat, submit
 
 router = APIRouter(prefix="/v1")
 # llama-server and many snippets call the OpenAI paths without /v1: the same routes there
@@ -27,21 +29,26 @@ catalog_router = APIRouter()  # what is served: no model runs, so no quota hold
 @catalog_router.get("/v1/models")
 @catalog_router.get("/models", include_in_schema=False)
 async def list_models(request: Request):
-    """Every model offered, with its state (loaded, loading, unloaded, error)."""
-    return {"object": "list", "data": request.app.state.models.cards()}
+    """Every model offered (that the key may use), with its state (loaded, loading, unloaded,
+    error); beside OpenAI's `data`, llama-server's `models` with each one's capabilities."""
+    registry, allowed = request.app.state.models, caller(request).models
+    return {"object": "list", "data": registry.cards(allowed),
+            "models": [listed_with_capabilities(e) for e in registry.visible(allowed)]}
 
 
 @catalog_router.get("/v1/models/{model:path}")
 @catalog_router.get("/models/{model:path}", include_in_schema=False)
 async def get_model(model: str, request: Request):
-    cards = {name: card for card in request.app.state.models.cards()
+    allowed = caller(request).models
+    cards = {name: card for card in request.app.state.models.cards(allowed)
              for name in (*card["aliases"], card["id"])}
     host = request.app.state.default_host
     if len({c["id"] for c in cards.values()}) == 1 and host.model_path \
             and model == host.model_path.name:
         return next(iter(cards.values()))  # the file name, as llama-server accepts
     if model not in cards:
-        raise request.app.state.models.unknown(model)
+        request.app.state.models.entry(model, allowed)  # a 403 for a model it may not use
+        raise request.app.state.models.unknown(model, allowed)
     return cards[model]
 
 
@@ -55,6 +62,16 @@ async def chat_completions(body: ChatCompletionRequest, request: Request,
     reply = Reply("chat.completion", host.model_id, body, fingerprint(host), plan,
                   piece=host.piece, reasoning=reasons(host))
     return await reply.respond(stream, request)
+
+
+@router.post("/chat/completions/input_tokens")
+@bare_router.post("/chat/completions/input_tokens")
+async def chat_input_tokens(body: ChatCompletionRequest, admitted: Admitted = Depends(admit)):
+    """llama-server's count of a chat's prompt tokens (an image counts its positions), with
+    nothing run."""
+    async with admitted.lease(body.model) as host:
+        tokens = (await chat_tokens(host, body, admitted.caller.key)).tokens
+    return {"object": "response.input_tokens", "input_tokens": len(tokens)}
 
 
 @router.post("/completions")  # without /v1 it is llama-server's native API (routes_native)

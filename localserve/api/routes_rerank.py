@@ -12,6 +12,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from localserve.api.auth import caller
 from localserve.api.schemas import OpenAIError
 
 router = APIRouter()
@@ -37,7 +38,7 @@ async def rerank(body: RerankRequest, request: Request):
         if isinstance(document, dict) and not isinstance(document.get("text"), str):
             raise OpenAIError(400, f"documents[{i}]: a string or {{'text': ...}}",
                               param=f"documents[{i}]")
-    entry = request.app.state.models.entry(body.model)
+    entry = request.app.state.models.entry(body.model, caller(request).models)
     raise OpenAIError(400, f"'{entry.spec.name}' is a {entry.spec.kind} model and cannot rank "
                       f"documents: reranking needs a reranker GGUF (pooling type rank, e.g. "
                       f"bge-reranker), which this server does not load yet",

@@ -37,6 +37,8 @@ router = APIRouter(prefix="/v1")
 bare_router = APIRouter()  # without /v1, as OpenAI-style clients given a bare base URL send it
 stored_router = APIRouter()  # stored answers: read and deleted, no model runs
 # Fields that would change the answer and this server cannot honour: refused by name.
+# llama-server's Responses stream also takes return_progress (its in_progress events).
+STREAMED_EXTENSIONS = (*EXTENSIONS, "return_progress", "timings_per_token")
 REFUSED = ("background", "conversation", "prompt", "max_tool_calls", "top_logprobs")
 TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -172,7 +174,8 @@ def as_chat(body: ResponsesRequest, earlier: list[dict]) -> ChatCompletionReques
     system = [{"role": "system", "content": body.instructions}] if body.instructions else []
     chat = {"model": body.model, "messages": system + earlier + input_messages(body.input),
             "max_tokens": body.max_output_tokens, "stream": body.stream, "user": body.user,
-            **_tools(body), **_format(body.text), **extensions(body.model_extra)}
+            **_tools(body), **_format(body.text),
+            **extensions(body.model_extra, STREAMED_EXTENSIONS)}
     for name in ("temperature", "top_p"):
         if getattr(body, name) is not None:
             chat[name] = getattr(body, name)
@@ -212,7 +215,8 @@ async def create_response(body: ResponsesRequest, request: Request,
                           reasons(host))
     reply.turns = earlier + input_messages(body.input)
     reply.keep = (lambda response, messages: _save(request, response, messages)) if body.store else None
-    headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED) - set(EXTENSIONS)))
+    headers = ignored_header(sorted(set(body.model_extra or {}) - set(REFUSED)
+                                    - set(STREAMED_EXTENSIONS)))
     return await respond_with(reply.collect, reply.events, stream, request, body.stream, headers)
 
 
@@ -284,5 +288,5 @@ async def input_tokens(body: ResponsesRequest, request: Request,
                        admitted: Admitted = Depends(admit)):
     chat = as_chat(body, await in_store_thread(request, _earlier, request, body))
     async with admitted.lease(chat.model) as host:
-        tokens = (await chat_tokens(host, chat)).tokens
+        tokens = (await chat_tokens(host, chat, admitted.caller.key)).tokens
     return {"object": "response.input_tokens", "input_tokens": len(tokens)}

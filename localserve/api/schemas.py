@@ -55,9 +55,9 @@ EXTENSIONS = ("grammar", "json_schema", "seed", "min_p", "typical_p", "mirostat"
               "frequency_penalty", "logit_bias", "ignore_eos")
 
 
-def extensions(extra: dict | None) -> dict:
-    """The extension fields among a request's undeclared ones."""
-    return {name: value for name, value in (extra or {}).items() if name in EXTENSIONS}
+def extensions(extra: dict | None, names: tuple[str, ...] = EXTENSIONS) -> dict:
+    """The extension fields (`names`) among a request's undeclared ones."""
+    return {name: value for name, value in (extra or {}).items() if name in names}
 
 
 class JsonSchemaFormat(BaseModel):
@@ -132,6 +132,7 @@ class SamplingBody(BaseModel):
     json_schema: dict | None = None  # llama-server's spelling of a schema constraint
     grammar: str | None = None  # llama-server's raw GBNF constraint
     return_progress: bool = False  # llama-server's: streamed prompt_progress before the answer
+    timings_per_token: bool = False  # llama-server's: each streamed piece says its timings
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS_LIMIT)

@@ -18,6 +18,10 @@ class UnknownModel(ModelError):
     """No model of that name is offered."""
 
 
+class NotPermitted(ModelError):
+    """The caller's key may not use this model (the key file's models= field)."""
+
+
 class WrongKind(ModelError):
     """The model cannot do this (an embedding model asked to chat)."""
 

@@ -25,7 +25,8 @@ import psutil
 from localserve.common.config import Settings
 from localserve.engine.runner import memory_needs
 from localserve.common.metrics import labelled_registry
-from localserve.common.model_errors import ModelUnavailable, NotEnoughMemory, UnknownModel, WrongKind
+from localserve.common.model_errors import (ModelUnavailable, NotEnoughMemory, NotPermitted,
+                                            UnknownModel, WrongKind)
 from localserve.models.model_entry import Entry, ModelState, model_card, ready
 from localserve.models.model_specs import ModelSpec, model_specs, parse_size
 from localserve.models.resources import GIB, OVERHEAD_BYTES
@@ -38,6 +39,12 @@ log = logging.getLogger("localserve.models")
 # included): a model no one uses must still make room for another one eventually.
 USER_KEEP_ALIVE_MAX_S = 3600.0
 NEVER_EXPIRES = "2318-08-20T00:00:00+00:00"  # when Ollama says a kept-forever model expires
+
+
+def permits(entry: Entry, allowed: frozenset[str] | None) -> bool:
+    """May a key limited to the `allowed` names (None: unlimited) use `entry`, by its name or
+    any of its aliases?"""
+    return allowed is None or bool(allowed & {entry.spec.name, *entry.host.settings.aliases})
 
 
 class ModelRegistry:
@@ -97,29 +104,42 @@ class ModelRegistry:
         return len(self.entries) > 1
 
     # ---- choosing a model ------------------------------------------------------------
-    def entry(self, name: str | None) -> Entry:
+    def entry(self, name: str | None, allowed: frozenset[str] | None = None) -> Entry:
         """With one model, any name (many tools hard-code gpt-3.5-turbo); with several, the
-        named one, the default when none is named, else 404 listing what exists."""
+        named one, the default when none is named, else 404 listing what exists. A 403 when
+        it is not among the `allowed` names (a key's models; None: every model)."""
         if not self.several or name is None:
-            return next(iter(self.entries.values()))
-        for known in (name, name.removesuffix(":latest")):  # Ollama: the tag defaults to latest
-            if known in self.entries:
-                return self.entries[known]
-        raise self.unknown(name)
+            found = next(iter(self.entries.values()))
+        else:
+            found = next((self.entries[known] for known in (name, name.removesuffix(":latest"))
+                          if known in self.entries), None)  # Ollama: the tag defaults to latest
+        if found is None:
+            raise self.unknown(name, allowed)
+        if not permits(found, allowed):
+            raise NotPermitted(f"This API key may not use the model '{found.spec.name}'; it may "
+                               f"use {', '.join(sorted(allowed)) or 'no model'}",
+                               code="model_not_permitted")
+        return found
 
-    def unknown(self, name: str) -> UnknownModel:
-        """The 404 for a name nobody serves, listing what exists."""
+    def unknown(self, name: str, allowed: frozenset[str] | None = None) -> UnknownModel:
+        """The 404 for a name nobody serves, listing what exists (what `allowed` may see)."""
+        served = [e.spec.name for e in self.visible(allowed)]
         return UnknownModel(f"The model '{name}' does not exist; this server serves "
-                            f"{', '.join(self.entries)}", code="model_not_found")
+                            f"{', '.join(served) or 'no model this key may use'}",
+                            code="model_not_found")
+
+    def visible(self, allowed: frozenset[str] | None = None) -> list[Entry]:
+        """The models a key limited to `allowed` may use, and so see (None: every model)."""
+        return [e for e in self.entries.values() if permits(e, allowed)]
 
     @asynccontextmanager
     async def lease(self, name: str | None, kind: str = "chat", may_switch: bool = True,
-                    user: str | None = None):
+                    user: str | None = None, allowed: frozenset[str] | None = None):
         """The model's ModelHost, loaded, for the duration of the block (see the module doc).
         With `may_switch` False (a colleague's load call, with no prompt), a model that could
         only be loaded by unloading another stays unloaded: loading it would cost everyone on
-        the loaded one their cached prompts, for no answer."""
-        entry = self.entry(name)
+        the loaded one their cached prompts, for no answer. `allowed`: as in entry()."""
+        entry = self.entry(name, allowed)
         if self.office.draining:
             raise ModelUnavailable("the server is shutting down and takes no new requests",
                                    code="shutting_down", param=None, retry_after=10)
@@ -345,8 +365,8 @@ class ModelRegistry:
                             entry.keep_alive = None
 
     # ---- what clients and the dashboard see --------------------------------------------
-    def cards(self) -> list[dict]:
-        return [model_card(e) for e in self.entries.values()]
+    def cards(self, allowed: frozenset[str] | None = None) -> list[dict]:
+        return [model_card(e) for e in self.visible(allowed)]
 
     # ---- the whole server ----------------------------------------------------------------
     def in_flight(self) -> int:

@@ -1,6 +1,6 @@
-"""API keys as the operator writes them: --api-key values and a key file of 'name:key[:role]'
-lines. Read at start-up and on SIGHUP; checked per request in api/auth.py. A file that yields
-no key stops start-up (keys fail closed)."""
+"""API keys as the operator writes them: --api-key values and a key file of
+'name:key[:role][:models=a,b]' lines. Read at start-up and on SIGHUP; checked per request in
+api/auth.py. A file that yields no key stops start-up (keys fail closed)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import logging
 import stat
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from localserve.common.config import Settings, SettingsError
 
@@ -15,20 +16,31 @@ log = logging.getLogger("localserve")
 
 
 ROLES = ("admin", "user")
+MODELS = "models="  # the key file's last field naming the models a key may use
 
 
-def load_keys(settings: Settings) -> dict[str, tuple[str, str]]:
-    """{key: (name, role)}. --api-key values are the operator's: admins named key-1, key-2...;
-    a key file gives its own names, and roles (user unless it says admin)."""
-    keys = {key: (f"key-{i}", "admin") for i, key in enumerate(settings.api_keys, 1)}
+class KeyHolder(NamedTuple):
+    """Whom a key names: a colleague's name, role, and the models (names or aliases) the key
+    may use, None for every model (an intern's key kept off the 70B that would evict all)."""
+
+    name: str
+    role: str
+    models: frozenset[str] | None = None
+
+
+def load_keys(settings: Settings) -> dict[str, KeyHolder]:
+    """{key: holder}. --api-key values are the operator's: admins named key-1, key-2... with
+    every model; a key file gives its own names, roles (user unless it says admin) and models."""
+    keys = {key: KeyHolder(f"key-{i}", "admin") for i, key in enumerate(settings.api_keys, 1)}
     if settings.api_key_file:
         keys.update(read_key_file(Path(settings.api_key_file)))
     return keys
 
 
-def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
-    """'name:key' or 'name:key:role' lines (role admin or user, default user); '#' comments.
-    Refuses a file that yields no key at all."""
+def read_key_file(path: Path) -> dict[str, KeyHolder]:
+    """'name:key', 'name:key:role' lines (role admin or user, default user), either ending
+    with ':models=a,b' to limit the key to those models; '#' comments. Refuses a file that
+    yields no key at all."""
     if not path.is_file():
         raise SettingsError(f"--api-key-file {path}: no such file")
     try:
@@ -45,23 +57,35 @@ def read_key_file(path: Path) -> dict[str, tuple[str, str]]:
         if not line or line.startswith("#"):
             continue
         name, sep, key = (part.strip() for part in line.partition(":"))
+        key, models = _models_field(key)
         role = "user"
         head, colon, tail = key.rpartition(":")
         if colon and tail.strip() in ROLES:
             key, role = head.strip(), tail.strip()
-        if not sep or not name or len(key) < 8:
+        if not sep or not name or len(key) < 8 or models == frozenset():
             raise SettingsError(f"--api-key-file {path}, line {n}: expected 'name:key' or "
-                                f"'name:key:role' with a key of at least 8 characters")
+                                f"'name:key:role' with a key of at least 8 characters, "
+                                f"optionally ending ':models=NAME,NAME'")
         if key in keys:
             raise SettingsError(f"--api-key-file {path}, line {n}: '{name}' has the same key as "
                                 f"'{keys[key][0]}' on line {lines[key]}; each colleague needs a "
                                 f"key of their own (one of them would silently be the other)")
-        keys[key], lines[key] = (name, role), n
+        keys[key], lines[key] = KeyHolder(name, role, models), n
     if not keys:
         raise SettingsError(f"--api-key-file {path}: no keys in it (only blank or '#' lines); "
                             f"refusing to start without the authentication it was meant to give. "
                             f"Add lines 'name:key'.")
     return keys
+
+
+def _models_field(key: str) -> tuple[str, frozenset[str] | None]:
+    """The key without a trailing ':models=a,b' field, and the names in that field (None
+    without one: every model)."""
+    head, colon, tail = key.rpartition(":")
+    if not colon or not tail.strip().startswith(MODELS):
+        return key, None
+    names = tail.strip()[len(MODELS):].split(",")
+    return head.strip(), frozenset(name.strip() for name in names if name.strip())
 
 
 def _settled_bytes(path: Path, tries: int = 20) -> bytes:

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from localserve.common.config import Settings
 from localserve.office.conversations import Conversations
-from localserve.office.keys import load_keys
+from localserve.office.keys import KeyHolder, load_keys
 from localserve.office.ledger import Ledger, LedgerObserver, state_dir
 from localserve.common.metrics import KeyUsageMetrics
 
@@ -34,13 +34,13 @@ class Office:
         self.conversations: Conversations | None = None  # the web page's, per key
         self.responses: Conversations | None = None  # the Responses API's stored answers
         self.draining = False  # set on the first Ctrl-C/SIGTERM: new requests get 503
-        self._keys: dict[str, tuple[str, str]] | None = None
+        self._keys: dict[str, KeyHolder] | None = None
         self._opening = threading.Lock()  # models load on their own threads
 
     # ---- who may ask -------------------------------------------------------------------
     @property
-    def keys(self) -> dict[str, tuple[str, str]]:
-        """{key: (name, role)} from --api-key and --api-key-file (read once)."""
+    def keys(self) -> dict[str, KeyHolder]:
+        """{key: holder} from --api-key and --api-key-file (read once)."""
         if self._keys is None:
             self._keys = load_keys(self.settings)
         return self._keys
@@ -54,16 +54,17 @@ class Office:
         removed). Raises SettingsError and keeps the current keys when the file cannot be
         used. What a removed key cached is the caller's to drop (registry.drop_scope)."""
         new = load_keys(self.settings)
-        old = {name: (key, role) for key, (name, role) in self.keys.items()}
-        now = {name: (key, role) for key, (name, role) in new.items()}
+        old = {holder.name: (key, holder) for key, holder in self.keys.items()}
+        now = {holder.name: (key, holder) for key, holder in new.items()}
         self._keys = new
         kept = old.keys() & now.keys()
         for event, names in (
                 ("key_added", now.keys() - old.keys()), ("key_removed", old.keys() - now.keys()),
                 ("key_rotated", {n for n in kept if old[n][0] != now[n][0]}),
-                ("role_changed", {n for n in kept if old[n][1] != now[n][1]})):
+                ("role_changed", {n for n in kept if old[n][1].role != now[n][1].role}),
+                ("models_changed", {n for n in kept if old[n][1].models != now[n][1].models})):
             for name in sorted(names):
-                detail = f"{old[name][1]} -> {now[name][1]}" if event == "role_changed" else ""
+                detail = _change(event, old, now, name)
                 log.info("SIGHUP: %s", " ".join(filter(None, (event.replace("_", " "), name,
                                                              detail))))
                 if self.ledger is not None:
@@ -80,7 +81,7 @@ class Office:
     def unknown_names(self) -> list[str]:
         """Names in [quotas.*] and --trust-user-header that are no key's (a misspelt
         [quotas.bbo] would otherwise limit nobody, silently)."""
-        names = {name for name, _ in self.keys.values()}
+        names = {holder.name for holder in self.keys.values()}
         frontends = names & set(self.settings.trusted_frontends)
         quoted = [f"[quotas.{n}]" for n in self.settings.quotas if n != "default"
                   and n not in names and n.split(":", 1)[0] not in frontends]
@@ -92,7 +93,7 @@ class Office:
         or a colleague of a trusted frontend (--trust-user-header)?"""
         if scope == self.cache_scope(None) or not self.keys_enabled:
             return True
-        names = {name for name, _ in self.keys.values()}
+        names = {holder.name for holder in self.keys.values()}
         return scope in names or scope.split(":", 1)[0] in (
             names & set(self.settings.trusted_frontends))
 
@@ -126,3 +127,17 @@ class Office:
         """After every model has stopped (they write to the ledger until then)."""
         if self.ledger is not None:
             self.ledger.close()
+
+
+def _change(event: str, old: dict, now: dict, name: str) -> str:
+    """What the audit log says changed for `name`'s kept key ({name: (key, holder)} before and
+    after; nothing for keys added, removed or rotated)."""
+    if event == "role_changed":
+        return f"{old[name][1].role} -> {now[name][1].role}"
+    if event == "models_changed":
+        return f"{_listed(old[name][1].models)} -> {_listed(now[name][1].models)}"
+    return ""
+
+
+def _listed(models: frozenset[str] | None) -> str:
+    return "every model" if models is None else ",".join(sorted(models))
