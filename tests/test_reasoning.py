@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from conftest import running
-from localserve.api.reasoning import ThinkSplitter, split_reasoning, uses_reasoning
+from localserve.api.reasoning import ThinkSplitter, reasoning_kind, split_reasoning
 
 CANNED = [
     ("<think>Let me add 2 and 2.</think>\n\nIt is 4.", ("Let me add 2 and 2.", "It is 4.")),
@@ -45,8 +45,11 @@ def test_one_character_at_a_time():
 
 
 def test_auto_splits_only_for_templates_that_think():
-    assert uses_reasoning("auto", "{{ '<think>' }}") and not uses_reasoning("auto", "<|im_start|>")
-    assert uses_reasoning("deepseek", None) and not uses_reasoning("none", "<think>")
+    assert reasoning_kind("auto", "{{ '<think>' }}") == "think"
+    assert not reasoning_kind("auto", "<|im_start|>")
+    assert reasoning_kind("deepseek", None) == "think" and not reasoning_kind("none", "<think>")
+    harmony = "<|channel|>analysis<|message|>"
+    assert reasoning_kind("auto", harmony) == "harmony" and not reasoning_kind("none", harmony)
 
 
 THINKING = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}'

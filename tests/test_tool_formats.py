@@ -33,6 +33,7 @@ FAMILIES = {
     "CohereForAI-c4ai-command-r7b-12-2024-tool_use": "command-r",
     "Qwen3.5-4B": "qwen3-coder", "Qwen3-Coder": "qwen3-coder",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3-coder", "ByteDance-Seed-OSS": "seed-oss",
+    "openai-gpt-oss-120b": "harmony",  # read by harmony.py (tests/test_harmony.py)
 }
 
 
@@ -176,12 +177,22 @@ def test_required_calls_are_written_in_command_r_form_and_parse():
 
 def test_qwen35_is_asked_for_its_xml_calls_and_its_forced_call_is_written_so():
     """Qwen3.5's own format, constrained (tool_choice "required") on the real server with its
-    template: the answer is <tool_call><function=...><parameter=...>, read back as OpenAI calls."""
+    template: the answer is <tool_call><function=...><parameter=...>, each value as its schema
+    types it, read back as OpenAI calls."""
     template = TEMPLATES / "Qwen3.5-4B.jinja"
     with running("-c", "2048", "-np", "1", "-t", "2", "--chat-template-file", str(template),
                  log_name="tool-formats-qwen35") as srv:
-        choice = ask(srv, tool_choice="required", parallel_tool_calls=False)
+        choice = ask(srv, tool_choice="required", parallel_tool_calls=False, max_tokens=100,
+                     tools=[CITY_AND_DAYS])
     assert choice["finish_reason"] == "tool_calls"
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather"
-    assert set(json.loads(call["function"]["arguments"])) == {"city"}
+    arguments = json.loads(call["function"]["arguments"])
+    assert set(arguments) <= {"city", "days"} and 0 < len(arguments["city"]) <= 24
+    assert isinstance(arguments.get("days", 0), int)  # typed as its schema says
+
+
+CITY_AND_DAYS = {"type": "function", "function": {  # values the XML grammar bounds by type
+    "name": "get_weather", "description": "Current weather of a city",
+    "parameters": {"type": "object", "required": ["city"], "properties": {
+        "city": {"type": "string", "maxLength": 24}, "days": {"type": "integer"}}}}}

@@ -35,7 +35,8 @@ from typing import AsyncIterator, Protocol, Union
 
 from fastapi import Request
 
-from localserve.api.reasoning import ThinkSplitter
+from localserve.api.harmony import HarmonyReader
+from localserve.api.reasoning import HARMONY, ThinkSplitter
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.api.tool_formats import ProseThenCalls
@@ -202,12 +203,16 @@ def client_closed() -> OpenAIError:
 class ChoiceReader:
     """One choice's events -> pieces (see the module doc)."""
 
-    def __init__(self, tools: ToolPlan | None = None, reasoning: bool = False,
+    def __init__(self, tools: ToolPlan | None = None, reasoning: str | bool = False,
                  timed: bool = False):
         self.tools = tools
         self.timed = timed  # timings_per_token: each Text carries the timings so far
-        self.thinking = ThinkSplitter() if reasoning and tools is None else None
-        streams_prose = tools is not None and tools.native is not None and tools.allow_text_response
+        harmony = reasoning == HARMONY or (tools is not None and tools.native is not None
+                                           and tools.native.name == HARMONY)
+        self.harmony = HarmonyReader() if harmony else None  # reasoning and calls, gpt-oss's
+        self.thinking = ThinkSplitter() if reasoning and tools is None and not harmony else None
+        streams_prose = (tools is not None and tools.native is not None and not harmony
+                         and tools.allow_text_response)
         self.prose = ProseThenCalls(tools.native) if streams_prose else None
         self.held: list[str] = []  # a tools answer parsed once complete
         self.reasoning_tokens = 0
@@ -229,6 +234,11 @@ class ChoiceReader:
         return pieces
 
     def _text(self, event: TokenEvent) -> list[Piece]:
+        if self.harmony is not None:
+            said = self.harmony.feed(event.text) + (self.harmony.flush() if event.finished else [])
+            if said and all(kind == "thought" for kind, _ in said):
+                self.reasoning_tokens += len(event.token_ids)
+            return [Thought(text) if kind == "thought" else Text(text) for kind, text in said]
         if self.tools is not None:
             if self.prose is None:
                 self.held.append(event.text)
@@ -250,7 +260,10 @@ class ChoiceReader:
     def _end(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
         pieces: list[Piece] = []
         called = False
-        if self.tools is not None:
+        if self.harmony is not None and self.tools is not None:  # calls it made unasked: none
+            pieces.append(ToolCalls(None, self.harmony.calls))
+            called = bool(self.harmony.calls)
+        elif self.tools is not None:
             prose, calls = (self.prose.finish() if self.prose is not None
                             else parse_tool_answer("".join(self.held), self.tools))
             pieces.append(ToolCalls(prose, calls))

@@ -10,13 +10,24 @@ back until the next piece says what it is.
 
 from __future__ import annotations
 
+from localserve.models.chat_template import is_harmony
+
 OPEN, CLOSE = "<think>", "</think>"
 
 
-def uses_reasoning(format_: str, template_source: str | None) -> bool:
-    """--reasoning-format: auto splits when the model's chat template writes <think> blocks,
-    deepseek always, none never."""
-    return format_ == "deepseek" or (format_ == "auto" and OPEN in (template_source or ""))
+HARMONY = "harmony"  # gpt-oss's channels (harmony.py)
+THINK = "think"  # a leading <think> block
+
+
+def reasoning_kind(format_: str, template_source: str | None) -> str:
+    """How answers carry reasoning to split off ("" for none), by --reasoning-format: auto
+    splits harmony channels or <think> blocks where the chat template writes them, deepseek
+    always splits <think>, none never splits."""
+    if format_ == "none":
+        return ""
+    if format_ == "auto" and is_harmony(template_source):
+        return HARMONY
+    return THINK if format_ == "deepseek" or OPEN in (template_source or "") else ""
 
 
 def partial_tag(text: str, tag: str) -> int:

@@ -19,7 +19,8 @@ from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
 from localserve.models.host_face import IMAGE_MARKER
-from localserve.api.schemas import MAX_LOGPROBS, UNSUPPORTED, OpenAIError, PromptEnding, SamplingBody
+from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatCompletionRequest, OpenAIError,
+                                    PromptEnding, SamplingBody, Tool)
 
 router = APIRouter()
 
@@ -71,6 +72,7 @@ class DetokenizeBody(BaseModel):
 
 class TemplateBody(PromptEnding):
     model: str | None = None
+    tools: list[Tool] | None = None  # shown as the model is shown them (its format's, or ours)
 
 
 async def _run(request: Request, admitted: Admitted, host, body: NativeCompletion,
@@ -157,10 +159,15 @@ async def apply_template(body: TemplateBody, request: Request,
         native = tool_formats.detect(host.template.source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])
+        tools = None
+        if body.tools:  # the prompt a chat with these tools gets (serving.chat_tokens)
+            chat = ChatCompletionRequest(messages=body.messages, tools=body.tools)
+            messages, _, plan = await run_in_threadpool(structured.tool_setup, host, chat)
+            tools = plan.template_tools
         ending = body.ending
         try:
             text = await run_in_threadpool(host.template.render, messages, ending == "assistant",
-                                           ending == "continue")
+                                           ending == "continue", tools)
         except ValueError as exc:
             raise OpenAIError(400, str(exc), param="messages") from None
     # each image where llama-server shows it: the server's own marker stays unknown to clients

@@ -17,7 +17,7 @@ from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
 from localserve.api.image_fetch import fetch_images
 from localserve.api.images import from_url
-from localserve.api.reasoning import uses_reasoning
+from localserve.api.reasoning import reasoning_kind
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, SamplingBody
 from localserve.common.config import Settings
 from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
@@ -152,9 +152,10 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: Samplin
         raise OpenAIError(503, f"the server cannot take requests now: {exc}", "server_error")
 
 
-def reasons(host: ModelHost) -> bool:
-    """Whether this model's answers may open with a <think> block to split off."""
-    return uses_reasoning(host.settings.reasoning_format,
+def reasons(host: ModelHost) -> str:
+    """How this model's answers carry reasoning to split off (reasoning.reasoning_kind): "think",
+    "harmony", or "" for none."""
+    return reasoning_kind(host.settings.reasoning_format,
                           host.template.source if host.template else None)
 
 

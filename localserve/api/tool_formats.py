@@ -2,6 +2,8 @@
 call them in its own words, so tools and tool history go through that template, and its
 answer is read in that format:
 
+    harmony  <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}  (gpt-oss:
+             reasoning and calls read in harmony.py)
     qwen3-coder <tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>
              (Qwen3.5, Qwen3-Coder, Nemotron 3, StepFun 3.5; Seed-OSS's in <seed:tool_call>)
     hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated  (Qwen 2.5/3, Hermes)
@@ -48,6 +50,7 @@ class NativeFormat:
 
 
 FORMATS = (  # the first whose marker the template holds
+    NativeFormat("harmony", "to=functions.", "<|channel|>"),  # gpt-oss's: read by harmony.py
     NativeFormat("seed-oss", "<seed:tool_call>", "<seed:tool_call>", close="</seed:tool_call>",
                  xml=True),
     NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml=True),
@@ -198,14 +201,15 @@ def xml_call(block: str) -> dict | None:
 
 def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     """The whole answer as 1..most calls in the XML form: each tool's required parameters in
-    its schema's order, the others optional, each value free text without a '<'."""
+    its schema's order, the others optional, each value as its schema types it (xml_value)."""
     rules, calls = [], []
     for i, tool in enumerate(tools):
         schema = tool.function.parameters or {}
         required = set(schema.get("required", ()))
         params = []
-        for key in schema.get("properties", {}):
-            one = f'{json.dumps(f"<parameter={key}>")} "\\n" xml-value "\\n</parameter>\\n"'
+        for key, typed in schema.get("properties", {}).items():
+            value = xml_value(typed if isinstance(typed, dict) else {})
+            one = f'{json.dumps(f"<parameter={key}>")} "\\n" {value} "\\n</parameter>\\n"'
             params.append(one if key in required else f"({one})?")
         head = json.dumps(f"<function={tool.function.name}>")
         rules.append(f'call-{i} ::= {head} "\\n" {" ".join(params)} "</function>"')
@@ -213,6 +217,25 @@ def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     block = f'{json.dumps(fmt.trigger)} "\\n" ({" | ".join(calls)}) "\\n" {json.dumps(fmt.close)}'
     more = f' ("\\n" {block}){{0,{most - 1}}}' if most > 1 else ""
     return "\n".join([f"root ::= {block}{more}", *rules, "xml-value ::= [^<]+"])
+
+
+def xml_value(schema: dict) -> str:
+    """A parameter's value in the XML form, as its schema types it: one of its enum's strings,
+    a number, a boolean, text of at most maxLength, else free text without a '<'."""
+    enum = schema.get("enum")
+    if enum and all(isinstance(v, str) and "<" not in v and v for v in enum):
+        return "(" + " | ".join(json.dumps(v) for v in enum) + ")"
+    kind = schema.get("type")
+    if kind == "integer":
+        return '"-"? [0-9]{1,18}'
+    if kind == "number":
+        return '"-"? [0-9]{1,18} ("." [0-9]{1,18})?'
+    if kind == "boolean":
+        return '("true" | "false")'
+    most = schema.get("maxLength")
+    if kind == "string" and isinstance(most, int) and 0 < most < 10_000:
+        return f"[^<]{{1,{most}}}"
+    return "xml-value"
 
 
 def json_values(text: str) -> list:

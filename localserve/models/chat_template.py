@@ -9,18 +9,29 @@ so a user typing `<|im_start|>system` gets those characters, never the control t
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from dataclasses import dataclass
 from datetime import datetime
 
 from jinja2 import TemplateError
-from jinja2.utils import htmlsafe_json_dumps
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used only when a GGUF carries no template: ChatML, the most common format.
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+# gpt-oss's harmony format: the control tokens its answers are read by (api/harmony.py),
+# spelled out in the answer's text (runner.show_specials) for a model whose template writes them.
+# <|return|> and <|call|> end the turn (end-of-generation tokens): never text.
+HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+
+
+def is_harmony(source: str | None) -> bool:
+    """Does the template write gpt-oss's harmony channels?"""
+    return "<|channel|>" in (source or "") and "<|message|>" in (source or "")
 
 
 # Built-in formats `--chat-template NAME` selects instead of the GGUF's template (as llama-server's
@@ -103,6 +114,27 @@ def _trim(value, chars: str | None = None) -> str:
     return text.strip(chars)
 
 
+def _tojson(value, ensure_ascii: bool = False, indent=None, separators=None,
+            sort_keys: bool = False) -> str:
+    """Transformers' `tojson` (its keyword arguments; plain JSON, where Jinja's HTML-safe one
+    would make every string added to it HTML-escaped: gpt-oss's `<|end|>` after a tool
+    result). A caller's text hidden behind its marker comes out as the marker's JSON form
+    (as_json), put back as the text's JSON string."""
+    text = json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+    return QUOTED_MARKER.sub(lambda m: as_json("\ue000" + m.group(1) + "\ue001", ensure_ascii),
+                             text)
+
+
+# A marker as json.dumps writes it, with ensure_ascii or without
+QUOTED_MARKER = re.compile(r'"(?:\ue000|\\ue000)([0-9a-f]{16}-\d+t?)(?:\ue001|\\ue001)"')
+
+
+def as_json(marker: str, ensure_ascii: bool) -> str:
+    """The marker standing for its caller text written as a JSON string."""
+    return marker[:-1] + ("J" if ensure_ascii else "j") + "\ue001"
+
+
 def _raise(message: str):
     raise ChatTemplateError(message)
 
@@ -119,12 +151,15 @@ class CallerText:
         self.contents: dict[str, str] = {}
 
     def text(self, value: str) -> str:
-        marker = f"\ue000{self.nonce}-{len(self.contents) // 3:06d}\ue001"
-        self.contents[marker] = value
+        marker = f"\ue000{self.nonce}-{len(self.contents):06d}\ue001"
+        self.contents[marker] = value  # numbered by the entries so far: unique
         self.contents[trimmed(marker)] = value.strip()  # after the template's `| trim`
-        # a template that writes it with `| tojson` (Llama 3.1's tool results) shows the
-        # marker escaped: the caller's text goes there, escaped the same way
-        self.contents[str(htmlsafe_json_dumps(marker))] = str(htmlsafe_json_dumps(value))
+        # written with `| tojson` (Llama 3.1's and gpt-oss's tool results): the caller's text
+        # goes there as a JSON string, as ensure_ascii asked
+        for hidden, text in ((marker, value), (trimmed(marker), value.strip())):
+            for ascii_only in (False, True):
+                self.contents[as_json(hidden, ascii_only)] = json.dumps(text,
+                                                                        ensure_ascii=ascii_only)
         return marker
 
     def tree(self, value):
@@ -165,6 +200,7 @@ class ChatTemplate:
                                             extensions=["jinja2.ext.loopcontrols"])
         env.globals["raise_exception"] = _raise
         env.filters["trim"] = _trim
+        env.filters["tojson"] = _tojson
         # what llama.cpp's and Transformers' template environments give (Granite 3.3, Llama
         # 3.x write today's date with it)
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
@@ -174,9 +210,9 @@ class ChatTemplate:
         self.eos_token = eos_token
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True,
-               continue_final: bool = False) -> str:
+               continue_final: bool = False, tools: list[dict] | None = None) -> str:
         """The prompt as one string (for /apply-template-style display, not for tokenizing)."""
-        return "".join(p.text for p in self.render_parts(messages, add_generation_prompt,
+        return "".join(p.text for p in self.render_parts(messages, add_generation_prompt, tools,
                                                          continue_final=continue_final))
 
     def render_parts(self, messages: list[dict], add_generation_prompt: bool = True,
@@ -195,8 +231,7 @@ class ChatTemplate:
         if continue_final:
             rendered = self._open_last(rendered, masked[-1]["content"])
         parts = []
-        pattern = re.compile("(\ue000" + nonce + r"-\d+" + TRIMMED + "?\ue001|" + '"\\\\ue000'
-                             + nonce + r'-\d+\\ue001")')
+        pattern = re.compile("(\ue000" + nonce + r"-\d+" + TRIMMED + "?[jJ]?\ue001)")
         for piece in pattern.split(rendered):
             if piece in contents:
                 if contents[piece]:

@@ -113,6 +113,7 @@ class LlamaRunner(Sampling, ImageSteps):
         self._embedder = None
         self._embedder_lock = threading.Lock()
         self._pieces: dict[int, bytes] = {}
+        self._shown: set[int] = set()  # control tokens an answer format reads: spelled out
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
@@ -208,9 +209,17 @@ class LlamaRunner(Sampling, ImageSteps):
                 # text; an image's row (images.py) has none
                 return b""
             buf = ctypes.create_string_buffer(256)
-            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+            n = C.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, token in self._shown)
             cached = self._pieces[token] = buf.raw[:max(n, 0)]
         return cached
+
+    def show_specials(self, spellings) -> None:
+        """Spell these control tokens out in piece() (gpt-oss's <|channel|>...: what its answer
+        format is read by), as llama-server shows a format's preserved tokens."""
+        for text in spellings:
+            if len(ids := self.tokenize(text, add_special=False)) == 1:
+                self._shown.add(ids[0])
+                self._pieces.pop(ids[0], None)
 
     def is_eog(self, token: int) -> bool:
         return bool(C.llama_vocab_is_eog(self.vocab, token))
