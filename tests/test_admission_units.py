@@ -191,7 +191,7 @@ def test_a_frontend_rotating_colleague_names_is_bounded_as_a_whole():
 
     def ask(name):
         request = SimpleNamespace(
-            state=SimpleNamespace(caller=Caller(f"webui:{name}", "user", "webui")),
+            state=SimpleNamespace(caller=Caller(f"webui:{name}", "user", frontend="webui")),
             app=SimpleNamespace(state=SimpleNamespace(rate_limiter=limiter)),
             url=SimpleNamespace(path="/v1/chat/completions"))
         try:

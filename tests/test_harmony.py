@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from answer_vectors import check
 from conftest import running
 from localserve.api.harmony import HarmonyReader
 
@@ -50,28 +51,13 @@ VECTORS = [  # (the model's answer, expected reasoning, content, calls): test-ch
 ]
 
 
-def read(pieces):
-    reader, said = HarmonyReader(), []
-    for piece in pieces:
-        said += reader.feed(piece)
-    said += reader.flush()
-    thought = "".join(text for kind, text in said if kind == "thought")
-    content = "".join(text for kind, text in said if kind == "text")
-    calls = [(c["function"]["name"], json.loads(c["function"]["arguments"]))
-             for c in reader.calls]
-    return thought, content, calls
-
-
 @pytest.mark.parametrize("answer, thought, content, calls", VECTORS)
 def test_llama_cpps_gpt_oss_vectors_whole_and_streamed(answer, thought, content, calls):
-    assert read([answer]) == (thought, content, calls)
-    for size in (1, 3, 7):
-        assert read([answer[i:i + size] for i in range(0, len(answer), size)]) == (
-            thought, content, calls), size
+    check(HarmonyReader, answer, (thought, content, calls))
 
 
 def test_plain_text_without_headers_is_the_answer():
-    assert read(["Just text."]) == ("", "Just text.", [])
+    check(HarmonyReader, "Just text.", ("", "Just text.", []))
 
 
 @pytest.fixture(scope="module")

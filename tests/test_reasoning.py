@@ -50,6 +50,7 @@ def test_auto_splits_only_for_templates_that_think():
     assert reasoning_kind("deepseek", None) == "think" and not reasoning_kind("none", "<think>")
     harmony = "<|channel|>analysis<|message|>"
     assert reasoning_kind("auto", harmony) == "harmony" and not reasoning_kind("none", harmony)
+    assert reasoning_kind("auto", "{{ '<|channel>thought' }}...<channel|>") == "gemma4"
 
 
 THINKING = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}'

@@ -34,6 +34,7 @@ FAMILIES = {
     "Qwen3.5-4B": "qwen3-coder", "Qwen3-Coder": "qwen3-coder",
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3-coder", "ByteDance-Seed-OSS": "seed-oss",
     "openai-gpt-oss-120b": "harmony",  # read by harmony.py (tests/test_harmony.py)
+    "google-gemma-4-31B-it": "gemma4",  # read by gemma4.py (tests/test_gemma4.py)
 }
 
 

@@ -35,8 +35,9 @@ from typing import AsyncIterator, Protocol, Union
 
 from fastapi import Request
 
+from localserve.api.gemma4 import GemmaReader
 from localserve.api.harmony import HarmonyReader
-from localserve.api.reasoning import HARMONY, ThinkSplitter
+from localserve.api.reasoning import GEMMA4, HARMONY, ThinkSplitter
 from localserve.api.schemas import OpenAIError
 from localserve.api.structured import ToolPlan, parse_tool_answer, tool_finish
 from localserve.api.tool_formats import ProseThenCalls
@@ -200,6 +201,10 @@ def client_closed() -> OpenAIError:
     return OpenAIError(499, "the client closed the request", code="client_closed")
 
 
+# Formats whose reasoning and calls are read together, by their control tokens
+READERS = {HARMONY: HarmonyReader, GEMMA4: GemmaReader}
+
+
 class ChoiceReader:
     """One choice's events -> pieces (see the module doc)."""
 
@@ -207,12 +212,11 @@ class ChoiceReader:
                  timed: bool = False):
         self.tools = tools
         self.timed = timed  # timings_per_token: each Text carries the timings so far
-        harmony = reasoning == HARMONY or (tools is not None and tools.native is not None
-                                           and tools.native.name == HARMONY)
-        self.harmony = HarmonyReader() if harmony else None  # reasoning and calls, gpt-oss's
-        self.thinking = ThinkSplitter() if reasoning and tools is None and not harmony else None
-        streams_prose = (tools is not None and tools.native is not None and not harmony
-                         and tools.allow_text_response)
+        native = tools.native.name if tools is not None and tools.native is not None else None
+        kind = native if native in READERS else reasoning if reasoning in READERS else None
+        self.whole = READERS[kind]() if kind else None  # reasoning and calls in a model's words
+        self.thinking = ThinkSplitter() if reasoning and tools is None and not kind else None
+        streams_prose = native is not None and not kind and tools.allow_text_response
         self.prose = ProseThenCalls(tools.native) if streams_prose else None
         self.held: list[str] = []  # a tools answer parsed once complete
         self.reasoning_tokens = 0
@@ -234,8 +238,8 @@ class ChoiceReader:
         return pieces
 
     def _text(self, event: TokenEvent) -> list[Piece]:
-        if self.harmony is not None:
-            said = self.harmony.feed(event.text) + (self.harmony.flush() if event.finished else [])
+        if self.whole is not None:
+            said = self.whole.feed(event.text) + (self.whole.flush() if event.finished else [])
             if said and all(kind == "thought" for kind, _ in said):
                 self.reasoning_tokens += len(event.token_ids)
             return [Thought(text) if kind == "thought" else Text(text) for kind, text in said]
@@ -260,9 +264,9 @@ class ChoiceReader:
     def _end(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
         pieces: list[Piece] = []
         called = False
-        if self.harmony is not None and self.tools is not None:  # calls it made unasked: none
-            pieces.append(ToolCalls(None, self.harmony.calls))
-            called = bool(self.harmony.calls)
+        if self.whole is not None and self.tools is not None:  # calls it made unasked: none
+            pieces.append(ToolCalls(None, self.whole.calls))
+            called = bool(self.whole.calls)
         elif self.tools is not None:
             prose, calls = (self.prose.finish() if self.prose is not None
                             else parse_tool_answer("".join(self.held), self.tools))

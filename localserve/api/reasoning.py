@@ -10,23 +10,26 @@ back until the next piece says what it is.
 
 from __future__ import annotations
 
-from localserve.models.chat_template import is_harmony
+from localserve.models.chat_template import is_gemma4, is_harmony
 
 OPEN, CLOSE = "<think>", "</think>"
 
 
 HARMONY = "harmony"  # gpt-oss's channels (harmony.py)
+GEMMA4 = "gemma4"  # Gemma 4's thought channel (gemma4.py)
 THINK = "think"  # a leading <think> block
 
 
 def reasoning_kind(format_: str, template_source: str | None) -> str:
     """How answers carry reasoning to split off ("" for none), by --reasoning-format: auto
-    splits harmony channels or <think> blocks where the chat template writes them, deepseek
-    always splits <think>, none never splits."""
+    splits harmony or Gemma 4 channels or <think> blocks where the chat template writes them,
+    deepseek always splits <think>, none never splits."""
     if format_ == "none":
         return ""
     if format_ == "auto" and is_harmony(template_source):
         return HARMONY
+    if format_ == "auto" and is_gemma4(template_source):
+        return GEMMA4
     return THINK if format_ == "deepseek" or OPEN in (template_source or "") else ""
 
 

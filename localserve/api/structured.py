@@ -24,7 +24,7 @@ import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localserve.api import harmony, tool_formats
+from localserve.api import gemma4, harmony, tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schema_patterns import PatternError, plain_patterns
 from localserve.api.tool_formats import NativeFormat
@@ -227,6 +227,8 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
     if fmt.xml:
         return messages, checked_grammar(host, tool_formats.xml_grammar(tools, fmt, most),
                                          "tools"), plan
+    if fmt.name == "gemma4":
+        return messages, checked_grammar(host, gemma4.grammar(tools, most), "tools"), plan
     if fmt.name == "harmony":  # one call a turn: the model ends its turn after it
         calls = [(t.function.name, schema_grammar(host, t.function.parameters,
                                                   f"tools[{i}].function.parameters"))

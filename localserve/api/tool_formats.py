@@ -2,6 +2,7 @@
 call them in its own words, so tools and tool history go through that template, and its
 answer is read in that format:
 
+    gemma4   <|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>  (Gemma 4: gemma4.py)
     harmony  <|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}  (gpt-oss:
              reasoning and calls read in harmony.py)
     qwen3-coder <tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>
@@ -51,6 +52,7 @@ class NativeFormat:
 
 FORMATS = (  # the first whose marker the template holds
     NativeFormat("harmony", "to=functions.", "<|channel|>"),  # gpt-oss's: read by harmony.py
+    NativeFormat("gemma4", "<|tool_call>", "<|tool_call>", close="<tool_call|>"),  # gemma4.py
     NativeFormat("seed-oss", "<seed:tool_call>", "<seed:tool_call>", close="</seed:tool_call>",
                  xml=True),
     NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml=True),
@@ -219,22 +221,30 @@ def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     return "\n".join([f"root ::= {block}{more}", *rules, "xml-value ::= [^<]+"])
 
 
-def xml_value(schema: dict) -> str:
-    """A parameter's value in the XML form, as its schema types it: one of its enum's strings,
-    a number, a boolean, text of at most maxLength, else free text without a '<'."""
+def typed_scalar(schema: dict, quote: str = "") -> str | None:
+    """A value's grammar where its schema types it as a scalar: one of its enum's strings
+    (between `quote`s), an integer, a number, a boolean; None for any other value."""
     enum = schema.get("enum")
     if enum and all(isinstance(v, str) and "<" not in v and v for v in enum):
-        return "(" + " | ".join(json.dumps(v) for v in enum) + ")"
-    kind = schema.get("type")
-    if kind == "integer":
-        return '"-"? [0-9]{1,18}'
-    if kind == "number":
-        return '"-"? [0-9]{1,18} ("." [0-9]{1,18})?'
-    if kind == "boolean":
-        return '("true" | "false")'
+        return "(" + " | ".join(json.dumps(quote + v + quote) for v in enum) + ")"
+    return {"integer": '"-"? [0-9]{1,18}', "number": '"-"? [0-9]{1,18} ("." [0-9]{1,18})?',
+            "boolean": '("true" | "false")'}.get(schema.get("type"))
+
+
+def string_bound(schema: dict, least: int = 0) -> str:
+    """How many characters a string value may have: {least,maxLength} where the schema bounds
+    it, else any number (*)."""
     most = schema.get("maxLength")
-    if kind == "string" and isinstance(most, int) and 0 < most < 10_000:
-        return f"[^<]{{1,{most}}}"
+    return f"{{{least},{most}}}" if isinstance(most, int) and least < most < 10_000 else "*"
+
+
+def xml_value(schema: dict) -> str:
+    """A parameter's value in the XML form, as its schema types it (typed_scalar), text of at
+    most maxLength, else free text without a '<'."""
+    if (scalar := typed_scalar(schema)) is not None:
+        return scalar
+    if schema.get("type") == "string" and string_bound(schema) != "*":
+        return f"[^<]{string_bound(schema, least=1)}"
     return "xml-value"
 
 

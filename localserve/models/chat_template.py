@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from jinja2 import TemplateError
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Used only when a GGUF carries no template: ChatML, the most common format.
@@ -23,15 +24,27 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-# gpt-oss's harmony format: the control tokens its answers are read by (api/harmony.py),
-# spelled out in the answer's text (runner.show_specials) for a model whose template writes them.
-# <|return|> and <|call|> end the turn (end-of-generation tokens): never text.
+# The control tokens an answer format is read by, spelled out in the answer's text
+# (runner.show_specials) for a model whose template writes them: gpt-oss's harmony channels
+# (api/harmony.py; <|return|> and <|call|> end the turn: never text) and Gemma 4's channels and
+# calls (api/gemma4.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
+GEMMA4_MARKERS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>')
 
 
 def is_harmony(source: str | None) -> bool:
     """Does the template write gpt-oss's harmony channels?"""
     return "<|channel|>" in (source or "") and "<|message|>" in (source or "")
+
+
+def is_gemma4(source: str | None) -> bool:
+    """Does the template write Gemma 4's channels?"""
+    return "<|channel>" in (source or "") and "<channel|>" in (source or "")
+
+
+def answer_markers(source: str | None) -> tuple[str, ...]:
+    """The control tokens this template's answers are read by (none for most)."""
+    return HARMONY_MARKERS if is_harmony(source) else GEMMA4_MARKERS if is_gemma4(source) else ()
 
 
 # Built-in formats `--chat-template NAME` selects instead of the GGUF's template (as llama-server's
@@ -194,10 +207,21 @@ class PromptPart:
     trusted: bool
 
 
+class GenerationTag(Extension):
+    """Transformers' `{% generation %}...{% endgeneration %}` (it marks the assistant's tokens
+    for training; LFM2.5's and Laguna's templates use it): its body, rendered as written."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols"])
+                                            extensions=["jinja2.ext.loopcontrols", GenerationTag])
         env.globals["raise_exception"] = _raise
         env.filters["trim"] = _trim
         env.filters["tojson"] = _tojson
@@ -256,5 +280,7 @@ class ChatTemplate:
                                         bos_token=self.bos_token, eos_token=self.eos_token, **extra)
         except ChatTemplateError:
             raise
-        except TemplateError as exc:
-            raise ChatTemplateError(f"the model's chat template failed on these messages: {exc}")
+        except (TemplateError, TypeError, ValueError, LookupError, AttributeError) as exc:
+            # a template's own code failing on these messages (adding a dict to a string...)
+            raise ChatTemplateError(f"the model's chat template failed on these messages: "
+                                    f"{type(exc).__name__}: {exc}") from None

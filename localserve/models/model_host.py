@@ -14,8 +14,8 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
-from localserve.models.chat_template import (HARMONY_MARKERS, ChatTemplate, fallback_for,
-                                            is_harmony, override_source)
+from localserve.models.chat_template import (ChatTemplate, answer_markers, fallback_for,
+                                            override_source)
 from localserve.models.host_face import HostFace
 from localserve.common.config import Settings
 from localserve.models.model_specs import find_model
@@ -159,8 +159,8 @@ class ModelHost(HostFace):
                                        max_long_prompts=s.max_long_prompts)
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
-            if is_harmony(self.template.source):  # its answers are read by their control tokens
-                self.runner.show_specials(HARMONY_MARKERS)
+            # gpt-oss's and Gemma 4's answers are read by their control tokens
+            self.runner.show_specials(answer_markers(self.template.source))
             observers = [self.metrics, *self.observers(lambda: self.model_id)]
             self.loop = EngineLoop(scheduler, self.runner, s.max_queue, s.queue_timeout,
                                    observers=observers,
