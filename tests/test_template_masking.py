@@ -137,3 +137,27 @@ def test_a_trimmed_last_message_can_still_be_continued():
                                 {"role": "assistant", "content": "Hello, "}],
                                continue_final=True)
     assert parts[-1] == PromptPart("Hello,", trusted=False)
+
+
+def test_tojson_is_transformers_own_and_a_callers_text_under_it_is_escaped_json():
+    """Keyword arguments accepted, nothing HTML-escaped (gpt-oss adds '<|end|>' to its
+    output), and a caller's text written with it comes back as its JSON string, a caller part."""
+    source = ("{% for m in messages %}<|x|>{{ m.content | tojson(ensure_ascii=False, indent=2) "
+              "+ '<|end|>' }}{{ {'b': 1, 'a': 2} | tojson }}{% endfor %}")
+    parts = ChatTemplate(source).render_parts([{"role": "user", "content": 'say "hi" é'}])
+    assert parts == [PromptPart("<|x|>", True), PromptPart('"say \\"hi\\" é"', False),
+                     PromptPart('<|end|>{"b": 1, "a": 2}', True)]
+
+
+def test_generation_blocks_render_their_body():
+    source = "{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}"
+    assert ChatTemplate(source).render([{"role": "user", "content": "hi"}]) == "[hi]"
+
+
+def test_a_templates_own_type_error_on_some_messages_is_a_chat_template_error():
+    from localserve.models.chat_template import ChatTemplateError
+
+    template = ChatTemplate("{{ 'x' + messages[0].tool_calls[0].function.arguments }}")
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        template.render([{"role": "assistant", "content": "", "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}])
