@@ -124,14 +124,18 @@ def test_native_final_object_says_stop_type_counts_and_tokens():
 
 
 def test_native_timings_are_llama_servers_milliseconds_and_rate_from_the_end_piece():
-    """result_timings as llama-server writes them: prompt_n excludes cached tokens, times in
-    ms, the rate per second of decoding; no decode time or no tokens never divides by 0."""
+    """result_timings as llama-server writes them (server_slot_stats::to_json): prompt_n
+    excludes cached tokens, times in ms, the decoding rate over the tokens after the first
+    (which the prompt's last step gave); no decode time or no tokens never divides by 0."""
     end = Finish("stop", "eos", Usage(12, 10, 4), Timings(0.1, 0.25, 0.5), (1, 2))
     timings = native()._final("hi", end)["timings"]
-    assert timings == {"prompt_n": 8, "prompt_ms": 250.0, "predicted_n": 10,
-                       "predicted_ms": 500.0, "predicted_per_second": 20.0}
+    assert timings == {"cache_n": 4, "prompt_n": 8, "prompt_ms": 250.0,
+                       "prompt_per_token_ms": 31.25, "prompt_per_second": 32.0,
+                       "predicted_n": 10, "predicted_ms": 500.0,
+                       "predicted_per_token_ms": 500.0 / 9, "predicted_per_second": 18.0}
     instant = native()._final("", Finish("stop", "eos", Usage(3, 2, 0), Timings(0, 0, 0), ()))
-    assert instant["timings"]["predicted_ms"] < 1e-3 and instant["timings"]["predicted_per_second"] > 1e6
+    assert instant["timings"]["predicted_ms"] == 1e-3  # llama-server's 1 us at least
+    assert instant["timings"]["predicted_per_second"] >= 1e6
     nothing = native()._final("", Finish("length", "limit", Usage(3, 0, 0), Timings(0, 0, 1), ()))
     assert nothing["timings"]["predicted_per_second"] == 0.0
     by_tokens = NativeReply("m", NativeCompletion(prompt=[1, 2]), lambda t: b"x")

@@ -220,8 +220,8 @@ def api_key(args: argparse.Namespace, environ=os.environ) -> str | None:
     if args.api_key_file:
         from localserve.office.keys import read_key_file
 
-        keys = read_key_file(Path(args.api_key_file).expanduser())  # {key: (name, role)}
-        return next((k for k, (_, role) in keys.items() if role == "admin"), next(iter(keys)))
+        keys = read_key_file(Path(args.api_key_file).expanduser())  # {key: KeyHolder}
+        return next((k for k, holder in keys.items() if holder.role == "admin"), next(iter(keys)))
     return environ.get("LOCALSERVE_API_KEY") or None
 
 

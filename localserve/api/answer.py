@@ -106,7 +106,9 @@ def llama_timings(usage: Usage, timings: Timings) -> dict:
     cached part apart) and the answer, in milliseconds, per token and per second; the first
     answer token comes with the prompt's last step, so the answer's rates count the rest."""
     prompt_n, steps = usage.prompt - usage.cached, max(usage.completion - 1, 0)
-    prompt_ms, decode_ms = timings.prompt * 1000, timings.decode * 1000
+    prompt_ms = timings.prompt * 1000
+    # llama-server's clock: 1 us at least once a token came, none before
+    decode_ms = max(timings.decode * 1000, 1e-3) if usage.completion else 0.0
     return {"cache_n": usage.cached, "prompt_n": prompt_n, "prompt_ms": prompt_ms,
             "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
             "prompt_per_second": 1e3 * prompt_n / prompt_ms if prompt_ms > 0 else 0.0,
