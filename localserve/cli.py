@@ -205,11 +205,12 @@ def run_usage(args: argparse.Namespace) -> int:
             print(f"{stamp}  {row['event']:<14} {row['key'] or '-':<12} {row['detail']}")
         return 0
     rows = usage(path, since, None, args.by)
-    print(f"{args.by:<20} {'requests':>9} {'refused':>8} {'prompt':>10} {'cached':>10} "
+    wide = max([20, *(len(str(r[args.by])) for r in rows)])  # colleagues' e-mail names align
+    print(f"{args.by:<{wide}} {'requests':>9} {'refused':>8} {'prompt':>10} {'cached':>10} "
           f"{'completion':>11}")
     for r in rows:
-        print(f"{str(r[args.by]):<20} {r['requests']:>9} {r['refused']:>8} {r['prompt_tokens']:>10} "
-              f"{r['cached_tokens']:>10} {r['completion_tokens']:>11}")
+        print(f"{str(r[args.by]):<{wide}} {r['requests']:>9} {r['refused']:>8} "
+              f"{r['prompt_tokens']:>10} {r['cached_tokens']:>10} {r['completion_tokens']:>11}")
     return 0
 
 

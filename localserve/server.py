@@ -235,6 +235,9 @@ def say_what_runs(settings: Settings, office: Office) -> None:
     for holder in holders:
         if holder.models is not None:
             log.info("key %s may use only: %s", holder.name, ", ".join(sorted(holder.models)))
+    for name in settings.trusted_frontends:
+        log.info("trusted frontend: %s (its requests are billed to the colleague its "
+                 "X-OpenWebUI-User-* headers name)", name)
     for name, quota in sorted(settings.quotas.items()):
         limits = ", ".join(f"{k} {v:g}" for k, v in vars(quota).items() if v is not None)
         log.info("quota [%s]: %s", name, limits)

@@ -259,6 +259,8 @@ def test_props_and_models_say_the_model_reads_images(vision, server):
     assert httpx.get(server.url + "/props").json()["modalities"]["vision"] is False
     show = httpx.post(vision.url + "/api/show", json={"model": "m"}).json()
     assert "vision" in show["capabilities"]
+    assert "images: read with the projector" in vision.log()  # the start-up says so
+    assert "images:" not in server.log()
     for srv, capabilities in ((vision, ["completion", "multimodal"]), (server, ["completion"])):
         listed = httpx.get(srv.url + "/v1/models").json()["models"]  # llama-server's list
         assert [m["capabilities"] for m in listed] == [capabilities]
@@ -349,3 +351,19 @@ def test_a_dripping_image_server_is_cut_at_the_deadline_and_holds_up_no_colleagu
     finally:
         stop.set()
         listener.close()
+
+
+def test_the_readmes_image_example_runs_as_written(vision, tmp_path):
+    """README's curl with an image (data URI from `base64 -w0 photo.png`), run as written
+    against a server with a projector."""
+    import base64
+    import subprocess
+
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("An image in a chat:", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "photo.png").write_bytes(base64.b64decode(png()))
+    done = subprocess.run(["bash", "-euc", block.replace("http://127.0.0.1:8080", vision.url)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert '"choices"' in done.stdout, done.stdout + done.stderr

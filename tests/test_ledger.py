@@ -261,3 +261,19 @@ def test_a_sighup_during_an_in_place_save_reads_the_file_again_once_it_is_saved(
         wait_for(lambda: chat(srv, BOB).status_code == 200, timeout=60,
                  what="bob's key back without a second SIGHUP")
         assert "a save in progress" in srv.log()
+
+
+def test_localserve_usage_aligns_long_colleague_names(tmp_path, capsys):
+    """A trusted frontend's colleagues are named by e-mail (`webui:alice@office.lan`, 22
+    characters): every column still lines up under its heading."""
+    from localserve.cli import build_parser, run_usage
+    from localserve.office.ledger import Ledger, request_row
+
+    ledger = Ledger(tmp_path)
+    for key in ("webui:alice@office.lan", "bob"):
+        ledger.record(request_row(key, "/v1/chat/completions", "m", 12, 0, 3, "stop", 0.0, 0.1))
+    ledger.close()
+    assert run_usage(build_parser().parse_args(["usage", "--state-dir", str(tmp_path)])) == 0
+    heading, *rows = capsys.readouterr().out.splitlines()
+    assert len(rows) == 2 and {len(row) for row in rows} == {len(heading)}
+    assert {row.index(" 1 ") for row in rows} == {heading.index("requests") + 6}

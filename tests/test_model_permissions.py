@@ -94,6 +94,12 @@ def test_the_catalogs_list_only_the_models_a_key_may_use(office):
     assert everything == ["small", "big", "vectors"]
 
 
+def test_the_start_up_log_names_the_trusted_frontend_and_each_keys_models(office):
+    log = office.log()
+    assert "trusted frontend: webui" in log
+    assert "key intern may use only: small" in log and "key root may use only" not in log
+
+
 def test_a_frontends_colleague_has_the_frontend_keys_models(office):
     colleague = {"X-OpenWebUI-User-Email": "alice@office.lan"}
     r = ask(office, WEBUI, "/v1/chat/completions", {**CHAT, **SMALL, "model": "big"},

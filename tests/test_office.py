@@ -64,6 +64,34 @@ def test_key_name_is_the_identity_in_slots(office):
     assert seen == {"alice"}
 
 
+def test_a_user_key_reads_a_colleagues_cells_only_coarsely(office):
+    """bob's document runs; alice (a user key) sees the pool's fill with everyone else's cells
+    rounded up to 256 and no family in /metrics that counts prompt tokens or cells; the admin
+    sees them exactly (issue 80, case 6)."""
+    body = {"messages": [{"role": "user", "content": "Tell a long story " * 40}],
+            "max_tokens": 120, "ignore_eos": True}
+    worker = threading.Thread(target=post, args=(office, {"X-Api-Key": "bob-secret-key-456"}),
+                              kwargs=body)
+    worker.start()
+    seen_admin, seen_alice = set(), set()
+    while worker.is_alive():
+        admin = httpx.get(office.url + "/slots?view=full",
+                          headers={"X-Api-Key": "plain-cli-key-789"}).json()
+        alice = httpx.get(office.url + "/slots?view=full", headers={"X-Api-Key": KEY}).json()
+        seen_admin.add(admin["cache"]["used_tokens"])
+        seen_alice.add(alice["cache"]["used_tokens"])
+        assert "prompt_tokens_computed" not in alice["engine"]
+        time.sleep(0.05)
+    worker.join()
+    assert all(used % 256 == 0 for used in seen_alice) and len(seen_alice) < len(seen_admin)
+    users = httpx.get(office.url + "/metrics", headers={"X-Api-Key": KEY}).text
+    admins = httpx.get(office.url + "/metrics", headers={"X-Api-Key": "plain-cli-key-789"}).text
+    for family in ("localserve:prompt_tokens_total", "localserve:kv_cache_usage_perc",
+                   "localserve:iteration_tokens_total", "localserve:prefix_cache_queries"):
+        assert family in admins and family not in users, family
+    assert "localserve:generation_tokens_total" in users  # the dashboard's tokens per second
+
+
 def test_cors_preflight_allows_the_configured_origin_only(office):
     def preflight(origin):
         return httpx.options(office.url + "/v1/chat/completions", headers={

@@ -69,6 +69,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
     snap = host.engine.snapshot.to_json()
     if not is_admin(request):
         hide_others(snap, caller(request).key)
+        coarse_pool(snap, pool.ctx_size)
     if view is None:
         spec = host.settings.drafting
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
@@ -89,19 +90,25 @@ async def openapi(request: Request):
 @router.get("/metrics")
 async def metrics(request: Request):
     """Prometheus exposition: from the last published snapshot, never waiting for a step;
-    per-key counters and per-slot gauges for admin keys only (a slot's cells tell how long a
-    colleague's document is: a user key gets the pool's totals)."""
+    per-key counters and the families that count tokens or cells for admin keys only
+    (USER_HIDDEN)."""
     host, models = request.app.state.default_host, request.app.state.models
     text = generate_latest(models.metrics_registry if models.several else host.metrics_registry)
     if is_admin(request):
         text += generate_latest(request.app.state.office.key_registry)
     else:
         text = b"".join(line for line in text.splitlines(keepends=True)
-                        if PER_SLOT not in line)
+                        if not any(family in line for family in USER_HIDDEN))
     return Response(text, media_type=CONTENT_TYPE_LATEST)
 
 
-PER_SLOT = b"localserve:slot_"  # the per-slot families' prefix (metrics.SnapshotCollector)
+# What a user key's /metrics leaves out: the families that count prompt tokens or cells, where
+# the difference of two scrapes beside one colleague is that colleague's document's size (a
+# slot's cells, the pool's fill, prompt tokens, a step's tokens, prefix lookups, the prompt
+# cache's bytes and restored tokens). /slots?view=full gives them the pool's fill, coarsely.
+USER_HIDDEN = tuple(b"localserve:" + name for name in (
+    b"slot_", b"kv_cache_usage_perc", b"prompt_tokens", b"iteration_tokens", b"prefix_cache_",
+    b"prompt_cache_bytes", b"prompt_cache_disk_bytes", b"prompt_cache_tokens_restored"))
 
 
 def _when(value: str | None, param: str) -> float | None:
@@ -149,6 +156,29 @@ def hide_others(snap: dict, me: str | None) -> None:
         for field in ("prefix_source", "age_s"):
             if field in row:
                 row[field] = None
+
+
+# Others' share of the pool as a user key sees it: whole steps of this many cells at least
+POOL_STEP_MIN = 256
+
+
+def coarse_pool(snap: dict, pool_tokens: int) -> None:
+    """A user's view of the pool's fill: their own cells exactly, everyone else's rounded up
+    to a sixteenth of the pool (256 cells at least), and the engine's and the prompt cache's
+    token counts left out: what a lone colleague's document takes is not theirs to read."""
+    step = max(POOL_STEP_MIN, pool_tokens // 16)
+    mine = [row for row in snap["slots"] if row.get("n_cached")]  # others' are zeroed
+    cache = snap["cache"]
+    for total, own in (("used_tokens", "n_cached"), ("borrowed_tokens", "n_borrowed")):
+        own_cells = sum(row.get(own, 0) for row in mine)
+        others = max(cache[total] - own_cells, 0)
+        cache[total] = min(own_cells + -(-others // step) * step, pool_tokens)
+    for counter in ("tokens_batched", "last_step_tokens", "prompt_tokens_computed",
+                    "prefix_cache_queries", "prefix_cache_hits"):
+        snap["engine"].pop(counter, None)
+    if cache.get("ram"):
+        for counter in ("bytes", "disk_bytes", "tokens_restored"):
+            cache["ram"].pop(counter, None)
 
 
 @router.get("/props")

@@ -180,6 +180,8 @@ class ModelHost(HostFace):
             log.info("context: %d tokens, %s", pool.ctx_size, context.why)
             log.info("cache pool: %s", pool.describe())
             log.info("memory: %s", MEMORY_KINDS[self.runner.memory_kind])
+            if self.reads_images:
+                log.info("images: read with the projector %s", s.mmproj)
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
                      "decodes), --max-num-seqs %d, --max-queue %s", budget,
                      max(prefill_budget, budget), scheduler.limits().max_num_seqs, s.max_queue)
