@@ -51,6 +51,47 @@ def test_auto_splits_only_for_templates_that_think():
     harmony = "<|channel|>analysis<|message|>"
     assert reasoning_kind("auto", harmony) == "harmony" and not reasoning_kind("none", harmony)
     assert reasoning_kind("auto", "{{ '<|channel>thought' }}...<channel|>") == "gemma4"
+    assert reasoning_kind("auto", "{{ '[THINK]' + thinking + '[/THINK]' }}") == "mistral-think"
+
+
+def answer_pieces(reasoning: str, fmt_name: str, answer: str) -> tuple[str, str, list]:
+    """(reasoning, content, calls) a tools answer in a model's own format gives, fed to a
+    ChoiceReader a few characters at a time (tool_choice auto)."""
+    from localserve.api.answer import ChoiceReader, Thought, Text, ToolCalls
+    from localserve.api.structured import ToolPlan
+    from localserve.api.tool_formats import FORMATS
+    from localserve.engine.finish import FinishReason
+    from localserve.engine.request import Request, SamplingParams, TokenEvent
+
+    native = next(f for f in FORMATS if f.name == fmt_name)
+    reader = ChoiceReader(ToolPlan(allow_text_response=True, native=native), reasoning)
+    request, pieces = Request([1], SamplingParams(max_tokens=9)), []
+    cuts = [answer[i:i + 4] for i in range(0, len(answer), 4)]
+    for i, cut in enumerate(cuts):
+        last = i == len(cuts) - 1
+        pieces += reader.read(TokenEvent(cut, (1,), FinishReason.STOP if last else None),
+                              request)
+    thought = "".join(p.text for p in pieces if isinstance(p, Thought))
+    content = "".join(p.text for p in pieces if isinstance(p, Text))
+    [calls] = [p for p in pieces if isinstance(p, ToolCalls)]
+    content += calls.prose or ""
+    return thought, content, [(c["function"]["name"], json.loads(c["function"]["arguments"]))
+                              for c in calls.calls]
+
+
+@pytest.mark.parametrize("reasoning, fmt, answer, expected", [
+    ("think", "hermes", '<think>plan</think>Let me check.<tool_call>{"name": "f", "arguments": '
+     '{"a": 1}}</tool_call>', ("plan", "Let me check.", [("f", {"a": 1})])),  # Qwen 3
+    ("mistral-think", "mistral-args", "[THINK]I'm\nthinking[/THINK][TOOL_CALLS]special_function"
+     '[ARGS]{"arg1": 1}', ("I'm\nthinking", "", [("special_function", {"arg1": 1})])),
+    ("mistral-think", "mistral-args", "[THINK]Let me think about [TOOL_CALLS]special_function"
+     '[ARGS]{"arg1":1} and more[/THINK][TOOL_CALLS]special_function[ARGS]{"arg1": 1}',
+     ('Let me think about [TOOL_CALLS]special_function[ARGS]{"arg1":1} and more', "",
+      [("special_function", {"arg1": 1})])),  # a call marker inside the reasoning is not one
+])
+def test_reasoning_before_calls_in_a_models_own_format_is_split_off(reasoning, fmt, answer,
+                                                                    expected):
+    assert answer_pieces(reasoning, fmt, answer) == expected
 
 
 THINKING = 'root ::= "<think>" [a-z ]{3,12} "</think>" [a-z ]{3,12}'

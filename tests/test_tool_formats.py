@@ -35,6 +35,9 @@ FAMILIES = {
     "NVIDIA-Nemotron-3-Nano-30B-A3B-BF16": "qwen3-coder", "ByteDance-Seed-OSS": "seed-oss",
     "openai-gpt-oss-120b": "harmony",  # read by harmony.py (tests/test_harmony.py)
     "google-gemma-4-31B-it": "gemma4",  # read by gemma4.py (tests/test_gemma4.py)
+    "mistralai-Ministral-3-14B-Reasoning-2512": "mistral-args",
+    "Mistral-Small-3.2-24B-Instruct-2506": "mistral-args",
+    "unsloth-mistral-Devstral-Small-2507": "mistral-args",
 }
 
 
@@ -78,6 +81,15 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
      None, [("write", {"text": "line one\nline two"}), ("get_time", {})]),
     ("seed-oss", "<seed:tool_call>\n<function=get_weather>\n<parameter=city>Rome</parameter>\n"
                  "</function>\n</seed:tool_call>", None, [("get_weather", {"city": "Rome"})]),
+    ("mistral-args", '[TOOL_CALLS]special_function[ARGS]{"arg1":1}', None,
+     [("special_function", {"arg1": 1})]),  # Ministral 3, Devstral (test-chat.cpp)
+    ("mistral-args", 'Hello, world!\nWhat\'s up?[TOOL_CALLS]special_function[ARGS]{"arg1": 1}',
+     "Hello, world!\nWhat's up?", [("special_function", {"arg1": 1})]),
+    ("mistral-args", '[TOOL_CALLS]special_function[ARGS]{"arg1": 1}[TOOL_CALLS]special_functi'
+                     'on_with_opt[ARGS]{"arg1": 1, "arg2": 2}', None,
+     [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    ("mistral-args", '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}', None,
+     [("special_function", {"arg1": 1})]),  # Mistral Small 3.2: the model's id is kept
     ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
 ]
@@ -94,8 +106,10 @@ def test_canned_answers_are_read_whole_and_streamed(family, answer, content, cal
     shaped = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in got_calls]
     assert (got_content, shaped) == (content, calls)
     assert all(c["id"] and c["type"] == "function" for c in got_calls)
-    if family == "mistral":
+    if family.startswith("mistral"):
         assert all(len(c["id"]) == 9 for c in got_calls)  # its template insists
+    if "[CALL_ID]123456789" in answer:
+        assert got_calls[0]["id"] == "123456789"
     for cut in range(0, len(answer) + 1, 3):  # streamed: prose out as it comes, calls at the end
         stream = ProseThenCalls(fmt)
         prose = stream.feed(answer[:cut]) + stream.feed(answer[cut:])
@@ -197,3 +211,18 @@ CITY_AND_DAYS = {"type": "function", "function": {  # values the XML grammar bou
     "name": "get_weather", "description": "Current weather of a city",
     "parameters": {"type": "object", "required": ["city"], "properties": {
         "city": {"type": "string", "maxLength": 24}, "days": {"type": "integer"}}}}}
+
+
+def test_a_forced_call_is_written_in_mistrals_args_form_and_parses():
+    """Mistral Small 3.2's own form end to end: [TOOL_CALLS]NAME[CALL_ID]...[ARGS]{...} in its
+    template's history, and the forced answer [TOOL_CALLS]NAME[ARGS]{...} read back."""
+    template = TEMPLATES / "Mistral-Small-3.2-24B-Instruct-2506.jinja"
+    with running("-c", "2048", "-np", "1", "-t", "2", "--chat-template-file", str(template),
+                 log_name="tool-formats-mistral-args") as srv:
+        shown = httpx.post(srv.url + "/apply-template", json={"messages": HISTORY}).json()
+        choice = ask(srv, tool_choice="required", parallel_tool_calls=False)
+    assert "[TOOL_CALLS]get_weather[CALL_ID]" in shown["prompt"]  # 9 characters, as it insists
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather" and len(call["id"]) == 9
+    assert "city" in json.loads(call["function"]["arguments"])

@@ -217,9 +217,12 @@ class ChoiceReader:
         native = tools.native.name if tools is not None and tools.native is not None else None
         kind = native if native in READERS else reasoning if reasoning in READERS else None
         self.whole = READERS[kind]() if kind else None  # reasoning and calls in a model's words
-        self.thinking = ThinkSplitter() if reasoning and tools is None and not kind else None
         streams_prose = native is not None and not kind and tools.allow_text_response
         self.prose = ProseThenCalls(tools.native) if streams_prose else None
+        # a leading reasoning block, before the answer or the prose and calls of a model's own
+        # format (a constrained answer has none: its grammar starts at the first token)
+        free = tools is None or streams_prose
+        self.thinking = ThinkSplitter(reasoning) if reasoning and free and not kind else None
         self.held: list[str] = []  # a tools answer parsed once complete
         self.reasoning_tokens = 0
 
@@ -245,23 +248,28 @@ class ChoiceReader:
             if said and all(kind == "thought" for kind, _ in said):
                 self.reasoning_tokens += len(event.token_ids)
             return [Thought(text) if kind == "thought" else Text(text) for kind, text in said]
+        if self.thinking is None and self.tools is None:
+            if event.text or event.logprobs:
+                return [Text(event.text, (event.logprobs,) if event.logprobs else (),
+                             event.token_ids)]
+            return []
+        thought, text = self._think(event) if self.thinking is not None else ("", event.text)
         if self.tools is not None:
             if self.prose is None:
-                self.held.append(event.text)
+                self.held.append(text)
                 return []
-            text = self.prose.feed(event.text)
-            return [Text(text)] if text else []
-        if self.thinking is not None:
-            thought, text = self.thinking.feed(event.text)
-            if event.finished:
-                rest = self.thinking.flush()
-                thought, text = thought + rest[0], text + rest[1]
-            if thought and not text:  # tokens spent reasoning: Finish.usage.reasoning
-                self.reasoning_tokens += len(event.token_ids)
-            return ([Thought(thought)] if thought else []) + ([Text(text)] if text else [])
-        if event.text or event.logprobs:
-            return [Text(event.text, (event.logprobs,) if event.logprobs else (), event.token_ids)]
-        return []
+            text = self.prose.feed(text)
+        return ([Thought(thought)] if thought else []) + ([Text(text)] if text else [])
+
+    def _think(self, event: TokenEvent) -> tuple[str, str]:
+        """(reasoning, the rest) of an event's text."""
+        thought, text = self.thinking.feed(event.text)
+        if event.finished:
+            rest = self.thinking.flush()
+            thought, text = thought + rest[0], text + rest[1]
+        if thought and not text:  # tokens spent reasoning: Finish.usage.reasoning
+            self.reasoning_tokens += len(event.token_ids)
+        return thought, text
 
     def _end(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
         pieces: list[Piece] = []

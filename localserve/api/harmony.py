@@ -23,7 +23,7 @@ import re
 import uuid
 
 from localserve.api.reasoning import partial_tag
-from localserve.api.tool_formats import rename_rule
+from localserve.api.tool_formats import named_calls
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 BODY_ENDS = (END, START, "<|call|>", "<|return|>")  # the last two end the turn (EOG)
@@ -127,16 +127,8 @@ def _call(name: str, body: str) -> dict:
 
 def grammar(tool_grammars: list[tuple[str, str]]) -> str:
     """The forced answer: an optional analysis message, then one call of a tool, its body
-    the tool's JSON schema grammar. tool_grammars: (name, that GBNF with its `root`), each
-    one's rules prefixed so that the tools' grammars do not collide."""
-    rules, calls = [], []
-    for i, (name, gbnf) in enumerate(tool_grammars):
-        prefix = f"t{i}-"
-        for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
-            gbnf = rename_rule(gbnf, defined, prefix + defined)
-        rules.append(gbnf)
-        head = json.dumps(f"{name} <|constrain|>json{MESSAGE}")
-        calls.append(f"{head} {prefix}root")
+    the tool's JSON schema grammar. tool_grammars: (name, that GBNF with its `root`)."""
+    calls, rules = named_calls(tool_grammars, " <|constrain|>json" + MESSAGE)
     thought = f'"{CHANNEL}analysis{MESSAGE}" thought "{END}{START}assistant"'
-    return "\n".join([f'root ::= ({thought})? "{CHANNEL}commentary to=functions." '
-                      f'({" | ".join(calls)})', 'thought ::= ([^<] | "<" [^|])*', *rules])
+    return "\n".join([f'root ::= ({thought})? "{CHANNEL}commentary to=functions." {calls}',
+                      'thought ::= ([^<] | "<" [^|])*', *rules])

@@ -32,7 +32,7 @@ def tool_use(call: dict) -> dict:
 
 
 class MessageReply:
-    def __init__(self, model: str, input_tokens: int, tools, reasoning: bool):
+    def __init__(self, model: str, input_tokens: int, tools, reasoning: str):
         self.id = "msg_" + uuid.uuid4().hex[:24]
         self.model, self.input_tokens, self.tools = model, input_tokens, tools
         self.reasoning = reasoning

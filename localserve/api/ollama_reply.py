@@ -40,7 +40,7 @@ def ollama_calls(calls: list[dict]) -> list[dict]:
 
 
 class OllamaReply:
-    def __init__(self, model: str, chat: bool, tools: ToolPlan | None, reasoning: bool,
+    def __init__(self, model: str, chat: bool, tools: ToolPlan | None, reasoning: str,
                  show_thinking: bool, started: float, loaded: float):
         self.model, self.chat, self.tools = model, chat, tools
         self.reasoning, self.show_thinking = reasoning, show_thinking

@@ -1,5 +1,5 @@
 """Reasoning separated from the answer: what a reasoning model writes inside <think>...</think>
-before its answer goes to `reasoning_content` (chat), `thinking` blocks (Messages) or a
+(Mistral's reasoning models: [THINK]...[/THINK]) before its answer goes to `reasoning_content` (chat), `thinking` blocks (Messages) or a
 reasoning item (Responses), never into the answer's text, as llama-server's
 `--reasoning-format` does.
 
@@ -18,6 +18,8 @@ OPEN, CLOSE = "<think>", "</think>"
 HARMONY = "harmony"  # gpt-oss's channels (harmony.py)
 GEMMA4 = "gemma4"  # Gemma 4's thought channel (gemma4.py)
 THINK = "think"  # a leading <think> block
+MISTRAL_THINK = "mistral-think"  # a leading [THINK] block (Magistral, Ministral 3 Reasoning)
+TAGS = {THINK: (OPEN, CLOSE), MISTRAL_THINK: ("[THINK]", "[/THINK]")}
 
 
 def reasoning_kind(format_: str, template_source: str | None) -> str:
@@ -30,6 +32,8 @@ def reasoning_kind(format_: str, template_source: str | None) -> str:
         return HARMONY
     if format_ == "auto" and is_gemma4(template_source):
         return GEMMA4
+    if format_ == "auto" and "[THINK]" in (template_source or ""):
+        return MISTRAL_THINK
     return THINK if format_ == "deepseek" or OPEN in (template_source or "") else ""
 
 
@@ -42,9 +46,11 @@ def partial_tag(text: str, tag: str) -> int:
 
 
 class ThinkSplitter:
-    """feed(piece) -> (reasoning, answer) text of one streamed piece; flush() at the end."""
+    """feed(piece) -> (reasoning, answer) text of one streamed piece; flush() at the end.
+    `kind`: whose tags (TAGS)."""
 
-    def __init__(self):
+    def __init__(self, kind: str = THINK):
+        self.open, self.close = TAGS.get(kind, TAGS[THINK])
         self.state = "start"  # -> "reasoning" -> "answer"; or "start" -> "answer"
         self.held = ""
         self.after_close = False  # strip the blank lines a model writes after </think>
@@ -53,21 +59,21 @@ class ThinkSplitter:
         text, self.held = self.held + piece, ""
         if self.state == "start":
             stripped = text.lstrip()
-            if stripped.startswith(OPEN):
-                self.state, text = "reasoning", stripped[len(OPEN):]
-            elif OPEN.startswith(stripped):  # nothing yet, or a cut "<thi"
+            if stripped.startswith(self.open):
+                self.state, text = "reasoning", stripped[len(self.open):]
+            elif self.open.startswith(stripped):  # nothing yet, or a cut "<thi"
                 self.held = text
                 return "", ""
             else:
                 self.state = "answer"
         if self.state == "reasoning":
-            at = text.find(CLOSE)
+            at = text.find(self.close)
             if at < 0:
-                keep = partial_tag(text, CLOSE)
+                keep = partial_tag(text, self.close)
                 self.held = text[len(text) - keep:]
                 return text[:len(text) - keep], ""
             self.state, self.after_close = "answer", True
-            return text[:at], self._answer(text[at + len(CLOSE):])
+            return text[:at], self._answer(text[at + len(self.close):])
         return "", self._answer(text)
 
     def _answer(self, text: str) -> str:

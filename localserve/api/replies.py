@@ -63,10 +63,10 @@ async def respond_with(collect, events, stream: Answers, request: Request,
 
 class Reply:
     def __init__(self, kind: str, model: str, body: SamplingBody, fingerprint: str,
-                 tools: ToolPlan | None = None, piece=None, reasoning: bool = False):
+                 tools: ToolPlan | None = None, piece=None, reasoning: str = ""):
         self.kind, self.model, self.body, self.tools = kind, model, body, tools
-        # <think> blocks to reasoning_content (api/reasoning.py); not in tool answers (JSON)
-        self.reasoning = reasoning and tools is None and kind == "chat.completion"
+        # reasoning to reasoning_content (api/reasoning.py: how this model writes it), chats only
+        self.reasoning = reasoning if kind == "chat.completion" else ""
         self.piece = piece  # token id -> bytes, for logprobs entries
         self.id = ("chatcmpl-" if kind == "chat.completion" else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())

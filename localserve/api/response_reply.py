@@ -21,7 +21,7 @@ class ResponseReply:
     """One response: its output items from the finished text, whole or as typed events."""
 
     def __init__(self, model: str, body, input_tokens: int,
-                 tools: ToolPlan | None, reasoning: bool):
+                 tools: ToolPlan | None, reasoning: str):
         self.id = "resp_" + uuid.uuid4().hex[:24]
         self.reasoning = reasoning  # a <think> block becomes a reasoning item (not with tools)
         self.reasoning_id = "rs_" + uuid.uuid4().hex[:24]

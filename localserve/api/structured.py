@@ -229,11 +229,13 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
                                          "tools"), plan
     if fmt.name == "gemma4":
         return messages, checked_grammar(host, gemma4.grammar(tools, most), "tools"), plan
-    if fmt.name == "harmony":  # one call a turn: the model ends its turn after it
-        calls = [(t.function.name, schema_grammar(host, t.function.parameters,
+    if fmt.name in ("harmony", "mistral-args"):  # a name, then its arguments' JSON
+        named = [(t.function.name, schema_grammar(host, t.function.parameters,
                                                   f"tools[{i}].function.parameters"))
                  for i, t in enumerate(tools)]
-        return messages, checked_grammar(host, harmony.grammar(calls), "tools"), plan
+        gbnf = (harmony.grammar(named) if fmt.name == "harmony"  # one call a turn
+                else tool_formats.args_grammar(named, fmt, most))
+        return messages, checked_grammar(host, gbnf, "tools"), plan
     call = schema_grammar(host, tool_formats.call_schema(tools, fmt), "tools")
     grammar = checked_grammar(host, tool_formats.wrap_grammar(call, fmt, most), "tools")
     return messages, grammar, plan

@@ -8,7 +8,9 @@ answer is read in that format:
     qwen3-coder <tool_call><function=NAME><parameter=KEY>value</parameter>...</function></tool_call>
              (Qwen3.5, Qwen3-Coder, Nemotron 3, StepFun 3.5; Seed-OSS's in <seed:tool_call>)
     hermes   <tool_call>{"name": ..., "arguments": {...}}</tool_call>, repeated  (Qwen 2.5/3, Hermes)
-    mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]   (Mistral, Devstral)
+    mistral  [TOOL_CALLS][{"name": ..., "arguments": {...}, "id": "9 chars"}]   (Mistral Nemo)
+    mistral-args [TOOL_CALLS]NAME[ARGS]{...}, repeated  (Mistral Small 3.2, Devstral, Ministral 3,
+             Magistral)
     granite  <|tool_call|>[{"name": ..., "arguments": {...}}]                    (Granite 3.x)
     llama3   {"name": ..., "parameters": {...}}, maybe after <|python_tag|>     (Llama 3.1-3.3)
     command-r <|START_ACTION|>[{"tool_name": ..., "parameters": {...}}]<|END_ACTION|> (Command R7B)
@@ -47,7 +49,9 @@ class NativeFormat:
     xml: bool = False  # <function=NAME><parameter=KEY>value</parameter>... inside each block
 
     def call_id(self) -> str:
-        return uuid.uuid4().hex[:9] if self.name == "mistral" else "call_" + uuid.uuid4().hex[:24]
+        """Mistral's templates insist on 9 characters."""
+        return uuid.uuid4().hex[:9] if self.name.startswith("mistral") else \
+            "call_" + uuid.uuid4().hex[:24]
 
 
 FORMATS = (  # the first whose marker the template holds
@@ -57,6 +61,7 @@ FORMATS = (  # the first whose marker the template holds
                  xml=True),
     NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml=True),
     NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
+    NativeFormat("mistral-args", "[TOOL_CALLS]", "[ARGS]"),  # NAME[ARGS]{...}: args_call
     NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
     NativeFormat("granite", "<|tool_call|>", "<|tool_call|>", as_list=True),
     NativeFormat("llama3", '{"name"', "<|start_header_id|>", args_key="parameters",
@@ -89,7 +94,7 @@ def template_messages(messages, fmt: NativeFormat) -> list[dict]:
     out = []
     for m in messages:
         plain = m.as_template_dict(native=True)
-        if fmt.name == "mistral":  # its template insists on 9-character ids
+        if fmt.name.startswith("mistral"):  # its templates insist on 9-character ids
             plain = _short_ids(plain)
         out.append(plain)
     return out
@@ -132,6 +137,28 @@ def wrap_grammar(call_gbnf: str, fmt: NativeFormat, most: int) -> str:
     return root + "\n" + body
 
 
+def named_calls(tool_grammars: list[tuple[str, str]], between: str) -> tuple[str, list[str]]:
+    """A call written as NAME, `between`, then its arguments' JSON (harmony's, Mistral's
+    [ARGS] form): (the alternatives over the tools, the rules they use). tool_grammars: (name,
+    its JSON schema's GBNF with its `root`), each one's rules prefixed so none collide."""
+    rules, calls = [], []
+    for i, (name, gbnf) in enumerate(tool_grammars):
+        prefix = f"t{i}-"
+        for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
+            gbnf = rename_rule(gbnf, defined, prefix + defined)
+        rules.append(gbnf)
+        calls.append(f"{json.dumps(name + between)} {prefix}root")
+    return "(" + " | ".join(calls) + ")", rules
+
+
+def args_grammar(tool_grammars: list[tuple[str, str]], fmt: NativeFormat, most: int) -> str:
+    """Mistral's newer form, forced: 1..most of [TOOL_CALLS]NAME[ARGS]{...}."""
+    calls, rules = named_calls(tool_grammars, "[ARGS]")
+    one = f"{json.dumps(fmt.trigger)} {calls}"
+    more = f" ({one}){{0,{most - 1}}}" if most > 1 else ""
+    return "\n".join([f"root ::= {one}{more}", *rules])
+
+
 LITERAL = re.compile(r'"(?:\\.|[^"\\])*"|\[(?:\\.|[^\]\\])*\]')
 
 
@@ -170,6 +197,9 @@ def parse(text: str, fmt: NativeFormat) -> tuple[str | None, list[dict]]:
 
 def _calls_in(text: str, fmt: NativeFormat) -> list:
     """The call objects written from the trigger on (complete ones only)."""
+    if fmt.name == "mistral-args":
+        return [call for block in text.split(fmt.trigger)[1:]
+                for call in [args_call(block)] if call is not None]
     if fmt.xml:  # one complete call per block
         return [call for block in text.split(fmt.trigger)[1:] if fmt.close in block
                 for call in [xml_call(block.split(fmt.close)[0])] if call is not None]
@@ -179,6 +209,20 @@ def _calls_in(text: str, fmt: NativeFormat) -> list:
     for opening in fmt.triggers + ((fmt.trigger,) if fmt.as_list else ()):
         text = text.replace(opening, "")
     return json_values(text)
+
+
+ARGS_CALL = re.compile(r"\s*([\w.-]+)(?:\[CALL_ID\]([A-Za-z0-9]+))?\[ARGS\](.*)", re.DOTALL)
+
+
+def args_call(block: str) -> dict | None:
+    """Mistral's NAME[ARGS]{...} (Mistral Small 3.2 adds [CALL_ID]ID) as {"name", "arguments"
+    (, "id")}; None for a block cut short."""
+    found = ARGS_CALL.match(block)
+    values = json_values(found.group(3)) if found else []
+    if not values or not isinstance(values[0], dict):
+        return None
+    call = {"name": found.group(1), "arguments": values[0]}
+    return {**call, "id": found.group(2)} if found.group(2) else call
 
 
 XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
@@ -267,7 +311,9 @@ def _openai_call(call, fmt: NativeFormat) -> dict | None:
     if not isinstance(call, dict) or not isinstance(call.get(fmt.name_key), str):
         return None
     args = call.get(fmt.args_key, call.get("arguments", {}))
-    return {"id": fmt.call_id(), "type": "function", "function": {
+    given = call.get("id")  # the model's own (Mistral's), where it wrote one
+    return {"id": given if isinstance(given, str) and given else fmt.call_id(), "type": "function",
+            "function": {
         "name": call[fmt.name_key], "arguments": args if isinstance(args, str) else json.dumps(args)}}
 
 
