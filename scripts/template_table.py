@@ -2,14 +2,15 @@
 its source archive: scripts/template-table): for each, whether a plain chat and a tool
 conversation (tools, an assistant's call, its result) render through localserve's template
 class as the server sends them, which of localserve's answer formats reads its tool calls, and
-which reasoning it splits off. Facts about rendering, not about any model's answers."""
+which reasoning it splits off (and whether the template's prompt opens the block itself).
+Facts about rendering, not about any model's answers."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-from localserve.api.reasoning import reasoning_kind
+from localserve.api.reasoning import opens_reasoning, reasoning_kind
 from localserve.api.schemas import ChatCompletionRequest
 from localserve.api.tool_formats import detect, template_messages, template_tools
 from localserve.models.chat_template import ChatTemplate, as_alternating_turns
@@ -52,8 +53,17 @@ def row(path: Path) -> str:
                 else [m.as_template_dict() for m in TOOLS.messages])
     tools = template_tools(TOOLS.tools) if native else None
     return (f"| {path.stem} | {renders(template, PLAIN)} | {renders(template, messages, tools)} "
-            f"| {native.name if native else 'generic JSON'} "
-            f"| {reasoning_kind('auto', source) or '-'} |")
+            f"| {native.name if native else 'generic JSON'} | {reasoning(template, source)} |")
+
+
+def reasoning(template: ChatTemplate, source: str) -> str:
+    """The reasoning split off, and whether the template's own prompt opens its block."""
+    kind = reasoning_kind("auto", source)
+    try:
+        tail = template.render_parts(PLAIN)[-1].text
+    except (ValueError, IndexError):
+        tail = ""
+    return (kind or "-") + (" (opened by the prompt)" if opens_reasoning(kind, tail) else "")
 
 
 def main(folder: str) -> None:

@@ -3,6 +3,7 @@ fragments; on the real server (--reasoning-format deepseek, the answer shaped by
 since the demo model does not reason) chat, Messages and Responses carry the reasoning apart."""
 
 import json
+from pathlib import Path
 
 import anthropic
 import httpx
@@ -156,3 +157,52 @@ def test_messages_and_responses_carry_the_reasoning_apart(srv):
     assert [item.type for item in streamed.output] == ["reasoning", "message"]
     assert streamed.usage.output_tokens_details.reasoning_tokens == spent
     assert streamed.output_text == whole.output_text and "<think>" not in whole.output_text
+
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+
+@pytest.mark.parametrize("name, opens", [
+    ("Qwen3.5-4B", True), ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", True),
+    ("Qwen-Qwen3-0.6B", False), ("openai-gpt-oss-120b", False)])
+def test_a_template_that_opens_the_reasoning_block_is_known_from_its_prompt(name, opens):
+    from localserve.api.reasoning import opens_reasoning
+    from localserve.models.chat_template import ChatTemplate
+
+    source = (TEMPLATES / f"{name}.jinja").read_text()
+    parts = ChatTemplate(source, "<s>", "</s>").render_parts([{"role": "user", "content": "Hi"}])
+    assert opens_reasoning(reasoning_kind("auto", source), parts[-1].text) is opens
+
+
+def test_an_answer_that_starts_inside_its_prompts_block_is_reasoning_until_it_closes():
+    """llama.cpp's forced-open vectors (GLM 4.7 Flash, DeepSeek R1): the answer carries no
+    opening tag."""
+    from localserve.api.answer import ChoiceReader, Text, Thought
+    from localserve.engine.finish import FinishReason
+    from localserve.engine.request import Request, SamplingParams, TokenEvent
+
+    for opened, expected in ((True, ("I'm\nthinking", "Hello, world!")),
+                             (False, ("", "I'm\nthinking</think>Hello, world!"))):
+        reader = ChoiceReader(None, "think")
+        request = Request([1], SamplingParams(max_tokens=9), reasoning_open=opened)
+        answer, pieces = "I'm\nthinking</think>Hello, world!", []
+        for i in range(0, len(answer), 3):
+            end = FinishReason.STOP if i + 3 >= len(answer) else None
+            pieces += reader.read(TokenEvent(answer[i:i + 3], (1,), end), request)
+        assert ("".join(p.text for p in pieces if isinstance(p, Thought)),
+                "".join(p.text for p in pieces if isinstance(p, Text))) == expected
+
+
+def test_qwen35s_answers_start_in_the_reasoning_its_prompt_opened():
+    """The embedded model with Qwen3.5's template (its generation prompt ends with <think>): a
+    grammar makes it close the block, as a Qwen3.5 does; the reasoning and the answer arrive
+    apart, whole and streamed."""
+    grammar = 'root ::= [a-z ]{3,12} "</think>" [a-z ]{3,12}'
+    with running("-c", "1024", "-np", "1", "-t", "2", "--chat-template-file",
+                 str(TEMPLATES / "Qwen3.5-4B.jinja"), log_name="reasoning-open") as server:
+        body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40,
+                "temperature": 0, "grammar": grammar}
+        message = httpx.post(server.url + "/v1/chat/completions", json=body,
+                             timeout=120).json()["choices"][0]["message"]
+    assert message["reasoning_content"] and "</think>" not in message["content"]
+    assert message["content"] and "</think>" not in message["reasoning_content"]

@@ -234,7 +234,7 @@ class ChoiceReader:
             return [Failed(client_closed())]
         if event.progress is not None:
             return [Progress(*event.progress)]
-        pieces = self._text(event)
+        pieces = self._text(event, request)
         if self.timed:
             pieces = [replace(p, timings=timings_so_far(request)) if isinstance(p, Text) else p
                       for p in pieces]
@@ -242,7 +242,7 @@ class ChoiceReader:
             pieces += self._end(event, request)
         return pieces
 
-    def _text(self, event: TokenEvent) -> list[Piece]:
+    def _text(self, event: TokenEvent, request: EngineRequest) -> list[Piece]:
         if self.whole is not None:
             said = self.whole.feed(event.text) + (self.whole.flush() if event.finished else [])
             if said and all(kind == "thought" for kind, _ in said):
@@ -253,7 +253,8 @@ class ChoiceReader:
                 return [Text(event.text, (event.logprobs,) if event.logprobs else (),
                              event.token_ids)]
             return []
-        thought, text = self._think(event) if self.thinking is not None else ("", event.text)
+        thought, text = (self._think(event, request) if self.thinking is not None
+                         else ("", event.text))
         if self.tools is not None:
             if self.prose is None:
                 self.held.append(text)
@@ -261,8 +262,11 @@ class ChoiceReader:
             text = self.prose.feed(text)
         return ([Thought(thought)] if thought else []) + ([Text(text)] if text else [])
 
-    def _think(self, event: TokenEvent) -> tuple[str, str]:
-        """(reasoning, the rest) of an event's text."""
+    def _think(self, event: TokenEvent, request: EngineRequest) -> tuple[str, str]:
+        """(reasoning, the rest) of an event's text; an answer whose prompt opened the block
+        starts inside it."""
+        if request.reasoning_open:
+            self.thinking.opened()
         thought, text = self.thinking.feed(event.text)
         if event.finished:
             rest = self.thinking.flush()

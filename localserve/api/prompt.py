@@ -117,7 +117,7 @@ async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str
 
 def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None,
                  ending: str = "assistant", variables: dict | None = None,
-                 images: list = ()) -> tuple[list[int], dict]:
+                 images: list = ()) -> tuple[list[int], dict, str]:
     """ending: "assistant" (the template's generation prompt: a new answer), "none" (the
     messages as they are), "continue" (the final assistant message left open); variables:
     the request's chat_template_kwargs; images: the messages' ImageRefs, in order."""
@@ -135,15 +135,17 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
             parts = host.template.render_parts(as_alternating_turns(messages), **shape)
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
-    return _image_tokens(host, parts, list(images), "messages")
+    tail = parts[-1].text if parts and parts[-1].trusted else ""
+    return (*_image_tokens(host, parts, list(images), "messages"), tail)
 
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
                       ending: str = "assistant", variables: dict | None = None,
-                      images: list = ()) -> tuple[list[int], dict]:
+                      images: list = ()) -> tuple[list[int], dict, str]:
     """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any
     tool prompt); tools for a template that renders them itself; ending, variables, images:
-    see _chat_tokens. (tokens, the images placed among them by hash)"""
+    see _chat_tokens. (tokens, the images placed among them by hash, the template's own text
+    the prompt ends with: "" when a caller's text ends it)"""
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")
     return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables, images)

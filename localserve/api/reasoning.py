@@ -37,6 +37,13 @@ def reasoning_kind(format_: str, template_source: str | None) -> str:
     return THINK if format_ == "deepseek" or OPEN in (template_source or "") else ""
 
 
+def opens_reasoning(kind: str, template_tail: str) -> bool:
+    """Does the prompt end inside a reasoning block its template opened (Qwen3.5's, DeepSeek R1
+    distills', GLM 4.7's generation prompt ends with <think>): the answer then starts as
+    reasoning, without the tag."""
+    return kind in TAGS and template_tail.rstrip().endswith(TAGS[kind][0])
+
+
 def partial_tag(text: str, tag: str) -> int:
     """How many characters at the end of text could be the start of tag."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
@@ -81,6 +88,12 @@ class ThinkSplitter:
             text = text.lstrip()
             self.after_close = not text
         return text
+
+    def opened(self) -> None:
+        """The prompt opened the block (its template's generation prompt ends with the open
+        tag): before anything is read, the answer starts as reasoning."""
+        if self.state == "start" and not self.held:
+            self.state = "reasoning"
 
     def flush(self) -> tuple[str, str]:
         """What is held back when the answer ends: an unclosed block stays reasoning."""

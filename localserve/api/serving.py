@@ -17,7 +17,7 @@ from localserve.api import prompt, structured
 from localserve.api.admission import Admitted
 from localserve.api.image_fetch import fetch_images
 from localserve.api.images import from_url
-from localserve.api.reasoning import reasoning_kind
+from localserve.api.reasoning import opens_reasoning, reasoning_kind
 from localserve.api.schemas import ChatCompletionRequest, OpenAIError, SamplingBody
 from localserve.common.config import Settings
 from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
@@ -104,12 +104,14 @@ REFUSED_AGAIN_DELAY_S = 1.0
 
 def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: SamplingBody,
            grammar: str | None = None, endpoint: str = "",
-           context_limit: int | None = None, images: dict | None = None) -> ChoiceStreams:
+           context_limit: int | None = None, images: dict | None = None,
+           reasoning_open: bool = False) -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first. `context_limit`: a context smaller than one
     request may use, that the client asked for (Ollama's num_ctx); prompt and answer fit in it.
-    `images`: the prompt's images by hash (prompt.chat_prompt)."""
+    `images`: the prompt's images by hash (prompt.chat_prompt); `reasoning_open`: the prompt
+    ends inside a reasoning block its template opened."""
     user = admitted.user(body)
     refused = host.grammar_refusal(user, grammar)
     if refused:  # sent again after the engine ended it: answered late, at no cost (tarpit)
@@ -139,6 +141,7 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: Samplin
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
                                      cache_scope=admitted.office.cache_scope(user),
                                      background=background, images=images or {},
+                                     reasoning_open=reasoning_open,
                                      prefix_of=choices[0] if choices else None))
     try:
         return host.engine.submit_choices(choices)
@@ -164,6 +167,7 @@ class ChatPrompt(NamedTuple):
     grammar: str | None
     plan: object  # structured.ToolPlan or None
     images: dict  # the images placed among the tokens, by hash
+    reasoning_open: bool  # the template opened a reasoning block the answer starts in
 
 
 async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
@@ -188,9 +192,9 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
         prompt.check_reads_images(host, urls[0][1])
     images = await fetch_images([from_url(url, where, host.settings.image_urls)
                                  for url, where in urls], host.settings.image_url_hosts, key)
-    tokens, placed = await prompt.chat_prompt(host, messages, tools_for_template, body.ending,
-                                              body.template_kwargs, images)
-    return ChatPrompt(tokens, grammar, plan, placed)
+    tokens, placed, tail = await prompt.chat_prompt(host, messages, tools_for_template,
+                                                    body.ending, body.template_kwargs, images)
+    return ChatPrompt(tokens, grammar, plan, placed, opens_reasoning(reasons(host), tail))
 
 
 async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):
@@ -207,4 +211,4 @@ async def queue_chat(admitted: Admitted, host: ModelHost, body: ChatCompletionRe
     with host.chat_on_its_way(background_task(body)):
         chat = await chat_tokens(host, body, admitted.caller.key)
         return submit(admitted, host, chat.tokens, body, chat.grammar, endpoint, context_limit,
-                      chat.images), chat.plan
+                      chat.images, chat.reasoning_open), chat.plan

@@ -126,6 +126,9 @@ class Request:
     # the prompt's images by hash: their rows are placeholder ids in prompt_tokens, decoded
     # from the image's embeddings (runner/images.py); opaque to the scheduler
     images: dict = field(default_factory=dict)
+    # the prompt ends inside a reasoning block its template opened: the answer starts as
+    # reasoning (api/answer.py); opaque to the engine
+    reasoning_open: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
