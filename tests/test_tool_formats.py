@@ -38,6 +38,7 @@ FAMILIES = {
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral-args",
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral-args",
     "unsloth-mistral-Devstral-Small-2507": "mistral-args",
+    "GLM-4.6": "glm", "GLM-4.7-Flash": "glm",
 }
 
 
@@ -90,6 +91,13 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
      [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
     ("mistral-args", '[TOOL_CALLS]special_function[CALL_ID]123456789[ARGS]{"arg1": 1}', None,
      [("special_function", {"arg1": 1})]),  # Mistral Small 3.2: the model's id is kept
+    ("glm", "<tool_call>special_function\n<arg_key>arg1</arg_key>\n<arg_value>1</arg_value>\n"
+            "</tool_call>", None, [("special_function", {"arg1": 1})]),  # GLM 4.6
+    ("glm", "<tool_call>special_function<arg_key>arg1</arg_key><arg_value>1</arg_value>"
+            "</tool_call><tool_call>special_function_with_opt<arg_key>arg1</arg_key><arg_value>1"
+            "</arg_value><arg_key>arg2</arg_key><arg_value>2</arg_value></tool_call>", None,
+     [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
+    ("glm", "<tool_call>read_file_diff_md</tool_call>", None, [("read_file_diff_md", {})]),
     ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
 ]
@@ -226,3 +234,20 @@ def test_a_forced_call_is_written_in_mistrals_args_form_and_parses():
     [call] = choice["message"]["tool_calls"]
     assert call["function"]["name"] == "get_weather" and len(call["id"]) == 9
     assert "city" in json.loads(call["function"]["arguments"])
+
+
+def test_a_forced_call_is_written_in_glms_form_and_parses():
+    """GLM 4.7 Flash's own form end to end: <tool_call>NAME<arg_key>...<arg_value>... in its
+    template's history and in the forced answer, read back (its prompt opens a <think> block,
+    which the forced call answers from)."""
+    template = TEMPLATES / "GLM-4.7-Flash.jinja"
+    with running("-c", "2048", "-np", "1", "-t", "2", "--chat-template-file", str(template),
+                 log_name="tool-formats-glm") as srv:
+        shown = httpx.post(srv.url + "/apply-template", json={"messages": HISTORY}).json()
+        choice = ask(srv, tool_choice="required", parallel_tool_calls=False, max_tokens=100,
+                     tools=[CITY_AND_DAYS])
+    assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris" in shown["prompt"]
+    assert choice["finish_reason"] == "tool_calls", choice
+    [call] = choice["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather" and 0 < len(arguments["city"]) <= 24

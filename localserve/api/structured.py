@@ -224,7 +224,7 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
     if auto:
         return messages, None, plan
     most = 1 if body.parallel_tool_calls is False or fmt.name == "llama3" else MAX_CALLS_PER_ANSWER
-    if fmt.xml:
+    if fmt.xml:  # tagged calls (Qwen3.5's, Seed-OSS's, GLM's)
         return messages, checked_grammar(host, tool_formats.xml_grammar(tools, fmt, most),
                                          "tools"), plan
     if fmt.name == "gemma4":

@@ -46,7 +46,9 @@ class NativeFormat:
     as_list: bool = False  # one JSON list after the trigger (else one object per block)
     close: str = ""  # what ends one block
     triggers: tuple[str, ...] = ()  # other openings of the same calls
-    xml: bool = False  # <function=NAME><parameter=KEY>value</parameter>... inside each block
+    # each block's call as tagged text: "function" <function=NAME><parameter=KEY>value</parameter>,
+    # "arg" NAME<arg_key>KEY</arg_key><arg_value>value</arg_value> (GLM); "": JSON
+    xml: str = ""
 
     def call_id(self) -> str:
         """Mistral's templates insist on 9 characters."""
@@ -58,8 +60,9 @@ FORMATS = (  # the first whose marker the template holds
     NativeFormat("harmony", "to=functions.", "<|channel|>"),  # gpt-oss's: read by harmony.py
     NativeFormat("gemma4", "<|tool_call>", "<|tool_call>", close="<tool_call|>"),  # gemma4.py
     NativeFormat("seed-oss", "<seed:tool_call>", "<seed:tool_call>", close="</seed:tool_call>",
-                 xml=True),
-    NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml=True),
+                 xml="function"),
+    NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml="function"),
+    NativeFormat("glm", "<tool_call>", "<arg_key>", close="</tool_call>", xml="arg"),
     NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
     NativeFormat("mistral-args", "[TOOL_CALLS]", "[ARGS]"),  # NAME[ARGS]{...}: args_call
     NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
@@ -202,7 +205,7 @@ def _calls_in(text: str, fmt: NativeFormat) -> list:
                 for call in [args_call(block)] if call is not None]
     if fmt.xml:  # one complete call per block
         return [call for block in text.split(fmt.trigger)[1:] if fmt.close in block
-                for call in [xml_call(block.split(fmt.close)[0])] if call is not None]
+                for call in [xml_call(block.split(fmt.close)[0], fmt.xml)] if call is not None]
     if fmt.close:  # one object per block
         return [value for block in text.split(fmt.trigger)[1:]
                 for value in json_values(block.split(fmt.close)[0])]
@@ -229,20 +232,32 @@ XML_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.DOTALL)
 XML_PARAMETER = re.compile(r"<parameter=([^>\n]+)>\n?(.*?)\n?</parameter>", re.DOTALL)
 
 
-def xml_call(block: str) -> dict | None:
-    """One <function=NAME>...</function> call as {"name", "arguments"}: each parameter's
+ARG_PAIR = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
+
+
+def xml_call(block: str, style: str = "function") -> dict | None:
+    """One tagged call (NativeFormat.xml's styles) as {"name", "arguments"}: each parameter's
     value as JSON where it reads as a number, boolean, null, object or list, else as text."""
-    found = XML_FUNCTION.search(block)
-    if found is None:
-        return None
-    args = {}
-    for key, value in XML_PARAMETER.findall(found.group(2)):
-        try:
-            parsed = json.loads(value)
-        except ValueError:
-            parsed = value
-        args[key.strip()] = value if isinstance(parsed, str) else parsed
-    return {"name": found.group(1).strip(), "arguments": args}
+    if style == "arg":  # GLM: the name first, then key and value pairs
+        name, pairs = block.split("<arg_key>", 1)[0].strip(), ARG_PAIR.findall(block)
+        if not name or "<" in name:
+            return None
+    else:
+        found = XML_FUNCTION.search(block)
+        if found is None:
+            return None
+        name, pairs = found.group(1).strip(), XML_PARAMETER.findall(found.group(2))
+    return {"name": name, "arguments": {key.strip(): tagged_value(value) for key, value in pairs}}
+
+
+def tagged_value(value: str):
+    """A tagged parameter's value: JSON where it reads as a number, boolean, null, object or
+    list, else the text itself."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        return value
+    return value if isinstance(parsed, str) else parsed
 
 
 def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
@@ -255,12 +270,19 @@ def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
         params = []
         for key, typed in schema.get("properties", {}).items():
             value = xml_value(typed if isinstance(typed, dict) else {})
-            one = f'{json.dumps(f"<parameter={key}>")} "\\n" {value} "\\n</parameter>\\n"'
+            one = (f'{json.dumps(f"<arg_key>{key}</arg_key>")} "\\n" "<arg_value>" {value} '
+                   f'"</arg_value>\\n"' if fmt.xml == "arg" else
+                   f'{json.dumps(f"<parameter={key}>")} "\\n" {value} "\\n</parameter>\\n"')
             params.append(one if key in required else f"({one})?")
-        head = json.dumps(f"<function={tool.function.name}>")
-        rules.append(f'call-{i} ::= {head} "\\n" {" ".join(params)} "</function>"')
+        if fmt.xml == "arg":
+            head, end = json.dumps(tool.function.name + "\n"), ""
+        else:
+            head, end = json.dumps(f"<function={tool.function.name}>\n"), ' "</function>"'
+        rules.append(f'call-{i} ::= {head} {" ".join(params)}{end}')
         calls.append(f"call-{i}")
-    block = f'{json.dumps(fmt.trigger)} "\\n" ({" | ".join(calls)}) "\\n" {json.dumps(fmt.close)}'
+    opening = "" if fmt.xml == "arg" else ' "\\n"'  # GLM writes the name right after the tag
+    block = (f'{json.dumps(fmt.trigger)}{opening} ({" | ".join(calls)}) "\\n" '
+             f'{json.dumps(fmt.close)}')
     more = f' ("\\n" {block}){{0,{most - 1}}}' if most > 1 else ""
     return "\n".join([f"root ::= {block}{more}", *rules, "xml-value ::= [^<]+"])
 
