@@ -73,6 +73,6 @@ def show(entry: Entry, reasons: bool) -> dict:
     return {"modelfile": f"# served by localserve from {tags_entry(entry)['name']} (a GGUF file "
                          f"the admin configured)\n",
             "parameters": parameters,
-            "template": host.template.source if entry.loaded and host.template else "",
+            "template": (host.template_source or "") if entry.loaded else "",
             "details": details, "model_info": info, "capabilities": capabilities,
             "modified_at": tags_entry(entry)["modified_at"]}

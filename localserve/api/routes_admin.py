@@ -199,7 +199,7 @@ async def props(request: Request, model: str | None = None):
         "total_slots": pool.n_slots,  # llama-server's name for n_slots
         "modalities": {"vision": host.reads_images, "audio": False},  # llama-server's
         "cache": {"type_k": s.cache_type_k, "type_v": s.cache_type_v, "flash_attn": s.flash_attn},
-        "chat_template": host.template.source if host.template else None,
+        "chat_template": host.template_source,
         "model_path": model_path if is_admin(request) else Path(model_path).name if model_path else None,
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,

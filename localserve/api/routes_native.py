@@ -156,7 +156,7 @@ async def detokenize(body: DetokenizeBody, request: Request,
 async def apply_template(body: TemplateBody, request: Request,
                          admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:
-        native = tool_formats.detect(host.template.source)  # tool history in its own words
+        native = tool_formats.detect(host.template_source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])
         tools = None

@@ -158,8 +158,7 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: Samplin
 def reasons(host: ModelHost) -> str:
     """How this model's answers carry reasoning to split off (reasoning.reasoning_kind): "think",
     "harmony", or "" for none."""
-    return reasoning_kind(host.settings.reasoning_format,
-                          host.template.source if host.template else None)
+    return reasoning_kind(host.settings.reasoning_format, host.template_source)
 
 
 class ChatPrompt(NamedTuple):
@@ -182,7 +181,7 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
         messages, plan = [m.as_template_dict() for m in body.messages], None
         grammar = await run_in_threadpool(structured.request_grammar, host, body)
     tools_for_template = plan.template_tools if plan is not None else None
-    source = host.template.source if host.template else ""
+    source = host.template_source or ""
     if body.reasoning_effort is not None and "reasoning_effort" not in source:
         raise OpenAIError(400, f"'{host.model_id}' has no reasoning effort to set (its chat "
                           f"template does not read reasoning_effort); leave it out",

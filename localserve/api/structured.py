@@ -188,7 +188,7 @@ def tool_setup(host: ModelHost, body: ChatCompletionRequest) -> tuple[list[dict]
                               param="tool_choice")
     for i, t in enumerate(tools):  # each alone first, so that an error names its tool
         schema_grammar(host, t.function.parameters, f"tools[{i}].function.parameters")
-    native = tool_formats.detect(host.template.source if host.template else None)
+    native = tool_formats.detect(host.template_source)
     if native is not None:
         return native_tool_setup(host, body, tools, native)
     calls = [{"type": "object", "properties": {

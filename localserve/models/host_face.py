@@ -86,6 +86,11 @@ class HostFace:
         return tokens
 
     @property
+    def template_source(self) -> str | None:
+        """The chat template's Jinja source (None before the model is loaded)."""
+        return self.template.source if self.template else None
+
+    @property
     def reads_images(self) -> bool:
         """Whether this model was given a projector (--mmproj): images in its chats."""
         return getattr(self.runner, "projector", None) is not None
