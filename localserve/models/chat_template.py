@@ -218,10 +218,23 @@ class GenerationTag(Extension):
         return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
+class TemplateSandbox(ImmutableSandboxedEnvironment):
+    """The sandbox, where a caller's text hidden behind its marker answers `.strip()` as
+    `| trim` does (GLM's templates strip each message with the method)."""
+
+    def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
+        owner = getattr(__obj, "__self__", None)
+        asked = [name for name in kwargs if not name.startswith("_")]  # not Jinja's _loop_vars
+        if (getattr(__obj, "__name__", "") == "strip" and isinstance(owner, str) and not args
+                and not asked and WHOLE_MARKER.fullmatch(owner)):
+            return trimmed(owner)
+        return super().call(__context, __obj, *args, **kwargs)
+
+
 class ChatTemplate:
     def __init__(self, source: str | None, bos_token: str = "", eos_token: str = ""):
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                            extensions=["jinja2.ext.loopcontrols", GenerationTag])
+        env = TemplateSandbox(trim_blocks=True, lstrip_blocks=True,
+                              extensions=["jinja2.ext.loopcontrols", GenerationTag])
         env.globals["raise_exception"] = _raise
         env.filters["trim"] = _trim
         env.filters["tojson"] = _tojson
