@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
 from localserve.api.reasoning import partial_tag
-from localserve.api.tool_formats import string_bound, typed_scalar
+from localserve.api.tool_formats import openai_call, string_bound, typed_scalar
 
 OPEN, CLOSE, CALL, CALL_END, QUOTE = "<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>'
 MARKERS = (OPEN, CLOSE, CALL, CALL_END)
@@ -95,8 +94,7 @@ def read_call(text: str) -> dict | None:
         arguments = json.loads(as_json(found.group(2)))
     except ValueError:
         return None
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": found.group(1), "arguments": json.dumps(arguments)}}
+    return openai_call(found.group(1), json.dumps(arguments))
 
 
 def as_json(text: str) -> str:

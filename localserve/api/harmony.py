@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 
 from localserve.api.reasoning import partial_tag
-from localserve.api.tool_formats import named_calls
+from localserve.api.tool_formats import named_calls, openai_call
 
 START, CHANNEL, MESSAGE, END = "<|start|>", "<|channel|>", "<|message|>", "<|end|>"
 BODY_ENDS = (END, START, "<|call|>", "<|return|>")  # the last two end the turn (EOG)
@@ -121,8 +120,7 @@ def _call(name: str, body: str) -> dict:
         arguments = json.dumps(json.loads(body))
     except ValueError:
         arguments = body.strip()
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": name, "arguments": arguments}}
+    return openai_call(name, arguments)
 
 
 def grammar(tool_grammars: list[tuple[str, str]]) -> str:

@@ -20,7 +20,6 @@ import hashlib
 import json
 import re
 import threading
-import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -276,8 +275,7 @@ def tool_finish(finish: str, called: bool) -> str:
 
 
 def _call(call: dict) -> dict:
-    return {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}
+    return tool_formats.openai_call(call["name"], json.dumps(call["arguments"]))
 
 
 CUT_CALLS = re.compile(r'\s*\{\s*"tool_calls"\s*:\s*\[')

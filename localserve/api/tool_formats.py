@@ -52,8 +52,17 @@ class NativeFormat:
 
     def call_id(self) -> str:
         """Mistral's templates insist on 9 characters."""
-        return uuid.uuid4().hex[:9] if self.name.startswith("mistral") else \
-            "call_" + uuid.uuid4().hex[:24]
+        return uuid.uuid4().hex[:9] if self.name.startswith("mistral") else new_call_id()
+
+
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def openai_call(name: str, arguments: str, call_id: str | None = None) -> dict:
+    """One tool call in OpenAI's shape, whichever format it was read from."""
+    return {"id": call_id or new_call_id(), "type": "function",
+            "function": {"name": name, "arguments": arguments}}
 
 
 FORMATS = (  # the first whose marker the template holds
@@ -334,9 +343,8 @@ def _openai_call(call, fmt: NativeFormat) -> dict | None:
         return None
     args = call.get(fmt.args_key, call.get("arguments", {}))
     given = call.get("id")  # the model's own (Mistral's), where it wrote one
-    return {"id": given if isinstance(given, str) and given else fmt.call_id(), "type": "function",
-            "function": {
-        "name": call[fmt.name_key], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+    return openai_call(call[fmt.name_key], args if isinstance(args, str) else json.dumps(args),
+                       given if isinstance(given, str) and given else fmt.call_id())
 
 
 class ProseThenCalls:
