@@ -1,6 +1,6 @@
 """Models whose cache cannot be cut back to a prefix, served with the defaults through the real
-server: a hybrid model (LFM2's shape, a convolution state beside attention, random weights:
-scripts/make-memory-model) and a sliding-window one (Gemma 3 270M, scripts/setup-second-model).
+server: two hybrid models (random weights, scripts/make-memory-model: LFM2's shape, a convolution
+state beside attention; Granite 4's, a Mamba-2 state beside attention) and a sliding-window one (Gemma 3 270M, scripts/setup-second-model).
 A conversation's follow-up, Regenerate, its first turn again and its next turn after seven
 colleagues took every slot all reuse cached tokens and answer as without the cache; n > 1 and
 six colleagues at once are answered; the start-up log and /props say which memory the model has."""
@@ -28,11 +28,15 @@ def memory_model(kind: str) -> Path:
                                text=True, capture_output=True).stdout.strip())
 
 
-@pytest.fixture(scope="module", params=["hybrid", "sliding-window"])
+# The model each served kind is tried on, and the memory /props names for it.
+KINDS = {"hybrid": "hybrid", "hybrid-mamba": "hybrid", "sliding-window": "sliding-window"}
+
+
+@pytest.fixture(scope="module", params=list(KINDS))
 def served(request):
     if request.param == "sliding-window" and not GEMMA.is_file():
         pytest.skip("no Gemma 3 270M: scripts/setup-second-model")
-    path = GEMMA if request.param == "sliding-window" else memory_model("hybrid")
+    path = GEMMA if request.param == "sliding-window" else memory_model(request.param)
     keys = [arg for key in (ALICE, CAROL, *FRESH) for arg in ("--api-key", key)]
     with running("-m", str(path), "-c", "4096", "-np", "4", "-t", "2", *keys,
                  log_name=f"memory-{request.param}") as srv:
@@ -100,10 +104,10 @@ def test_six_colleagues_at_once_are_all_answered(served):
 def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served):
     kind, srv = served
     props = httpx.get(srv.url + "/props", headers={"Authorization": f"Bearer {ALICE}"}).json()
-    assert props["model"]["memory"] == kind
+    assert props["model"]["memory"] == KINDS[kind]
     said = {"hybrid": "memory: a recurrent state beside attention: a slot's cache is reused whole",
             "sliding-window": "memory: sliding-window layers keep their window only"}
-    assert said[kind] in srv.log() and "no drafting" in srv.log()
+    assert said[KINDS[kind]] in srv.log() and "no drafting" in srv.log()
 
 
 def test_experts_kept_in_host_memory_by_flag_give_the_same_answer():

@@ -6,7 +6,10 @@ the weights' values; the cache's kind does.
 - `hybrid`: LFM2's shape, short-convolution layers (a recurrent state per sequence: it cannot be
   cut back to a prefix) interleaved with attention layers;
 - `hybrid-moe`: LFM2-MoE's, the same memory with mixture-of-experts feed-forward layers after a
-  dense lead (experts that `--cpu-moe` places in host memory).
+  dense lead (experts that `--cpu-moe` places in host memory);
+- `hybrid-mamba`: Granite 4's (granitehybrid), Mamba-2 layers (a selective state-space state and
+  its convolution, per sequence) interleaved with attention: the recurrent state of Granite 4,
+  Nemotron-H and Falcon-H1.
 
 Sliding-window memory is the second real test model's (Gemma 3 270M, scripts/setup-second-model).
 scripts/make-memory-model runs `python -m localserve.bench.memory_models KIND VOCAB.gguf OUT.gguf`.
@@ -21,7 +24,7 @@ import numpy as np
 
 from localserve.bench.fast_model import copy_tokenizer, finish, q4_0_blocks, q4_tensor
 
-KINDS = ("hybrid", "hybrid-moe")
+KINDS = ("hybrid", "hybrid-moe", "hybrid-mamba")
 # ChatML, as LFM2's and Qwen's templates write turns (tokens the Qwen vocabulary has).
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
@@ -30,12 +33,16 @@ CHATML_TEMPLATE = (
 ATTENTION_LAYERS = (2, 5)
 
 
+# Mamba-2's sizes in the Granite 4 writer: llama.cpp takes an expansion of 2 only.
+SSM_STATE, SSM_HEADS, SSM_CONV = 16, 8, 4
+
+
 def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: int = 128,
           n_ff: int = 256, n_head: int = 4, n_head_kv: int = 2, n_ctx: int = 8192,
           seed: int = 0) -> None:
     import gguf  # llama.cpp's gguf-py, on PYTHONPATH (scripts/make-memory-model)
 
-    arch = {"hybrid": "lfm2", "hybrid-moe": "lfm2moe"}[kind]
+    arch = {"hybrid": "lfm2", "hybrid-moe": "lfm2moe", "hybrid-mamba": "granitehybrid"}[kind]
     reader = gguf.GGUFReader(vocab_path)
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
     writer = gguf.GGUFWriter(out_path, arch)
@@ -48,9 +55,16 @@ def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: i
     writer.add_head_count_kv([n_head_kv if i in ATTENTION_LAYERS else 0 for i in range(n_layer)])
     writer.add_rope_freq_base(1000000.0)
     writer.add_layer_norm_rms_eps(1e-5)
-    writer.add_uint32(f"{arch}.shortconv.l_cache", 3)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
+    if kind == "hybrid-mamba":
+        writer.add_ssm_conv_kernel(SSM_CONV)
+        writer.add_ssm_inner_size(2 * n_embd)
+        writer.add_ssm_state_size(SSM_STATE)
+        writer.add_ssm_time_step_rank(SSM_HEADS)
+        writer.add_ssm_group_count(1)
+    else:
+        writer.add_uint32(f"{arch}.shortconv.l_cache", 3)
     moe = kind == "hybrid-moe"
     n_expert, n_dense = 4, 2
     if moe:
@@ -68,16 +82,28 @@ def write(kind: str, vocab_path: str, out_path: str, n_layer: int = 6, n_embd: i
     small = lambda name, *shape: writer.add_tensor(  # noqa: E731
         name, (rng.standard_normal(shape) * 0.1).astype(np.float32))
     q4("token_embd.weight", n_vocab, n_embd)  # also the output layer (tied, as LFM2's)
-    ones("token_embd_norm.weight", n_embd)  # LFM2's final norm
+    ones("output_norm.weight" if kind == "hybrid-mamba" else "token_embd_norm.weight", n_embd)
     for i in range(n_layer):
         ones(f"blk.{i}.attn_norm.weight", n_embd)
         if i in ATTENTION_LAYERS:
-            ones(f"blk.{i}.attn_q_norm.weight", head_dim)
-            ones(f"blk.{i}.attn_k_norm.weight", head_dim)
+            if kind != "hybrid-mamba":  # LFM2 normalizes queries and keys; Granite does not
+                ones(f"blk.{i}.attn_q_norm.weight", head_dim)
+                ones(f"blk.{i}.attn_k_norm.weight", head_dim)
             q4(f"blk.{i}.attn_q.weight", n_embd, n_embd)
             q4(f"blk.{i}.attn_k.weight", n_head_kv * head_dim, n_embd)
             q4(f"blk.{i}.attn_v.weight", n_head_kv * head_dim, n_embd)
             q4(f"blk.{i}.attn_output.weight", n_embd, n_embd)
+        elif kind == "hybrid-mamba":
+            d_inner = 2 * n_embd
+            conv_dim = d_inner + 2 * SSM_STATE
+            q4(f"blk.{i}.ssm_in.weight", 2 * d_inner + 2 * SSM_STATE + SSM_HEADS, n_embd)
+            small(f"blk.{i}.ssm_conv1d.weight", conv_dim, SSM_CONV)
+            small(f"blk.{i}.ssm_conv1d.bias", conv_dim)
+            small(f"blk.{i}.ssm_dt.bias", SSM_HEADS)
+            writer.add_tensor(f"blk.{i}.ssm_a", -np.ones((SSM_HEADS, 1), dtype=np.float32))
+            ones(f"blk.{i}.ssm_d", SSM_HEADS, 1)
+            ones(f"blk.{i}.ssm_norm.weight", 1, d_inner)
+            q4(f"blk.{i}.ssm_out.weight", n_embd, d_inner)
         else:
             small(f"blk.{i}.shortconv.conv.weight", n_embd, 3)
             q4(f"blk.{i}.shortconv.in_proj.weight", 3 * n_embd, n_embd)
