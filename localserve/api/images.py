@@ -2,19 +2,26 @@
 
 Each API's image (OpenAI's `image_url` part, Anthropic's `image` block, Responses'
 `input_image`, Ollama's `images`) becomes an ImageRef in the message: its bytes, and where it
-sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it on a worker thread with bounds
-on bytes, pixels and count, each refusal a 400 naming the image; the projector then resizes it
+sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it with bounds on bytes, pixels
+(each image's and the request's) and count, each refusal a 400 naming the image, on the image
+decoders' own threads (DECODE_WORKERS), one request of a key at a time (hardening round 7, case
+5): a key's burst of large images waits for its own turn there, never on the thread pool that
+tokenizes colleagues' chats, and holds at most one request's pixels in the making. The
+projector then resizes it
 as llama.cpp does (runner/images.py). Image addresses are fetched only where the admin said so
 (--image-urls: the server reaches out on a client's word), by image_fetch.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import io
 import re
 import warnings
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from localserve.api.schemas import OpenAIError
@@ -24,6 +31,10 @@ MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # about 8K x 5K: bigger is a decompression bomb, not a photo
 MAX_SIDE = 2048  # larger images are shrunk to this first (the projector shrinks them further)
 MAX_IMAGES = 16  # per request
+MAX_REQUEST_PIXELS = 100_000_000  # a request's images together: about 3 s of one core's decoding
+DECODE_WORKERS = 2  # threads that decode images, every key's together
+_decoders = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="image-decode")
+_turns: defaultdict[str | None, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(1))
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECASE)
 
@@ -53,13 +64,27 @@ def from_url(url: str, where: str, fetch: bool = False) -> ImageRef:
     return ImageRef(url[match.end():], where)
 
 
+async def decode_in_turn(refs: list[ImageRef], key: str | None) -> list[DecodedImage]:
+    """decode() on the image decoders' threads, after the key's earlier requests' images."""
+    if not refs:
+        return []
+    async with _turns[key]:
+        return await asyncio.get_running_loop().run_in_executor(_decoders, decode, refs)
+
+
 def decode(refs: list[ImageRef]) -> list[DecodedImage]:
-    """Every image as RGB pixels, or a 400 naming the first that cannot be read. Blocking
-    (Pillow): call it on a worker thread."""
+    """Every image as RGB pixels, or a 400 naming the first that cannot be read or that takes
+    the request past MAX_REQUEST_PIXELS (counted from each image's header, before its pixels
+    are decoded). Blocking (Pillow)."""
     if len(refs) > MAX_IMAGES:
         raise OpenAIError(400, f"{len(refs)} images in one request; at most {MAX_IMAGES}",
                           param=refs[MAX_IMAGES].where)
-    return [_decode_one(ref) for ref in refs]
+    decoded, pixels_left = [], MAX_REQUEST_PIXELS
+    for ref in refs:
+        image, pixels = _decode_one(ref, pixels_left)
+        decoded.append(image)
+        pixels_left -= pixels
+    return decoded
 
 
 def _decoded(ref: ImageRef) -> bytes:
@@ -73,7 +98,8 @@ def _decoded(ref: ImageRef) -> bytes:
             from None
 
 
-def _decode_one(ref: ImageRef) -> DecodedImage:
+def _decode_one(ref: ImageRef, pixels_left: int) -> tuple[DecodedImage, int]:
+    """The image, and the pixels its file holds (what decoding it cost)."""
     from PIL import Image  # Pillow, which matplotlib brings
 
     if ref.url and ref.raw is None:
@@ -88,6 +114,11 @@ def _decode_one(ref: ImageRef) -> DecodedImage:
                 raise OpenAIError(400, f"{ref.where}: the image is {image.width}x{image.height} "
                                   f"pixels; at most {MAX_PIXELS // 1_000_000} million",
                                   param=ref.where)
+            if image.width * image.height > pixels_left:
+                raise OpenAIError(400, f"{ref.where}: the request's images have more than "
+                                  f"{MAX_REQUEST_PIXELS // 1_000_000} million pixels together; "
+                                  f"send fewer or smaller ones", param=ref.where)
+            source_pixels = image.width * image.height
             image.draft("RGB", (MAX_SIDE, MAX_SIDE))  # JPEG: decode at a smaller scale
             image = image.convert("RGB")
     except OpenAIError:
@@ -103,4 +134,4 @@ def _decode_one(ref: ImageRef) -> DecodedImage:
         image.thumbnail((MAX_SIDE, MAX_SIDE))
     if min(image.size) < 1:
         raise OpenAIError(400, f"{ref.where}: the image has no pixels", param=ref.where)
-    return DecodedImage(image.tobytes(), image.width, image.height, raw, ref.where)
+    return DecodedImage(image.tobytes(), image.width, image.height, raw, ref.where), source_pixels

@@ -67,11 +67,11 @@ def check_reads_images(host: ModelHost, where: str) -> None:
                           param=where)
 
 
-async def media_prompt(host: ModelHost, text: str, data: list[str],
-                       param: str) -> tuple[list[int], dict]:
+async def media_prompt(host: ModelHost, text: str, data: list[str], param: str,
+                       key: str | None) -> tuple[list[int], dict]:
     """llama-server's `{"prompt_string", "multimodal_data"}`: the caller's raw text (special
-    tokens parsed, as text_prompt), each MEDIA_MARKER in it the next base64 image. (tokens, the
-    images by hash)"""
+    tokens parsed, as text_prompt), each MEDIA_MARKER in it the next base64 image, decoded in
+    `key`'s turn (images.decode_in_turn). (tokens, the images by hash)"""
     pieces = text.split(MEDIA_MARKER)
     if len(pieces) - 1 != len(data):
         raise OpenAIError(400, f"{param}.prompt_string has {len(pieces) - 1} {MEDIA_MARKER} "
@@ -85,12 +85,14 @@ async def media_prompt(host: ModelHost, text: str, data: list[str],
     parts = [PromptPart(pieces[0], trusted=True)]
     for piece in pieces[1:]:  # an image where each marker was (host.tokenize_parts)
         parts += [PromptPart(IMAGE_MARKER, trusted=False), PromptPart(piece, trusted=True)]
-    return await run_in_threadpool(_image_tokens, host, parts, refs, param)
+    decoded = await image_input.decode_in_turn(refs, key)
+    return await run_in_threadpool(_image_tokens, host, parts, decoded, param)
 
 
-def _image_tokens(host: ModelHost, parts: list, refs: list, param: str) -> tuple[list[int], dict]:
+def _image_tokens(host: ModelHost, parts: list, decoded: list,
+                  param: str) -> tuple[list[int], dict]:
     try:
-        tokens, images = host.tokenize_parts(parts, image_input.decode(refs))
+        tokens, images = host.tokenize_parts(parts, decoded)
     except ImageError as exc:
         raise OpenAIError(400, str(exc), param=param) from None
     if tokens and tokens[-1] < 0:  # an image's row: the model answers from a text token
@@ -120,7 +122,7 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
                  images: list = ()) -> tuple[list[int], dict, str]:
     """ending: "assistant" (the template's generation prompt: a new answer), "none" (the
     messages as they are), "continue" (the final assistant message left open); variables:
-    the request's chat_template_kwargs; images: the messages' ImageRefs, in order."""
+    the request's chat_template_kwargs; images: the messages' images decoded, in order."""
     shape = {"add_generation_prompt": ending == "assistant", "continue_final": ending == "continue",
              "variables": variables}
     try:
@@ -141,14 +143,16 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
                       ending: str = "assistant", variables: dict | None = None,
-                      images: list = ()) -> tuple[list[int], dict, str]:
+                      images: list = (), key: str | None = None) -> tuple[list[int], dict, str]:
     """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any
-    tool prompt); tools for a template that renders them itself; ending, variables, images:
-    see _chat_tokens. (tokens, the images placed among them by hash, the template's own text
-    the prompt ends with: "" when a caller's text ends it)"""
+    tool prompt); tools for a template that renders them itself; ending, variables: see
+    _chat_tokens; images: the messages' ImageRefs, decoded in `key`'s turn
+    (images.decode_in_turn). (tokens, the images placed among them by hash, the template's
+    own text the prompt ends with: "" when a caller's text ends it)"""
     size = sum(len(m["content"].encode()) for m in rendered) + len(str(tools or "").encode())
     check_size(host, len(rendered), size, "messages")
-    return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables, images)
+    decoded = await image_input.decode_in_turn(list(images), key)
+    return await run_in_threadpool(_chat_tokens, host, rendered, tools, ending, variables, decoded)
 
 
 async def text_prompt(host: ModelHost, prompt: str) -> list[int]:

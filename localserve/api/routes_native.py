@@ -93,7 +93,8 @@ async def completion(body: NativeCompletion, request: Request,
     async with admitted.lease(body.model) as host:
         if isinstance(body.prompt, MediaPrompt):
             tokens, images = await prompt.media_prompt(
-                host, body.prompt.prompt_string, body.prompt.multimodal_data, "prompt")
+                host, body.prompt.prompt_string, body.prompt.multimodal_data, "prompt",
+                admitted.caller.key)
             return await _run(request, admitted, host, body, tokens, images)
         tokens = await prompt.text_or_ids(host, body.prompt, "prompt")
         return await _run(request, admitted, host, body, tokens)

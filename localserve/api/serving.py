@@ -192,7 +192,7 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
     images = await fetch_images([from_url(url, where, host.settings.image_urls)
                                  for url, where in urls], host.settings.image_url_hosts, key)
     tokens, placed, tail = await prompt.chat_prompt(host, messages, tools_for_template,
-                                                    body.ending, body.template_kwargs, images)
+                                                    body.ending, body.template_kwargs, images, key)
     return ChatPrompt(tokens, grammar, plan, placed, opens_reasoning(reasons(host), tail))
 
 
