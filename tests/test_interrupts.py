@@ -36,8 +36,8 @@ def run(sched, runner, requests, interrupting=False):
             assert sched.stats.interrupted_steps == stopped
             return out
         plan = sched.schedule()
-        tasks_only += plan.background_only
-        if interrupting and plan.background_only and tasks_only % 2:
+        tasks_only += plan.stop_rule.tasks_only
+        if interrupting and plan.stop_rule.tasks_only and tasks_only % 2:
             runner.interrupt()
         try:
             result = runner.decode(plan)

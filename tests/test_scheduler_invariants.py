@@ -435,18 +435,18 @@ def test_invariant_12_a_step_of_prompt_chunks_may_be_stopped_for_a_chat_never_tw
     runner = PositionalRunner(10_000)
     sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
     plan = sched.schedule()
-    assert plan.yield_below == 256
+    assert plan.stop_rule.below == 256
     sched.interrupted(plan, [])
     plan = sched.schedule()
-    assert not plan.yield_below
+    assert not plan.stop_rule.below
     sched.update(plan, runner.decode(plan))
     plan, _ = step(sched, runner)
-    assert plan.yield_below == 256
+    assert plan.stop_rule.below == 256
     sched.add(request("bob", range(5000, 5030), max_tokens=5, user="bob"))
     plan, _ = step(sched, runner)  # bob's prompt is sampled: no stopping
-    assert not plan.yield_below
+    assert not plan.stop_rule.below
     plan = sched.schedule()  # both slots taken: a chat arriving could not start
-    assert not plan.yield_below
+    assert not plan.stop_rule.below
 
 
 def test_invariant_11_no_budget_is_kept_for_a_chat_that_cannot_start_yet():
@@ -508,14 +508,14 @@ def test_invariant_12_a_step_for_one_keys_burst_may_be_stopped_by_another_keys_c
         sched.add(request(f"carol{i}", range(100 * i + 1, 100 * i + 41), user="carol"))
     plan = sched.schedule()
     alice = request("alice", range(2000, 2030), max_tokens=5, user="alice")
-    assert plan.stops_for(alice)
-    assert not plan.stops_for(request("carol5", range(3000, 3030), user="carol"))
+    assert plan.stop_rule.stops(alice)
+    assert not plan.stop_rule.stops(request("carol5", range(3000, 3030), user="carol"))
     sched.interrupted(plan, [])
     sched.add(alice)
     plan = sched.schedule()
     assert plan.admitted[0].request.request_id == "alice"
     assert sum(len(c.tokens) for c in plan.chunks if c.request.user == "carol") <= 32
-    assert not plan.stops_for(request("bob", range(4000, 4030), user="bob"))
+    assert not plan.stop_rule.stops(request("bob", range(4000, 4030), user="bob"))
 
 
 def test_invariant_12_a_keys_step_with_nothing_more_of_it_waiting_or_shared_is_not_stopped():
@@ -526,9 +526,9 @@ def test_invariant_12_a_keys_step_with_nothing_more_of_it_waiting_or_shared_is_n
         return sched.schedule()
 
     dave = request("dave", range(2000, 2030), user="dave")
-    assert not first_step("carol").stops_for(dave)  # her one chat
-    assert not first_step("carol", "bob").stops_for(dave)  # bob's first token is in it too
-    assert first_step("carol", "carol", "carol", "carol", "carol", "carol", "carol").stops_for(dave)
+    assert not first_step("carol").stop_rule.stops(dave)  # her one chat
+    assert not first_step("carol", "bob").stop_rule.stops(dave)  # bob's first token is in it too
+    assert first_step("carol", "carol", "carol", "carol", "carol", "carol", "carol").stop_rule.stops(dave)
 
 
 def test_invariant_6_a_key_at_its_share_keeps_its_slots_while_a_colleague_waits():

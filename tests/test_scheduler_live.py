@@ -133,7 +133,7 @@ def test_back_to_back_chats_cannot_stall_a_colleagues_long_prompt():
             bob = Request(list(range(3000 + 8 * step, 3008 + 8 * step)),
                           SamplingParams(max_tokens=1), request_id=f"bob{step}", user="bob")
             plan = sched.schedule()
-            if with_bob and plan.stops_for(bob):
+            if with_bob and plan.stop_rule.stops(bob):
                 sched.interrupted(plan, [])
             else:
                 sched.update(plan, runner.decode(plan))

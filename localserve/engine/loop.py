@@ -25,11 +25,10 @@ from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Inte
                                       RestoreFailed, RowsRefused)
 from localserve.engine.inbox import Abort, Add, DropScope, Stop
 from localserve.engine.interfaces import EngineObserver, Runner, StepScheduler
-from localserve.engine.plan import StepPlan
+from localserve.engine.plan import NEVER, StepPlan
 from localserve.engine.snapshot import EngineSnapshot, build_snapshot
 from localserve.engine.streams import ChoiceStreams, RequestStream, hold_wake_ups, wake_held
 
-NO_STEP = StepPlan()  # between steps: nothing for a chat to stop
 log = logging.getLogger("localserve.engine")
 
 # Woken from idle, the loop waits at most this long for requests already accepted over HTTP
@@ -76,7 +75,7 @@ class EngineLoop(threading.Thread):
         self.inbox: queue.SimpleQueue = queue.SimpleQueue()
         self.failure: str | None = None  # set if the loop itself died
         self.decoding = False  # inside runner.decode (llama_decode): no request is touched
-        self.interruptible, self.stops_for = False, NO_STEP.stops_for  # may a chat stop a step
+        self.stop_rule = NEVER  # which arriving chat stops the step in flight (plan.StopRule)
         self.chats_on_their_way = 0  # accepted over HTTP, not yet submitted (chat_on_its_way)
         self._chat_submitted = threading.Event()  # set as each chat on its way leaves it
         self.stopping = False
@@ -107,7 +106,7 @@ class EngineLoop(threading.Thread):
             self.in_flight += 1
         request.holds_queue_place = True
         self.inbox.put(Add(request))
-        if not request.background and (self.interruptible or self.stops_for(request)):
+        if self.stop_rule.stops(request):
             self.runner.interrupt()  # a chat never waits for a step of tasks or a long prompt
 
     @contextmanager
@@ -117,7 +116,7 @@ class EngineLoop(threading.Thread):
         submitted (_wait_for_chats): on a CPU its tokenizing would otherwise share the cores
         with that step's threads, and its first token wait for the step."""
         self.chats_on_their_way += 1
-        if self.interruptible:
+        if self.stop_rule.tasks_only:
             self.runner.interrupt()
         try:
             yield
@@ -186,15 +185,14 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
-            self.decoding, self.interruptible, self.stops_for = True, plan.background_only, \
-                plan.stops_for
-            if self.interruptible and (self.chats_on_their_way or not self.inbox.empty()):
+            self.decoding, self.stop_rule = True, plan.stop_rule
+            if self.stop_rule.tasks_only and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once
             wake_held()  # the HTTP side writes the last step's tokens while this one computes
             try:
                 out = self.runner.decode(plan)
             finally:
-                self.decoding, self.interruptible, self.stops_for = False, False, NO_STEP.stops_for
+                self.decoding, self.stop_rule = False, NEVER
             if self.failure is not None:  # llama.cpp failed fatally meanwhile (see fatal())
                 raise EngineFailed(self.failure)
             self.llama_decode_s += out.decode_s

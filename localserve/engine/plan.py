@@ -52,6 +52,28 @@ class SlotSave:
     tokens: list[int]
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """Which request, arriving while a step computes, stops it (runner/interrupt.py): made by
+    the scheduler with the plan (invariants 9 and 12), published by the loop to the HTTP side
+    while that step computes (engine/loop.py), NEVER between steps. Background tasks stop
+    nothing."""
+
+    below: int = 0  # a chat whose prompt is shorter than this stops the step (0: none does) ...
+    not_to: frozenset = frozenset()  # ... unless its key is one of these
+    tasks_only: bool = False  # every row a background task's: any chat stops it, even one
+    # still being tokenized (EngineLoop.chat_on_its_way)
+
+    def stops(self, request: Request) -> bool:
+        if request.background:
+            return False
+        return self.tasks_only or (request.num_prompt_tokens < self.below
+                                   and request.user not in self.not_to)
+
+
+NEVER = StopRule()
+
+
 @dataclass
 class StepPlan:
     chunks: list[SeqChunk] = field(default_factory=list)
@@ -60,10 +82,7 @@ class StepPlan:
     trims: list[tuple[int, int]] = field(default_factory=list)  # (slot, tokens kept): the
     # rows of drafts that failed last step leave the cache first (drafts.py)
     saves: list[SlotSave] = field(default_factory=list)
-    # A request arriving with a shorter prompt than this stops the step (runner/interrupt.py,
-    # engine/loop.py; 0: none does), unless its key is one of these. Scheduler invariant 12.
-    yield_below: int = 0
-    yield_not_to: frozenset = frozenset()
+    stop_rule: StopRule = NEVER  # which arriving request stops this step (stop_rule_for)
 
     @property
     def num_tokens(self) -> int:
@@ -75,7 +94,7 @@ class StepPlan:
                    and c.start_pos >= c.request.num_prompt_tokens)
 
     @property
-    def first_tokens_of(self) -> set[str | None]:
+    def first_token_keys(self) -> set[str | None]:
         """The keys whose chats get their first token this step (frontends' tasks left out)."""
         return {c.request.user for c in self.chunks
                 if c.sample and not c.request.output_tokens and not c.request.background}
@@ -84,23 +103,20 @@ class StepPlan:
     def gives_first_token(self) -> bool:
         """A chat's first token is sampled this step: a colleague waits on it, so no drafts
         lengthen it (reuse.DraftBook.add)."""
-        return bool(self.first_tokens_of)
+        return bool(self.first_token_keys)
 
-    def may_yield(self, below: int, waiting_keys: set) -> None:
-        """Which arriving chats may stop this step (scheduler invariant 12; `below` 0: none):
-        any, where no row is sampled; another key's, where the first tokens are all of one key
-        with more of its requests waiting (ten sent at once: a colleague's chat does not wait
-        for the first of them, whose step is then planned again beside it)."""
-        firsts = self.first_tokens_of
+    def stop_rule_for(self, below: int, waiting_keys: set) -> StopRule:
+        """Which arriving chats may stop this step: any, where every row is a background
+        task's (invariant 9); those shorter than `below` (invariant 12; 0: none), where no row
+        is sampled, or, where the first tokens are all of one key with more of its requests
+        waiting, another key's (ten sent at once: a colleague's chat does not wait for the
+        first of them, whose step is then planned again beside it)."""
+        firsts, tasks_only = self.first_token_keys, self.background_only
         if not any(c.sample for c in self.chunks):
-            self.yield_below = below
-        elif len(firsts) == 1 and firsts <= waiting_keys:
-            self.yield_below, self.yield_not_to = below, frozenset(firsts)
-
-    def stops_for(self, request: Request) -> bool:
-        """Whether `request`, arriving while this step computes, stops it (engine/loop.py)."""
-        return (request.num_prompt_tokens < self.yield_below
-                and request.user not in self.yield_not_to)
+            return StopRule(below, tasks_only=tasks_only)
+        if len(firsts) == 1 and firsts <= waiting_keys:
+            return StopRule(below, frozenset(firsts), tasks_only)
+        return StopRule(tasks_only=tasks_only)
 
     @property
     def background_only(self) -> bool:

@@ -60,7 +60,7 @@ class Scheduler:
         self.waiting = FairQueue()
         self.stats = SchedulerStats()
         self._admissions = 0
-        self.yielded = False  # the last step was stopped for a chat (invariant 12)
+        self.last_step_stopped = False  # for a chat (invariant 12)
         self.starting: Request | None = None  # the chat this step starts: no one else's image
         self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
         self.prefixes = PrefixBook(pool, prompt_cache)
@@ -163,7 +163,7 @@ class Scheduler:
            that cannot start).
         12. A step of prompt chunks only, none sampled, with a slot free, may be stopped by a
            chat arriving whose prompt fits a step; one whose first tokens are all of one key
-           with more of its requests waiting, by another key's such chat (plan.may_yield);
+           with more of its requests waiting, by another key's such chat (plan.stop_rule_for);
            never two in a row, nor one with a request stopped MAX_TIMES_STOPPED times.
         13. A step giving a chat its first token carries no drafts (plan.gives_first_token),
            nor any where sequences cannot be cut back (pool.cuts_back: reuse.py).
@@ -177,9 +177,9 @@ class Scheduler:
         budget = self._tasks(plan, lanes, budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
-        yielded, self.yielded = self.yielded, False  # (12)
-        plan.may_yield(self.budget if not (yielded or stopped_enough(plan.chunks))
-                       and self._slot_free() else 0, self.waiting.users())
+        stopped, self.last_step_stopped = self.last_step_stopped, False  # (12)
+        plan.stop_rule = plan.stop_rule_for(self.budget if not (stopped or stopped_enough(
+            plan.chunks)) and self._slot_free() else 0, self.waiting.users())
         return plan
 
     def _slot_free(self) -> bool:
@@ -382,7 +382,7 @@ class Scheduler:
         self.prefixes.keep(saved)
         count_stopped(plan.chunks)
         self.stats.interrupted_steps += 1
-        self.yielded = True  # the next step is never stopped (12)
+        self.last_step_stopped = True  # the next step is never stopped (12)
 
     def refused(self, plan: StepPlan, refused: dict[int, str],
                 saved: list) -> list[tuple[Request, TokenEvent]]:
