@@ -5,6 +5,7 @@ static files and /health stand outside the rate limit."""
 
 import ast
 import inspect
+from pathlib import Path
 
 from localserve.api.admission import admit, limit_rate
 from localserve.api.app import create_app
@@ -64,32 +65,62 @@ def test_every_route_that_runs_a_model_is_admitted_by_the_one_dependency():
     assert not held & {"/v1/models", "/v1/responses/{response_id}"}
 
 
-# What leases a model, directly or through the serving core: a "no model" route's handler, or
-# any function of its own module it calls, must call none of these.
-MODEL_CALLS = {"lease", "start_chat", "submit", "embed_inputs"}
+API = Path(__file__).resolve().parent.parent / "localserve" / "api"
+# A model leased (loaded) or a request handed to its engine: what every route that runs a
+# model does somewhere below its handler.
+RUNS_A_MODEL = {"lease", "submit"}
 
 
-def model_calls(module_source: str, function: str) -> set[str]:
-    """The MODEL_CALLS that `function` makes, itself or through the functions of its module
-    it calls by name (however deep)."""
-    tree = ast.parse(module_source)
-    defs = {node.name: node for node in ast.walk(tree)
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+def calls_by_function(sources: list[str]) -> dict[str, set[str]]:
+    """For each function defined in `sources`, by name: the names it calls (plain or as an
+    attribute, `x.name(...)`). Functions of one name in several modules are taken together."""
+    calls: dict[str, set[str]] = {}
+    for source in sources:
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found = calls.setdefault(node.name, set())
+                for call in ast.walk(node):
+                    if isinstance(call, ast.Call):
+                        func = call.func
+                        found.add(func.attr if isinstance(func, ast.Attribute)
+                                  else func.id if isinstance(func, ast.Name) else "")
+    return calls
+
+
+def model_calls_of(calls: dict[str, set[str]]) -> set[str]:
+    """RUNS_A_MODEL and every function that reaches one of them, however deep: derived from
+    the HTTP layer's code, so a new helper (queue_chat, embed, ...) is counted without a list."""
+    found, grown = set(RUNS_A_MODEL), True
+    while grown:
+        more = {name for name, called in calls.items() if name not in found and called & found}
+        found |= more
+        grown = bool(more)
+    return found
+
+
+def model_calls(handler_source: str, function: str) -> set[str]:
+    """The model-running calls (model_calls_of, over every module of localserve/api and the
+    handler's own source) that `function` makes, itself or through any function it calls."""
+    calls = calls_by_function([path.read_text() for path in API.glob("*.py")] + [handler_source])
+    running = model_calls_of(calls)
     found, seen, todo = set(), set(), [function]
     while todo:
         name = todo.pop()
-        if name in seen or name not in defs:
+        if name in seen:
             continue
         seen.add(name)
-        for node in ast.walk(defs[name]):
-            if isinstance(node, ast.Call):
-                called = (node.func.attr if isinstance(node.func, ast.Attribute)
-                          else node.func.id if isinstance(node.func, ast.Name) else None)
-                if called in MODEL_CALLS:
-                    found.add(called)
-                elif called:
-                    todo.append(called)
+        for called in calls.get(name, ()):
+            if called in running:
+                found.add(called)
+            else:
+                todo.append(called)
     return found
+
+
+def test_what_runs_a_model_is_derived_from_the_code():
+    running = model_calls_of(calls_by_function([p.read_text() for p in API.glob("*.py")]))
+    assert {"lease", "submit", "start_chat", "queue_chat", "embed"} <= running
+    assert not running & {"require_key", "caller", "visible", "cards"}
 
 
 def test_the_routes_that_run_no_model_never_lease_one():
@@ -110,4 +141,8 @@ def test_the_routes_that_run_no_model_never_lease_one():
     source = inspect.getsource(inspect.getmodule(show))
     leasing = f"\n\nasync def {show.__name__}(admitted):\n    return _load(admitted)\n\n" \
               "def _load(admitted):\n    return admitted.lease(None)\n"  # the handler, broken
-    assert model_calls(source + leasing, show.__name__) == {"lease"}
+    assert model_calls(source + leasing, show.__name__) == {"_load"}  # it leases
+    # ... or through another module's helper that queues a chat
+    helper = f"\n\nasync def {show.__name__}(admitted, host, body):\n" \
+             "    return await serving.queue_chat(admitted, host, body, '/api/show')\n"
+    assert model_calls(source + helper, show.__name__) == {"queue_chat"}

@@ -1,7 +1,9 @@
 """The layers stay layered: every module sits in a layer's folder (LAYERS: ground, the engine,
 the office, the models, HTTP, the benchmarks, and the assembly at the root), each layer imports
 only the layers it may, only the app imports route modules, the writers never reach into the
-engine or the serving core, and no two modules import each other, however indirectly.
+engine or the serving core, llama.cpp's bindings stay in the runner and the runner behind the
+models layer, the HTTP layer meets the engine at two doors, and no two modules import each
+other, however indirectly.
 Checked by reading every module's import statements (type-only ones too), with the syntax tree.
 Each guard is also run on a deliberate break, so that it is known to fail for what it names."""
 
@@ -25,8 +27,11 @@ def import_graph() -> dict[str, set[str]]:
                 for alias in node.names:
                     target = f"{node.module}.{alias.name}"
                     graph[name].add(target if target in modules else node.module)
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(LLAMA):
+                graph[name].add(LLAMA)
             elif isinstance(node, ast.Import):
                 graph[name] |= {a.name for a in node.names if a.name.startswith("localserve")}
+                graph[name] |= {LLAMA for a in node.names if a.name.split(".")[0] == LLAMA}
     return graph
 
 
@@ -92,6 +97,13 @@ WRITERS = ("localserve.api.replies", "localserve.api.message_reply",
            "localserve.api.ollama_reply", "localserve.api.response_reply",
            "localserve.api.native_reply")
 NOT_FOR_WRITERS = ("localserve.engine", "localserve.api.serving", "localserve.api.admission")
+# llama.cpp's bindings are imported by the runner only; the runner by itself, the models layer
+# that builds it, and the RPC worker's start. The HTTP layer reaches the engine through two
+# doors only: the serving core (requests in) and the answer's pieces (tokens out).
+LLAMA = "llama_cpp"
+RUNNER = "localserve.engine.runner"
+RUNNER_USERS = (RUNNER, "localserve.models", "localserve.rpc_worker")
+ENGINE_DOORS = ("localserve.api.serving", "localserve.api.answer")
 
 
 def layer_of(module: str) -> str | None:
@@ -120,12 +132,20 @@ def layer_breaks(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
                 breaks.add((name, target))
             if name.startswith(WRITERS) and target.startswith(NOT_FOR_WRITERS):
                 breaks.add((name, target))
+            if target == LLAMA and not name.startswith(RUNNER + "."):
+                breaks.add((name, target))
+            if target.startswith(RUNNER) and not name.startswith(RUNNER_USERS):
+                breaks.add((name, target))
+            if layer == "http" and target.startswith("localserve.engine") and \
+                    name not in ENGINE_DOORS:
+                breaks.add((name, target))
     return sorted(breaks)
 
 
 def test_every_module_sits_in_a_layer_and_imports_only_the_layers_it_may():
     graph = import_graph()
     assert "localserve.models.registry" in graph and "localserve.api.app" in graph
+    assert LLAMA in graph["localserve.engine.runner.core"]  # third-party: llama.cpp's only
     assert unplaced(graph) == []
     assert unplaced({**graph, "localserve.stray": set()}) == ["localserve.stray"]
     assert layer_breaks(graph) == []
@@ -140,7 +160,13 @@ def test_every_module_sits_in_a_layer_and_imports_only_the_layers_it_may():
                          ("localserve.api.serving", "localserve.api.routes_openai"),
                          ("localserve.api.message_reply", "localserve.engine.request"),
                          ("localserve.api.replies", "localserve.api.serving"),
-                         ("localserve.api.response_reply", "localserve.api.admission")]:
+                         ("localserve.api.response_reply", "localserve.api.admission"),
+                         ("localserve.engine.scheduler", LLAMA),
+                         ("localserve.models.registry", LLAMA),
+                         ("localserve.api.images", "localserve.engine.runner.mtmd"),
+                         ("localserve.office.office", "localserve.engine.runner"),
+                         ("localserve.engine.loop", "localserve.engine.runner.core"),
+                         ("localserve.api.embedding", "localserve.engine.request")]:
         broken = {**graph, name: graph[name] | {target}}
         assert layer_breaks(broken) == [(name, target)], (name, target)
 
