@@ -67,3 +67,15 @@ def test_a_keys_requests_decode_one_at_a_time_on_the_decoders_threads(monkeypatc
     assert asyncio.run(scenario()) == [["alice"]] * 3
     assert most == {"alice": 1, "bob": 1}
     assert all(name.startswith("image-decode") for name in seen)
+
+
+def test_the_image_marker_is_new_in_every_process():
+    """The marker that stands for an image in a rendered chat is the server's secret: a fixed
+    one could be typed by a client to place an image, or a row, where the template put text."""
+    import subprocess
+    import sys
+
+    said = {subprocess.run([sys.executable, "-c", "from localserve.models.host_face import "
+                            "IMAGE_MARKER; print(IMAGE_MARKER)"], capture_output=True, text=True,
+                           check=True).stdout.strip() for _ in range(2)}
+    assert len(said) == 2 and all(len(marker) > 20 for marker in said)

@@ -205,18 +205,36 @@ def test_only_the_slot_edits_what_its_cache_holds():
 def scheduler_names_used(source: str) -> set[str]:
     """Every name the code reaches through a `.scheduler` handle (`self.scheduler.x`,
     `loop.scheduler.x`, `self.loop.scheduler.x`), a variable named `scheduler`, or any name
-    given such a handle (`s = self.scheduler; s.x`)."""
+    given such a handle (`s = self.scheduler; s.x`), `getattr(handle, "x")` included; a handle
+    passed to a function whole counts as PASSED (the helper could read anything)."""
     tree = ast.parse(source)
     aliases = {"scheduler"} | {target.id for node in ast.walk(tree) if isinstance(node, ast.Assign)
                                and isinstance(node.value, ast.Attribute) and node.value.attr == "scheduler"
                                for target in node.targets if isinstance(target, ast.Name)}
+    def is_handle(node) -> bool:
+        return (isinstance(node, ast.Attribute) and node.attr == "scheduler"
+                or isinstance(node, ast.Name) and node.id in aliases)
+
+    def is_engines(node) -> bool:  # not a setting that shares the name (Settings.scheduler)
+        return is_handle(node) and not (isinstance(node, ast.Attribute) and isinstance(
+            node.value, ast.Name) and node.value.id not in ("self", "loop"))
+
     used = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and (
-                isinstance(node.value, ast.Attribute) and node.value.attr == "scheduler"
-                or isinstance(node.value, ast.Name) and node.value.id in aliases):
+        if isinstance(node, ast.Attribute) and is_handle(node.value):
             used.add(node.attr)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
+                node.func.id == "getattr" and node.args and is_handle(node.args[0]):
+            name = node.args[1] if len(node.args) > 1 else None
+            used.add(name.value if isinstance(name, ast.Constant) else PASSED)
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) not in CHECKED_HOLDERS \
+                and any(is_engines(a) for a in [*node.args, *(k.value for k in node.keywords)]):
+            used.add(PASSED)
     return used
+
+
+PASSED = "<the scheduler passed whole>"
+CHECKED_HOLDERS = {"EngineLoop"}  # given the scheduler, and read by these guards themselves
 
 
 def test_the_loop_asks_the_scheduler_only_what_its_protocol_names():
@@ -232,6 +250,8 @@ def test_the_loop_asks_the_scheduler_only_what_its_protocol_names():
     loop_source = (PACKAGE / "engine" / "loop.py").read_text()
     assert scheduler_names_used(loop_source) <= named
     assert scheduler_names_used("self.scheduler.cells.preempt_newest()") == {"cells"}  # breaks
+    assert scheduler_names_used("n = getattr(self.scheduler, 'pool').free") == {"pool"}
+    assert scheduler_names_used("n = room(self.scheduler)") == {PASSED}
     for name in named:
         ours, theirs = getattr(Scheduler, name), getattr(StepScheduler, name)
         assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters), name

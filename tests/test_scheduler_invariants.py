@@ -531,6 +531,19 @@ def test_invariant_12_a_keys_step_with_nothing_more_of_it_waiting_or_shared_is_n
     assert first_step("carol", "carol", "carol", "carol", "carol", "carol", "carol").stop_rule.stops(dave)
 
 
+def test_a_tasks_first_token_is_nobodys_first_token():
+    """A frontend's title task gives no colleague a first token: its step may carry drafts
+    and be stopped by a chat (invariants 9 and 13)."""
+    sched = Scheduler(SlotPool(4096, 6), FakeVocab(), 256)
+    sched.add(request("title", range(1, 11), user="carol", background=True))
+    plan = sched.schedule()
+    assert plan.chunks[0].sample and plan.first_token_keys == set()
+    assert not plan.gives_first_token and plan.stop_rule.tasks_only
+    sched = Scheduler(SlotPool(4096, 6), FakeVocab(), 256)
+    sched.add(request("chat", range(1, 11), user="carol"))
+    assert sched.schedule().first_token_keys == {"carol"}
+
+
 def test_invariant_6_a_key_at_its_share_keeps_its_slots_while_a_colleague_waits():
     """Alice holds two slots, her share; bob waits for one: nobody is preempted (only a key
     above its share gives a slot back)."""
