@@ -236,7 +236,7 @@ def gguf_header(tmp_path: Path, strings: dict[str, str]) -> Path:
 
 
 def test_the_peer_gets_the_template_localserve_falls_back_to_where_the_file_has_none(tmp_path):
-    """scripts/bench_office.py hands llama-server this as --chat-template-file: a Gemma file
+    """bench/office.py hands llama-server this as --chat-template-file: a Gemma file
     without a template is answered with Gemma's turns by localserve and with ChatML by
     llama-server's own fallback, different prompts and so different answers."""
     from localserve.models.gguf_meta import string_metadata, template_for_peer

@@ -1,5 +1,5 @@
 """Office-shaped workloads, for `localserve bench --workload doc|copy` against any server and
-for scripts/bench_office.py's side-by-side rounds against llama-server:
+for bench/office.py's side-by-side rounds against llama-server:
 
   doc   "chat with my document": colleagues each with their own ~1,050-token document, a
         question then two follow-ups in the same conversation, every colleague's next turn

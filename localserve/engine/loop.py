@@ -38,7 +38,7 @@ ARRIVAL_POLL_S = 0.0005
 # A step that only added tokens to running requests publishes its snapshot at most this often
 # (for /slots, /metrics and the dashboard, which poll at most a few times a second); a step that
 # admits or ends a request always does. Building one reads every slot: 11 % of the engine
-# thread at one stream on a fast model (scripts/bench_host.py), for a view nobody read.
+# thread at one stream on a fast model (bench/host.py), for a view nobody read.
 SNAPSHOT_EVERY_S = 0.05
 # How long the HTTP thread may hold the GIL while the engine thread waits for it (Python's
 # default is 5 ms). The engine thread gives it up for every llama_decode and wake-up, and on a

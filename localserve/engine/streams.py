@@ -77,7 +77,7 @@ def hold_wake_ups() -> None:
     calls as it is about to let go of the GIL (llama_decode, or waiting for work). Waking the
     event loop at once (a write to its self-pipe, the GIL released around it) handed the GIL
     to the HTTP thread mid-step, and the engine thread waited for it back: 35% of its own time
-    outside llama_decode at one stream on a fast model (scripts/bench_host.py). Woken just
+    outside llama_decode at one stream on a fast model (bench/host.py). Woken just
     before llama_decode, the HTTP thread writes the chunks while the step computes."""
     _held.mailboxes = {}
 

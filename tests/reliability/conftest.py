@@ -1,6 +1,6 @@
 """One server for the reliability suite: small slots bound every generation, a small queue;
 and what the hardening rounds share: an office's three keys, and the grammar that turns
-costly after its start (round 4's, scripts/bench_costs.py's too)."""
+costly after its start (round 4's, bench/costs.py's too)."""
 
 import httpx
 import pytest

@@ -5,7 +5,7 @@ called llama_decode (it computes too). Until something clears them, every legacy
 instruction that thread runs pays a transition penalty: llama.cpp's own sampler code (built for
 baseline x86-64), the C library's `expf` it calls per vocabulary entry, and CPython's floating
 point. Measured on this project's 2-core Xeon VM with a 128,256-token vocabulary
-(scripts/bench_host.py's model): llama_sampler_sample took 16.7 ms a row right after a decode
+(bench/host.py's model): llama_sampler_sample took 16.7 ms a row right after a decode
 and 0.9 ms after a `vzeroupper` (the same logits, the same chain), so a sampled token cost
 ~20 ms of the engine thread where the decode took ~2 ms.
 

@@ -8,7 +8,7 @@ streams cost the free ones sharing their steps. Two measurements in one run:
 2. The real server (`-c 8192 -np 8 -t 2`): aggregate tok/s of 8 free streams, then of
    4 schema-constrained + 4 free streams, same prompts and lengths, back to back.
 
-    .venv/bin/python scripts/bench_grammar.py [--tokens 96] [--threads 2]
+    bench/run grammar [--tokens 96] [--threads 2]
 """
 
 from __future__ import annotations

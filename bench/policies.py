@@ -4,7 +4,7 @@
 ceiling of the runner; then the chunked-prefill demonstration. Every figure printed here
 comes from this run, measured one server at a time on the same machine.
 
-    .venv/bin/python scripts/bench_policies.py [--concurrency 8] [--requests 24] \
+    bench/run policies [--concurrency 8] [--requests 24] \
         [--llama-server PATH/TO/llama-server] [--skip-prefill-demo] [--repeat 3] \
         [--policies continuous,static,serial]
 
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_core import raw_ceiling  # noqa: E402
+from core import raw_ceiling  # noqa: E402  (bench/core.py, beside this file)
 from conftest import RunningServer  # noqa: E402
 
 from localserve.bench import load as bench  # noqa: E402

@@ -7,7 +7,7 @@
    time outside llama_decode and sampling (Python: scheduling, snapshot, detokenizing, event
    delivery), per generated token, from /slots' own counters.
 
-    .venv/bin/python scripts/bench_http.py [--streams 8] [--tokens 128]
+    bench/run stream_cost [--streams 8] [--tokens 128]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ without choosing anything. Each side is started with `-m MODEL` alone (localserv
 a cache) with --answer tokens, greedy and streamed, one server at a time. Per side: time to first token, prompt tokens
 per second, answer tokens per second, and whether the answer's text equals llama-server's.
 
-    python scripts/bench_gpu_cases.py --llama-server PATH --model MODEL.gguf [--words 20000]
+    bench/run gpu_cases --llama-server PATH --model MODEL.gguf [--words 20000]
 
 Prints a Markdown table (scripts/bench-gpu puts it beside the fast-model tables).
 """

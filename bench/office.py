@@ -35,7 +35,7 @@ Both sides run -c 32768 -np 8 unless --defaults leaves each server its own defau
 embedded model unless --model names another .gguf file (one that carries no chat template:
 llama-server is given the one localserve falls back to, so that both answer the same prompts).
 
-    .venv/bin/python scripts/bench_office.py --workload doc|longdoc|office|agents|copy|chat|mixed [--rounds 3] \
+    bench/run office --workload doc|longdoc|office|agents|copy|chat|mixed [--rounds 3] \
         [--concurrency 1 4 8] \
         [--llama-server "$(scripts/build-llama-server)"] [--localserve-args "--spec ngram"]...
 

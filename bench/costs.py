@@ -14,7 +14,7 @@ four keys: what one colleague's grammars or model switches cost another's answer
    worst seconds) alone, then while alice loops GETs of a stored response on 120 connections
    (most of them refused as over her rate), with the count of alice's answers by status.
 
-    .venv/bin/python scripts/bench_costs.py [--chats 20] [--only grammars|switches|flood]
+    bench/run costs [--chats 20] [--only grammars|switches|flood]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 

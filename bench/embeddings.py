@@ -5,7 +5,7 @@
 2. chat output tok/s of 4 greedy streams, nothing else running;
 3. both at once: the same 4 streams while batches of 32 texts are embedded back to back.
 
-    .venv/bin/python scripts/bench_embeddings.py [--batches 8] [--tokens 128] [--threads 2]
+    bench/run embeddings [--batches 8] [--tokens 128] [--threads 2]
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@
    (warm: the prompt comes from a slot's cache);
 2. preemption: how often the one pool preempts under a chosen load.
 
-    .venv/bin/python scripts/bench_cache.py [--threads 2]
+    bench/run cache [--threads 2]
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ tokens/s (all tokens over the wall time of the level), the gap between a stream'
 and engine). --sampler defaults sends only the temperature (each server's own defaults);
 --sampler equal also sends llama-server's defaults (top_k 40, top_p 0.95, min_p 0.05).
 
-    .venv/bin/python scripts/bench_host.py --llama-server "$(scripts/build-llama-server)" \\
+    bench/run host --llama-server "$(scripts/build-llama-server)" \\
         --model "$(scripts/make-fast-model)" [--rounds 5] [--streams 1 8 32 64] \\
         [--sampler defaults|equal] [--localserve-args "..."]
 

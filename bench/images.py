@@ -7,7 +7,7 @@ its width (scripts/make-projector; no hub download), the defaults otherwise (`-t
 so each colleague has a share). Alternating rounds; the median and spread of each, and the
 ratio.
 
-    .venv/bin/python scripts/bench_images.py [--rounds 5] [--mmproj FILE] [--as-text]
+    bench/run images [--rounds 5] [--mmproj FILE] [--as-text]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 

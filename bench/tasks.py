@@ -4,7 +4,7 @@ time to first token alone, then sent just after its own chat's title and tags ta
 WebUI's default prompts, no max_tokens, as it sends them), on an idle server with the
 defaults (`-t 2`, no keys). Alternating rounds; the median and spread of each, and the ratio.
 
-    .venv/bin/python scripts/bench_tasks.py [--rounds 5]
+    bench/run tasks [--rounds 5]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 

@@ -3,7 +3,7 @@
 several concurrency levels, beside the raw ceiling of the runner decoding B sequences in a
 bare loop (no scheduler, no HTTP). Everything is measured in this one run, side by side.
 
-    .venv/bin/python scripts/bench_core.py [--concurrency 1,4,8] [--requests 24] [--threads 2]
+    bench/run core [--concurrency 1,4,8] [--requests 24] [--threads 2]
 
 Server settings follow the issue: default model, -c 8192, 8 slots; workload: prompts of about
 30-400 tokens, 16-128 tokens out (heavy-tailed), streaming, seed 0.

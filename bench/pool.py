@@ -17,7 +17,7 @@ real server at its defaults (8,192 cells, 6 slots, `-t 2`), keys alice, bob and 
 Each round makes new texts (nothing cached from an earlier round), the conditions of a case
 alternate their order round by round; medians of the rounds, with the spread.
 
-    .venv/bin/python scripts/bench_pool.py [--rounds 3] [--only chat|flood|four|title]
+    bench/run pool [--rounds 3] [--only chat|flood|four|title]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 
