@@ -46,7 +46,7 @@ def test_pending_tokens_at_the_prompt_boundary():
 
 def test_pool_split_sizes_and_refusals():
     assert SlotPool(1000, 3).n_ctx_per_slot == 333 and isinstance(SlotPool(1000, 3).n_ctx_per_slot, int)
-    assert SlotPool(40, 4, n_ctx_seq=40).n_ctx_per_slot == 40  # a shared pool may be tiny per slot
+    assert SlotPool(40, 4, n_ctx_per_slot=40).n_ctx_per_slot == 40  # a shared pool may be tiny per slot
     with pytest.raises(ValueError, match="--parallel must be at least 1"):
         SlotPool(64, 0)
     with pytest.raises(ValueError, match="-c 40 split over 4 slots leaves 10 tokens per slot"):
@@ -260,7 +260,7 @@ def test_aborted_mid_step_chunk_is_skipped_and_later_chunks_still_land():
 
 
 def test_repeated_preemptions_are_counted_each_time():
-    sched = Scheduler(SlotPool(80, 3, n_ctx_seq=80), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 3, n_ctx_per_slot=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     reqs = [request(rid, prompt=range(1, 21), max_tokens=60) for rid in "abc"]
     for r in reqs:
@@ -272,7 +272,7 @@ def test_repeated_preemptions_are_counted_each_time():
 
 
 def test_shared_pool_admission_drops_idle_prefixes_only_as_needed():
-    sched = Scheduler(SlotPool(100, 3, n_ctx_seq=100), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(100, 3, n_ctx_per_slot=100), FakeVocab(), 64)
     pool = sched.pool
     pool.slots[0].computed(list(range(100, 140)))
     pool.slots[1].computed(list(range(200, 230)))
@@ -284,7 +284,7 @@ def test_shared_pool_admission_drops_idle_prefixes_only_as_needed():
 
 
 def test_shared_pool_decode_room_drops_an_idle_prefix_before_preempting():
-    sched = Scheduler(SlotPool(44, 3, n_ctx_seq=44), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(44, 3, n_ctx_per_slot=44), FakeVocab(), 64)
     runner = PositionalRunner(44)
     sched.add(request("a", prompt=range(1, 21), max_tokens=30))
     sched.add(request("b", prompt=range(1, 21), max_tokens=30))

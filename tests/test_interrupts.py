@@ -23,7 +23,7 @@ def request(rid, first, n_prompt=12, max_tokens=8, background=False, scope=None)
 
 
 def scheduler(prompt_cache=None):
-    return Scheduler(SlotPool(1024, 2, n_ctx_seq=512), FakeVocab(), 64, prompt_cache=prompt_cache)
+    return Scheduler(SlotPool(1024, 2, n_ctx_per_slot=512), FakeVocab(), 64, prompt_cache=prompt_cache)
 
 
 def run(sched, runner, requests, interrupting=False):

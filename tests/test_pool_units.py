@@ -18,7 +18,7 @@ def request(rid, n_prompt, max_tokens, first=1, user=None):
 
 
 def pool_scheduler(pool=200, slots=2, cache=True, budget=64):
-    return Scheduler(SlotPool(pool, slots, n_ctx_seq=pool), FakeVocab(), budget,
+    return Scheduler(SlotPool(pool, slots, n_ctx_per_slot=pool), FakeVocab(), budget,
                      prompt_cache=PromptCache(1 << 20) if cache else None)
 
 
@@ -45,9 +45,9 @@ def alone(make_request):
 
 
 def test_one_request_may_borrow_past_its_guarantee_up_to_the_pool():
-    pool = SlotPool(200, 2, n_ctx_seq=200)
+    pool = SlotPool(200, 2, n_ctx_per_slot=200)
     assert pool.guarantee == 100 and pool.n_ctx_per_slot == 200
-    assert SlotPool(200, 2).n_ctx_per_slot == 100  # without n_ctx_seq: held to its share
+    assert SlotPool(200, 2).n_ctx_per_slot == 100  # without n_ctx_per_slot: held to its share
     sched, runner = pool_scheduler(), PositionalRunner(200)
     out, _ = run(sched, runner, {0: [request("big", 150, 30)]})
     assert len(out["big"]) == 30 and runner.max_used > 150
@@ -150,7 +150,7 @@ def test_a_keys_one_large_request_is_never_preempted_for_its_share():
     guarantees' worth, over her share by itself. Bob's arrival finds room beside it and takes
     nothing from it: one request may use the whole pool (saved and restored at every other
     arrival, a long document took twice its steps)."""
-    sched = Scheduler(SlotPool(300, 3, n_ctx_seq=300), FakeVocab(), 64, slot_share=1,
+    sched = Scheduler(SlotPool(300, 3, n_ctx_per_slot=300), FakeVocab(), 64, slot_share=1,
                       prompt_cache=PromptCache(1 << 20))
     runner = PositionalRunner(300)
     sched.add(request("alice", 150, 60, user="alice"))
@@ -170,7 +170,7 @@ def test_a_keys_one_large_request_is_never_preempted_for_its_share():
 def test_a_key_over_its_share_gives_back_its_newest_request_but_not_its_largest():
     """Alice holds her large request and, newer, a small one: over her share while bob waits,
     the small one goes back to the queue."""
-    sched = Scheduler(SlotPool(300, 3, n_ctx_seq=300), FakeVocab(), 64, slot_share=1,
+    sched = Scheduler(SlotPool(300, 3, n_ctx_per_slot=300), FakeVocab(), 64, slot_share=1,
                       prompt_cache=PromptCache(1 << 20))
     runner = PositionalRunner(300)
     sched.add(request("large", 150, 60, user="alice"))
@@ -237,7 +237,7 @@ def keeper(pool_size, n_slots, *held):
     from localserve.engine.scheduler_stats import SchedulerStats
     from localserve.engine.waiting import FairQueue
 
-    pool = SlotPool(pool_size, n_slots, n_ctx_seq=pool_size)
+    pool = SlotPool(pool_size, n_slots, n_ctx_per_slot=pool_size)
     for i, n in enumerate(held):
         running = Request(list(range(1, n + 1)), SamplingParams(max_tokens=50), request_id=f"r{i}")
         pool.slots[i].assign(running, 0, i + 1)
@@ -340,7 +340,7 @@ def test_a_colleagues_document_takes_back_the_cells_background_tasks_borrowed():
     document over its guarantee (so no borrower owes it cells) does not fit what is left: the
     task borrowing most gives its cells back at once (366 steps of waiting before), and both
     tasks still end with the tokens they would have alone."""
-    sched = Scheduler(SlotPool(600, 6, n_ctx_seq=600), FakeVocab(), 64, slot_share=5,
+    sched = Scheduler(SlotPool(600, 6, n_ctx_per_slot=600), FakeVocab(), 64, slot_share=5,
                       prompt_cache=PromptCache(1 << 20))
     runner = PositionalRunner(600)
     sched.add(task("t1", 240, 120))
@@ -366,7 +366,7 @@ def test_a_colleagues_document_takes_back_the_cells_background_tasks_borrowed():
 def test_a_background_task_counts_in_its_keys_slot_share():
     """Alice's title holds one slot, her share: her chat waits while bob's, queued after it,
     takes the free slot (a task claimed no share, and alice's chat went first)."""
-    sched = Scheduler(SlotPool(400, 2, n_ctx_seq=400), FakeVocab(), 64, slot_share=1,
+    sched = Scheduler(SlotPool(400, 2, n_ctx_per_slot=400), FakeVocab(), 64, slot_share=1,
                       prompt_cache=PromptCache(1 << 20))
     runner = PositionalRunner(400)
     sched.add(task("title", 20, 50, user="alice"))

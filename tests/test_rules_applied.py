@@ -127,12 +127,12 @@ def test_a_restore_needs_min_prefix_reuse_tokens_beyond_the_slots_and_takes_the_
 LOOP = [11, 12, 13, 14, 15, 16, 17, 18] * 3  # a prompt whose n-grams repeat: drafts follow
 
 
-def decoding(n: int, held: float = 0.99, budget: int = 64, n_ctx_seq: int | None = None,
+def decoding(n: int, held: float = 0.99, budget: int = 64, n_ctx_per_slot: int | None = None,
              max_tokens: int = 100, n_ctx: int = 256, logprobs=(None,)):
     """A scheduler whose n requests all decode (one prefill step of them all done), drafts
     measured to hold with chance `held` and every step as cheap as one row (a GPU's curve):
     its next plan. logprobs: each request's, in order (the last one repeats)."""
-    sched = Scheduler(SlotPool(n_ctx * n, n, n_ctx_seq), FakeVocab(), budget, prefill_budget=4096,
+    sched = Scheduler(SlotPool(n_ctx * n, n, n_ctx_per_slot), FakeVocab(), budget, prefill_budget=4096,
                       speculative=True)
     sched.drafts.acceptance.held = [held * 1000] * len(MATCH_CLASSES)
     sched.drafts.acceptance.missed = [(1 - held) * 1000] * len(MATCH_CLASSES)
@@ -172,7 +172,7 @@ def test_drafts_go_to_decode_rows_as_many_as_pay_while_the_budget_lasts():
     assert drafts(decoding(2)) == [16, 16]  # a 17-token match earns 16 (COPYING): copying pays
     assert all(0 < d <= 16 for d in drafts(decoding(2, held=0.5)))  # rows cost nothing: drafts pay
     assert drafts(decoding(2, held=0.0)) == [0, 0]  # drafts that never hold: none
-    assert drafts(decoding(1, n_ctx_seq=256)) == [16]  # borrowing from the pool drafts too
+    assert drafts(decoding(1, n_ctx_per_slot=256)) == [16]  # borrowing from the pool drafts too
     assert drafts(decoding(1, logprobs=(2,))) == [0]  # drafted rows give no log-probabilities
     assert drafts(decoding(2, logprobs=(2, None))) == [0, 16]  # the next row is still drafted
     assert drafts(decoding(2, budget=2 + 1)) == [1, 0]  # the budget left: one token, in order

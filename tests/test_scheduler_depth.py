@@ -13,12 +13,12 @@ def make_requests():
 
 
 def test_preemption_in_a_small_pool_keeps_every_output_identical():
-    roomy = Scheduler(SlotPool(4096, 4, n_ctx_seq=4096), FakeVocab(), 64)
+    roomy = Scheduler(SlotPool(4096, 4, n_ctx_per_slot=4096), FakeVocab(), 64)
     expected, _ = run_all(roomy, PositionalRunner(4096), make_requests())
     assert roomy.stats.preemptions == 0
 
     tight_runner = PositionalRunner(150)  # 4 x (20 prompt + 40 out) = 240 tokens needed at peak
-    tight = Scheduler(SlotPool(150, 4, n_ctx_seq=150), FakeVocab(), 64)
+    tight = Scheduler(SlotPool(150, 4, n_ctx_per_slot=150), FakeVocab(), 64)
     got, finish = run_all(tight, tight_runner, make_requests())
     assert tight.stats.preemptions > 0
     assert got == expected
@@ -26,7 +26,7 @@ def test_preemption_in_a_small_pool_keeps_every_output_identical():
 
 
 def test_preempted_request_goes_back_to_the_head_of_the_queue():
-    sched = Scheduler(SlotPool(80, 2, n_ctx_seq=80), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 2, n_ctx_per_slot=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     a, b, c = (Request(list(range(1, 21)), SamplingParams(max_tokens=60, ignore_eos=True),
                        request_id=rid) for rid in "abc")

@@ -42,7 +42,7 @@ def test_invariant_1_every_decoding_slot_gets_a_row_in_every_step():
 
 
 def test_invariant_2_a_preempted_request_is_the_next_admitted():
-    sched = Scheduler(SlotPool(80, 2, n_ctx_seq=80), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 2, n_ctx_per_slot=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     for rid, user in (("a", "ann"), ("b", "bob"), ("c", "cat"), ("d", "dan")):
         sched.add(request(rid, range(1, 21), max_tokens=60, user=user))
@@ -72,7 +72,7 @@ def test_invariant_3_a_short_shared_prefix_does_not_take_a_recently_used_slot():
 
 def until_first_preemption(request_ids: str):
     """A shared pool of 80 cells, one 20-token request per id: run until one is preempted."""
-    sched = Scheduler(SlotPool(80, 2, n_ctx_seq=80), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(80, 2, n_ctx_per_slot=80), FakeVocab(), 64)
     runner = PositionalRunner(80)
     for rid in request_ids:
         sched.add(request(rid, range(1, 21), max_tokens=60))
@@ -118,7 +118,7 @@ class CacheFullOnce(PositionalRunner):
 
 def test_loop_preempts_and_replans_when_the_runner_finds_the_cache_full():
     runner = CacheFullOnce()
-    sched = Scheduler(SlotPool(512, 2, n_ctx_seq=512), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(512, 2, n_ctx_per_slot=512), FakeVocab(), 64)
     loop = EngineLoop(sched, runner)
     events = {}
     requests = [request(rid, range(1, 11), max_tokens=5) for rid in "ab"]
@@ -317,7 +317,7 @@ def prefilling(sched, ids) -> set:
 
 
 def test_invariant_10_long_prompts_prefill_at_most_their_cap_and_a_follow_up_passes_them():
-    sched = Scheduler(SlotPool(4096, 4, n_ctx_seq=1024), FakeVocab(), 16, max_long_prompts=1)
+    sched = Scheduler(SlotPool(4096, 4, n_ctx_per_slot=1024), FakeVocab(), 16, max_long_prompts=1)
     runner = PositionalRunner(10_000)
     first_turn = request("turn-1", range(1, 101), max_tokens=3)
     run_all(sched, runner, [first_turn])
@@ -340,7 +340,7 @@ def test_invariant_10_a_new_document_waits_for_prompts_computed_not_for_whole_an
     """Alice's three documents with long answers hold every long-prompt place while their
     prompts are computed; bob's document, arriving then, starts as soon as one of them
     answers, not when it has answered."""
-    sched = Scheduler(SlotPool(8192, 6, n_ctx_seq=2048), FakeVocab(), 64, max_long_prompts=3)
+    sched = Scheduler(SlotPool(8192, 6, n_ctx_per_slot=2048), FakeVocab(), 64, max_long_prompts=3)
     runner = PositionalRunner(10_000)
     alices = {f"alice{n}" for n in range(3)}
     for n in range(3):
@@ -381,7 +381,7 @@ def test_invariant_11_a_request_that_fits_passes_one_that_cannot_fit_yet_until_i
     from localserve.engine.scheduler import MAX_TIMES_PASSED
 
     def started(times_passed):
-        sched = Scheduler(SlotPool(200, 3, n_ctx_seq=200), FakeVocab(), 64)
+        sched = Scheduler(SlotPool(200, 3, n_ctx_per_slot=200), FakeVocab(), 64)
         runner = PositionalRunner(10_000)
         sched.add(request("alice", range(1, 121), max_tokens=70, user="alice"))
         for _ in range(3):
@@ -416,7 +416,7 @@ def test_invariant_11_a_chat_starting_beside_a_long_prompt_gets_a_step_of_its_ow
     """Alice's 4,000-token prompt, alone, computes in prefill steps of 1,024 tokens (3-4 s each
     on 2 cores). Bob's 100-token chat starts in a step that carries 50 of her tokens, not half
     of the 1,024: his first token comes about as soon as alone (it waited 4.7 s)."""
-    sched = Scheduler(SlotPool(8192, 6, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+    sched = Scheduler(SlotPool(8192, 6, n_ctx_per_slot=8192), FakeVocab(), 256, prefill_budget=1024)
     runner = PositionalRunner(10_000)
     sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
     plan, _ = step(sched, runner)
@@ -431,7 +431,7 @@ def test_invariant_12_a_step_of_prompt_chunks_may_be_stopped_for_a_chat_never_tw
     (the runner's interrupt; a long one gains nothing from it); one that samples may not, nor
     the step after a stopped one (the long prompt always gets on), nor one with no slot free
     (the chat could not start)."""
-    sched = Scheduler(SlotPool(8192, 2, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+    sched = Scheduler(SlotPool(8192, 2, n_ctx_per_slot=8192), FakeVocab(), 256, prefill_budget=1024)
     runner = PositionalRunner(10_000)
     sched.add(request("alice", range(1, 4001), max_tokens=5, user="alice"))
     plan = sched.schedule()
@@ -453,7 +453,7 @@ def test_invariant_11_no_budget_is_kept_for_a_chat_that_cannot_start_yet():
     """Carol's chat waits with a slot free but no room in the pool for her prompt: alice's
     prompt keeps the whole step (half of it went unused every step before: colleagues'
     documents ran at 0.96x llama-server)."""
-    sched = Scheduler(SlotPool(1200, 4, n_ctx_seq=1200), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(1200, 4, n_ctx_per_slot=1200), FakeVocab(), 64)
     runner = PositionalRunner(1200)
     sched.add(request("alice", range(1, 1001), max_tokens=5, user="alice"))
     for _ in range(13):  # 832 of her 1,000 tokens in the pool: 368 cells free

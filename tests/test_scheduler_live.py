@@ -124,7 +124,7 @@ def test_back_to_back_chats_cannot_stall_a_colleagues_long_prompt():
     from fakes import FakeVocab, PositionalRunner
 
     def steps_until_answered(with_bob: bool) -> int:
-        sched = Scheduler(SlotPool(8192, 4, n_ctx_seq=8192), FakeVocab(), 256, prefill_budget=1024)
+        sched = Scheduler(SlotPool(8192, 4, n_ctx_per_slot=8192), FakeVocab(), 256, prefill_budget=1024)
         runner = PositionalRunner(8192)
         alice = Request(list(range(1, 2501)), SamplingParams(max_tokens=1), request_id="alice",
                         user="alice")

@@ -22,7 +22,7 @@ def colleague(number: int, scope: str | None = None, background: bool = False):
 
 
 def scheduler(n_slots=4):
-    return Scheduler(SlotPool(4096, n_slots, n_ctx_seq=4096), FakeVocab(), 64,
+    return Scheduler(SlotPool(4096, n_slots, n_ctx_per_slot=4096), FakeVocab(), 64,
                      prompt_cache=PromptCache(10_000_000))
 
 

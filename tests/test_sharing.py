@@ -284,7 +284,7 @@ def test_tasks_go_on_while_a_waiting_chat_cannot_start_yet():
     from fakes import FakeVocab, PositionalRunner
     from localserve.engine.scheduler import Scheduler
 
-    sched = Scheduler(SlotPool(128, 2, n_ctx_seq=128), FakeVocab(), 64)  # 64 guaranteed each
+    sched = Scheduler(SlotPool(128, 2, n_ctx_per_slot=128), FakeVocab(), 64)  # 64 guaranteed each
     runner, tokens = PositionalRunner(128), {}
     title = task("t0", "bob", n_prompt=60)
     title.params = SamplingParams(max_tokens=3)
@@ -307,7 +307,7 @@ def test_no_cells_are_kept_back_from_a_chats_prompt_for_a_task_that_waits_for_it
     from fakes import FakeVocab, PositionalRunner, run_all
     from localserve.engine.scheduler import Scheduler
 
-    sched = Scheduler(SlotPool(128, 2, n_ctx_seq=128), FakeVocab(), 64)
+    sched = Scheduler(SlotPool(128, 2, n_ctx_per_slot=128), FakeVocab(), 64)
     title = task("t0", "bob", n_prompt=60)
     title.params = SamplingParams(max_tokens=3)
     chat = req("b0", "bob", n_prompt=100, first=100, max_tokens=3)

@@ -241,7 +241,7 @@ def test_a_request_that_cannot_be_admitted_leaves_the_whole_rest_of_the_budget_t
     """A waiting request too big for the free cells is not admitted; the step's budget left
     after the decode row (3 of 4 tokens) all goes to the running answer's drafts."""
     prompt, answer = copy_case()
-    sched = Scheduler(SlotPool(100, 2, n_ctx_seq=100), FakeVocab(), 4, speculative=True)
+    sched = Scheduler(SlotPool(100, 2, n_ctx_per_slot=100), FakeVocab(), 4, speculative=True)
     copying = req("copy", 0)
     copying.prompt_tokens = list(prompt)
     sched.add(copying)
@@ -262,7 +262,7 @@ def test_requests_held_back_by_their_shares_leave_the_whole_rest_of_the_budget_t
     neither is admitted (a slot stays idle), and the 6 tokens of the step's 8 left after the
     two decode rows are all the running answers' drafts may use."""
     prompt, answer = copy_case()
-    sched = Scheduler(SlotPool(512, 3, n_ctx_seq=512), FakeVocab(), 8, speculative=True,
+    sched = Scheduler(SlotPool(512, 3, n_ctx_per_slot=512), FakeVocab(), 8, speculative=True,
                       slot_share=1)
     runner = DraftingRunner({name: answer for name in ("a", "b", "a2", "b2")})
 

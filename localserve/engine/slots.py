@@ -162,22 +162,22 @@ class SlotPool:
     draw from. Each slot is guaranteed `ctx_size // n_slots` cells (the `guarantee`); one
     sequence may grow to `n_ctx_per_slot` (the model's context, at most the pool) by borrowing
     cells no other slot uses. A borrower gives them back, preempted to the prompt cache, when
-    a request within its guarantee needs them (scheduler.py). Without `n_ctx_seq` a sequence
-    is held to its guarantee, as in llama.cpp's split cache.
+    a request within its guarantee needs them (scheduler.py). Without `n_ctx_per_slot` a
+    sequence is held to its guarantee, as in llama.cpp's split cache.
     `cuts_back` False: the model's sequences cannot be cut back to a prefix (a recurrent state,
     or window layers whose older cells are gone): a slot's cache is reused whole or not at
     all, and nothing is copied from another slot (reuse.py)."""
 
-    def __init__(self, ctx_size: int, n_slots: int, n_ctx_seq: int | None = None,
+    def __init__(self, ctx_size: int, n_slots: int, n_ctx_per_slot: int | None = None,
                  cuts_back: bool = True):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
-        if n_ctx_seq is None and ctx_size // n_slots < 16:
+        if n_ctx_per_slot is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size, self.cuts_back = ctx_size, cuts_back
         self.guarantee = ctx_size // n_slots
-        self.n_ctx_per_slot = min(n_ctx_seq or self.guarantee, ctx_size)
+        self.n_ctx_per_slot = min(n_ctx_per_slot or self.guarantee, ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
 
     @property

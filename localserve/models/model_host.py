@@ -200,14 +200,14 @@ class ModelHost(HostFace):
     def _pool(self, context: ContextChoice) -> SlotPool:
         """One pool of the context llama.cpp made (it may round -c up), each slot guaranteed
         its share; one request may use the model's trained context, at most the pool."""
-        s, made = self.settings, self.runner.n_ctx_seq  # unified: the whole pool
+        s, made = self.settings, self.runner.pool_cells  # unified: the whole pool
         if made != context.ctx_size:
             log.info("llama.cpp made a cache of %d tokens for -c %d", made, context.ctx_size)
         trained = self.runner.n_ctx_train
         if s.ctx_size and trained and made > trained:
             log.warning("the pool (%d tokens) is longer than the model was trained for (%d): "
                         "one request may use %d", made, trained, trained)
-        return SlotPool(made, s.parallel, n_ctx_seq=min(made, trained or made),
+        return SlotPool(made, s.parallel, n_ctx_per_slot=min(made, trained or made),
                         cuts_back=self.runner.cuts_back)
 
     def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:

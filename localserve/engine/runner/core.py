@@ -94,9 +94,9 @@ class LlamaRunner(Sampling, ImageSteps):
         self.cpu_tiles = self.n_gpu_layers == 0  # CPU flash attention's tiles (calls.py)
         self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted
         self._interrupt = StepInterrupt(self.ctx)
-        self.n_ctx_seq = C.llama_n_ctx_seq(self.ctx)  # the most one sequence holds: the pool
+        self.pool_cells = C.llama_n_ctx_seq(self.ctx)  # the most one sequence holds: the pool
         # an embedding context of one slot's share: its cache is a second one, beside the pool
-        self.n_ctx_embedding = max(64, self.n_ctx_seq // config.n_slots)
+        self.n_ctx_embedding = max(64, self.pool_cells // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
         self.samplers: dict[int, C.llama_sampler_p] = {}
         self.argmax_slots: set[int] = set()  # greedy alone: the logits' argmax (sampling.py)
