@@ -16,7 +16,7 @@ model, same -c/-np/-t), in alternating rounds, medians and spreads printed:
         share kept, and (localserve) output tokens per decode step; llama-server also with
         --spec-type ngram-mod. Greedy answers differ between servers, so ratios are also given
         on the text both sides wrote (each pair of answers cut to its common beginning,
-        bench/same_text.py), from the request and from the first token (decoding alone), and
+        localserve/bench/same_text.py), from the request and from the first token (decoding alone), and
         per kind on each side's own whole answers from the first token (where answers part
         early, as the 135M model's on tables, the text both wrote is a step or two).
   chat  ordinary chat (short questions, 32-256-token answers, 24 requests, different each
@@ -186,7 +186,7 @@ def shown(row: dict) -> dict:
 
 
 def print_same_text(first: str, peer: str, results: dict[str, list[dict]], key: str) -> None:
-    """Copy rounds compared on the text both sides wrote (bench/same_text.py): medians over
+    """Copy rounds compared on the text both sides wrote (localserve/bench/same_text.py): medians over
     rounds of each kind's speedup, from the request and from the first piece (decoding
     alone), and how much of the answers that text is."""
     rounds = [same_text_speedup(a[key + "_answers"], b[key + "_answers"])
