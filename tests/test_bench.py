@@ -205,6 +205,10 @@ def test_the_lookup_ceiling_prices_foresight_drafts_by_the_measured_steps():
     fresh = list(range(5000, 5100))
     drafted, plain = lookup_ceiling(prompt, fresh, cost)
     assert abs(drafted - 99 * 0.010) < 1e-9 and abs(plain - 99 * 0.010) < 1e-9
+    # a step table where no draft pays (a busy machine's): never below 1 by a rounding
+    flat = step_cost({"1": 7.3, "2": 14.6, "64": 7.3 * 64})
+    drafted, plain = lookup_ceiling(prompt, prompt[:1] + prompt[1:200], flat)
+    assert plain / drafted >= 1.0
 
 
 def test_the_copy_corpus_has_every_kind_none_from_this_repository_and_varies_by_seed():

@@ -168,8 +168,8 @@ def busy_slots(srv) -> int:
 
 
 def test_sigterm_drains_running_streams_and_refuses_new_ones():
-    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--drain-timeout", "60",
-                        log_name="drain")
+    srv = RunningServer("-c", "2048", "-np", "2", "-t", "2", "--drain-timeout", "300",
+                        log_name="drain")  # 300: the streams finish whatever else runs
     try:
         srv.wait_ready()
         results = []
@@ -239,6 +239,32 @@ def test_an_embedding_in_flight_at_sigterm_finishes_in_the_drain_or_ends_clearly
             assert status == 200 and len(body["data"]) == n_inputs
         else:
             assert status == 503 and "shutting down" in body["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_a_drain_that_runs_out_inside_a_long_embedding_input_answers_503_at_once():
+    """One input of thousands of tokens is inside llama.cpp when the drain runs out: the
+    request is answered 503 then, not when the input leaves llama.cpp (on a busy machine after
+    uvicorn's own shutdown deadline, which cancelled it with no answer: a 500)."""
+    srv = RunningServer("-c", "8192", "-np", "1", "-t", "2", "--drain-timeout", "1",
+                        log_name="drain-embed-long")
+    try:
+        srv.wait_ready()
+        results = []
+        long_input = "lantern harbor meadow quartz " * 1500
+        worker = threading.Thread(target=lambda: results.append(httpx.post(
+            srv.url + "/v1/embeddings", json={"input": long_input}, timeout=600)))
+        worker.start()
+        wait_for(lambda: srv.slots()["embeddings_running"] == 1, timeout=120,
+                 what="the embedding request in flight")
+        srv.proc.send_signal(signal.SIGTERM)
+        worker.join(timeout=600)
+        assert srv.proc.wait(timeout=120) == 0
+        assert results[0].status_code == 503, results[0].text
+        assert "shutting down" in results[0].json()["error"]["message"]
+        said = srv.log()
+        assert "timeout graceful shutdown exceeded" not in said and "Traceback" not in said
     finally:
         srv.stop()
 

@@ -53,15 +53,16 @@ def lookup_ceiling(prompt: list[int], answer: list[int],
                    cost: Callable[[int], float]) -> tuple[float, float]:
     """Seconds to decode the answer after its first token (the prefill's) with foresight
     drafts, and one token a step."""
-    drafted, i = 0.0, 1
+    drafted, plain, i = 0.0, 0.0, 1
     context = prompt + answer[:1]
     while i < len(answer):
         run = min(longest_run(context, answer, i), len(answer) - i - 1, MAX_DRAFT)
         k = max(range(run + 1), key=lambda k: (k + 1) * cost(1) - cost(1 + k))
         drafted += cost(1 + k)
+        plain += (k + 1) * cost(1)  # summed alike: never below `drafted` by a rounding
         context += answer[i:i + k + 1]
         i += k + 1
-    return drafted, max(len(answer) - 1, 0) * cost(1)
+    return drafted, plain
 
 
 async def ceiling_by_kind(client: httpx.AsyncClient, url: str, answered: list[tuple],

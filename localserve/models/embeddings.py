@@ -20,6 +20,11 @@ from localserve.engine.request import SamplingParams, TokenEvent
 from localserve.models.turns import Turns
 
 
+# While an input is inside llama.cpp, how often the drain's end is looked at: an input on a busy
+# machine may outlast uvicorn's graceful shutdown (5 s), which would cancel the request unanswered.
+ENDED_POLL_S = 0.05
+
+
 class ClientGone(Exception):
     """The client closed the request: its inputs left are not embedded."""
 
@@ -59,13 +64,23 @@ class Embeddings:
             raise ModelUnavailable("the server is shutting down (--drain-timeout ran out)",
                                    param=None)
         await self.turns.take(user)
+        work = asyncio.ensure_future(asyncio.to_thread(embedder.embed, tokens))
         try:
-            return await asyncio.to_thread(embedder.embed, tokens)
+            while not (await asyncio.wait({work}, timeout=ENDED_POLL_S))[0]:
+                if self.host.ended:  # answered now: uvicorn's shutdown would cancel it mute
+                    embedder.stop()  # and the input leaves llama.cpp at its next graph node
+                    raise ModelUnavailable("the server is shutting down (--drain-timeout ran "
+                                           "out)", param=None)
+            vector = work.result()
         except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
             raise ModelUnavailable(f"the model cannot embed now: {exc}; retry",
                                    param=None) from None
-        finally:
-            self.turns.give_back()
+        finally:  # the turn goes back once the input has left llama.cpp, answered or not
+            if work.done():
+                self.turns.give_back()
+            else:
+                work.add_done_callback(lambda _: self.turns.give_back())
+        return vector
 
     def _bill(self, user: str | None, endpoint: str, arrived: float, n_tokens: int) -> None:
         """Answered outside the engine loop: billed as a finished answer of `n_tokens` prompt

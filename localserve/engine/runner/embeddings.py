@@ -15,6 +15,7 @@ import llama_cpp as C
 import numpy as np
 
 from localserve.engine.errors import DecodeError
+from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.upper_state import clear_upper_state
 
 
@@ -36,6 +37,12 @@ class Embedder:
         self.n_embd = C.llama_model_n_embd(model)
         self.batch = C.llama_batch_init(n_ctx, 0, 1)
         self.lock = threading.Lock()
+        self._stop = StepInterrupt(self.ctx)
+
+    def stop(self) -> None:
+        """Any thread, at a drain's end: the input inside llama.cpp stops at its next graph
+        node (its embed raises DecodeError), and so does every later one."""
+        self._stop.request()
 
     def embed(self, tokens: list[int]) -> list[float]:
         """One input's vector. The caller has checked 1 <= len(tokens) <= n_ctx."""
