@@ -73,3 +73,13 @@ def test_the_readmes_how_fast_fits_a_screen_and_every_figure_is_in_docs_performa
     figures = re.findall(r"\d+\.\d\dx \(\d+\.\d\d-\d+\.\d\d\)", section)
     assert len(figures) >= 6
     assert [f for f in figures if f not in performance] == []
+
+
+def test_open_webui_is_started_on_a_port_that_is_not_localserves():
+    """docs/office.md's Open WebUI command names its own port: without one Open WebUI takes
+    8080, the port the README's office.toml gives localserve."""
+    root = Path(__file__).resolve().parent.parent
+    ours = re.search(r"^\s*port = (\d+)", (root / "README.md").read_text(), re.M).group(1)
+    start = re.search(r"open-webui serve[^`]*", (root / "docs" / "office.md").read_text()).group(0)
+    theirs = re.search(r"--port (\d+)", start)
+    assert theirs and theirs.group(1) != ours, start

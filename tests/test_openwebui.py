@@ -28,7 +28,8 @@ SECOND_KEY = "webui2-key-000888"
 
 
 def readme_env(server_url: str, key: str) -> dict:
-    """docs/office.md's openwebui.env, line for line, with this server's address and key."""
+    """docs/office.md's openwebui.env, line for line, as the shell's `.` reads it (a value's
+    single quotes go), with this server's address, the key and a secret."""
     page = (ROOT / "docs" / "office.md").read_text()
     block = page.split("# openwebui.env:", 1)[1].split("```", 1)[0]
     env = {}
@@ -36,8 +37,16 @@ def readme_env(server_url: str, key: str) -> dict:
         line = line.strip()
         if line and not line.startswith("#"):
             name, value = line.split("=", 1)
-            env[name] = value.replace("http://SERVER:8080", server_url).replace("WEBUI_KEY", key)
+            value = value[1:-1] if value[:1] == value[-1:] == "'" else value
+            env[name] = value.replace("http://SERVER:8080", server_url).replace(
+                "WEBUI_KEY", key).replace("SECRET", "test-secret-0123456789")
     return env
+
+
+def documented_start() -> list[str]:
+    """The command docs/office.md starts Open WebUI with, after its environment."""
+    page = (ROOT / "docs" / "office.md").read_text()
+    return re.search(r"open-webui serve[^`]*", page).group(0).split()[1:]
 
 
 def ollama_variant(settings: dict, server_url: str, key: str) -> dict:
@@ -67,12 +76,12 @@ class OpenWebUI:
         settings = readme_env(self.server.url, key)
         env = {**os.environ, **(ollama_variant(settings, self.server.url, key) if ollama
                                 else settings),
-               "DATA_DIR": str(self.folder / "webui"), "PORT": str(self.port),
-               "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1", "WEBUI_SECRET_KEY": "test-secret"}
+               "DATA_DIR": str(self.folder / "webui"), "OFFLINE_MODE": "true", "HF_HUB_OFFLINE": "1"}
         self.log = open(self.folder / "openwebui.log", "a")
-        self.process = subprocess.Popen([str(WEBUI), "serve", "--host", "127.0.0.1", "--port",
-                                         str(self.port)], env=env, stdout=self.log,
-                                        stderr=subprocess.STDOUT)
+        command = [arg.replace("3000", str(self.port)) for arg in documented_start()]
+        self.process = subprocess.Popen([str(WEBUI), *command, "--host", "127.0.0.1"], env=env,
+                                        stdout=self.log, stderr=subprocess.STDOUT,
+                                        cwd=self.folder)
         wait_for(lambda: answers_200(self.url + "/health"), timeout=600, interval=1, what="Open WebUI to start")
 
     def stop(self) -> None:
@@ -104,7 +113,7 @@ def sign_up(url: str, name: str, admin: dict | None = None) -> dict:
     if admin is not None:
         added = httpx.post(url + "/api/v1/auths/add", headers=admin, timeout=60,
                            json={**who, "role": "user"})
-        assert added.status_code == 200, added.text
+        assert added.status_code == 200 or "already registered" in added.text, added.text
     r = httpx.post(url + ("/api/v1/auths/signin" if admin else "/api/v1/auths/signup"),
                    timeout=60, json=who)
     if admin is None and r.status_code != 200:
@@ -209,21 +218,14 @@ def settle(page, state, who: str, before: int) -> list[tuple]:
 
 
 def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser):
-    """In a real browser, as a colleague uses it: the admin turns the model's built-in tools
-    off (36 tool schemas, ~6,900 tokens, do not fit a 2,048-token slot: localserve's refusal
-    says so), then chat, Stop (localserve ends the request: billed as an abort), Continue
-    (the answer grows from where it stopped) and Regenerate (a second version)."""
+    """In a real browser, as a colleague uses it, with the recipe as written (its built-in
+    tools off by DEFAULT_MODEL_METADATA: with them, 30 tool definitions went with every chat,
+    and the small model called tools in a loop and never answered): chat, Stop (localserve
+    ends the request: billed as an abort), Continue (the answer grows from where it stopped)
+    and Regenerate (a second version)."""
     server, webui, state = office
     url = webui.url
     alice = sign_up(url, "alice")  # the first to sign up: Open WebUI's admin
-    model = httpx.get(url + "/api/models", headers=alice, timeout=60).json()["data"][0]
-    tools_off = {"id": model["id"], "base_model_id": None, "name": model["name"], "params": {},
-                 "meta": {"capabilities": {"builtin_tools": False}}}
-    off = httpx.post(url + "/api/v1/models/create", headers=alice, timeout=60, json=tools_off)
-    if "already registered" in off.text:  # set before (Admin Panel, Models: the same switch)
-        off = httpx.post(url + "/api/v1/models/model/update", headers=alice, timeout=60,
-                         json=tools_off)
-    assert off.status_code == 200, off.text
     settings = lambda **params: httpx.post(  # noqa: E731
         url + "/api/v1/users/user/settings/update", headers=alice, timeout=60,
         json={"ui": {"params": {"temperature": 0, **params}}}).raise_for_status()
@@ -245,6 +247,8 @@ def test_open_webuis_page_chats_stops_continues_and_regenerates(office, browser)
     # chat's title task may be billed in between: wait for the chat's own row
     wait_for(lambda: (24, "length", 200) in chat_rows(state, "alice")[before:], timeout=60,
              what="the 24-token answer billed")
+    prompts = [p for key, p, out in ledger_rows(state, "/v1/chat/completions") if out == 24]
+    assert prompts[-1] < 1000  # a short question, no tool definitions with it
     answer = page.locator("#response-content-container").last
     first = answer.inner_text().strip()
     assert first
@@ -265,12 +269,17 @@ def test_a_restart_reads_the_settings_again_and_colleagues_still_see_the_model(o
     """Open WebUI copies its variables into its database on the first start and, without
     ENABLE_PERSISTENT_CONFIG=false, reads them from there ever after. Restarted with another
     key, its requests come with that key: the settings were read again; bob, added by the
-    admin, still sees the model and chats."""
+    admin, still sees the model and chats; a stranger still cannot sign up (ENABLE_SIGNUP)."""
     server, webui, state = office
-    sign_up(webui.url, "alice")  # the admin (the first to sign up), if nobody did yet
-    sign_up(webui.url, "bob")  # a colleague who signs up himself (DEFAULT_USER_ROLE=user)
+    alice = sign_up(webui.url, "alice")  # the admin (the first to sign up), if nobody did yet
+    stranger = {"name": "mallory", "email": "mallory@office.lan", "password": "hunter2 hunter2"}
+    refused = httpx.post(webui.url + "/api/v1/auths/signup", timeout=60, json=stranger)
+    assert refused.status_code == 403, refused.text
+    sign_up(webui.url, "bob", admin=alice)
     webui.stop()
     webui.start(key=SECOND_KEY)
+    refused = httpx.post(webui.url + "/api/v1/auths/signup", timeout=60, json=stranger)
+    assert refused.status_code == 403, refused.text
     bob = sign_up(webui.url, "bob")
     assert httpx.get(webui.url + "/api/models", headers=bob, timeout=60).json()["data"]
     r = ask(webui.url, bob, "Name a fruit.")
