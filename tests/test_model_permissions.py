@@ -7,8 +7,7 @@ import httpx
 import pytest
 
 from conftest import key_file, running
-from localserve.common.config import Settings, SettingsError, default_model_path
-from localserve.office.keys import KeyHolder, read_key_file
+from localserve.common.config import Settings, default_model_path
 from localserve.office.office import Office
 
 INTERN, ROOT, WEBUI = "intern-key-0001", "root-key-000002", "webui-key-00003"
@@ -112,19 +111,6 @@ def test_a_frontends_colleague_has_the_frontend_keys_models(office):
 def test_an_unknown_name_lists_only_what_the_key_may_use(office):
     r = ask(office, INTERN, "/v1/chat/completions", {**CHAT, **SMALL, "model": "gpt-4"})
     assert r.status_code == 404 and "small" in r.text and "big" not in r.text
-
-
-def test_the_key_file_names_models_after_the_key_or_the_role(tmp_path):
-    path = key_file(tmp_path, "a:key-aaaaaaaa:models=small, big", "b:key:with:colons:admin",
-                    "c:key-cccccccc:user:models=small", "d:key-dddddddd")
-    assert read_key_file(path) == {
-        "key-aaaaaaaa": KeyHolder("a", "user", frozenset({"small", "big"})),
-        "key:with:colons": KeyHolder("b", "admin"),
-        "key-cccccccc": KeyHolder("c", "user", frozenset({"small"})),
-        "key-dddddddd": KeyHolder("d", "user")}
-    empty = key_file(tmp_path, "a:key-aaaaaaaa:models=")
-    with pytest.raises(SettingsError, match="models=NAME"):
-        read_key_file(empty)
 
 
 def test_a_reload_audits_a_change_of_models(tmp_path):

@@ -269,15 +269,6 @@ def test_a_frontends_colleagues_get_series_up_to_a_bound_and_the_rest_count_as_o
     assert requests("owui:cy") is None and requests("alice") == 1  # the key file's own names
 
 
-def test_two_colleagues_with_the_same_key_stop_start_up_naming_both(tmp_path):
-    from localserve.common.config import SettingsError
-    from localserve.office.keys import read_key_file
-
-    path = key_file(tmp_path, "alice:same-key-0001", "carol:other-key-01", "bob:same-key-0001")
-    with pytest.raises(SettingsError, match="line 3: 'bob' has the same key as 'alice' on line 1"):
-        read_key_file(path)
-
-
 def test_forwarded_names_that_clean_alike_stay_apart():
     from localserve.api.auth import colleague_name
 
