@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.models.chat_template import ChatTemplateError, PromptPart, as_alternating_turns
 from localserve.api import images as image_input
 from localserve.api.schemas import OpenAIError
-from localserve.models.host_face import IMAGE_MARKER, ImageError
+from localserve.models.host_face import IMAGE_MARKER, ImageError, PlacedImages
 from localserve.models.model_host import ModelHost
 
 MEDIA_MARKER = "<__media__>"  # where llama-server's multimodal_data go (mtmd_default_marker)
@@ -68,7 +68,7 @@ def check_reads_images(host: ModelHost, where: str) -> None:
 
 
 async def media_prompt(host: ModelHost, text: str, data: list[str], param: str,
-                       key: str | None) -> tuple[list[int], dict]:
+                       key: str | None) -> tuple[list[int], PlacedImages]:
     """llama-server's `{"prompt_string", "multimodal_data"}`: the caller's raw text (special
     tokens parsed, as text_prompt), each MEDIA_MARKER in it the next base64 image, decoded in
     `key`'s turn (images.decode_in_turn). (tokens, the images by hash)"""
@@ -90,7 +90,7 @@ async def media_prompt(host: ModelHost, text: str, data: list[str], param: str,
 
 
 def _image_tokens(host: ModelHost, parts: list, decoded: list,
-                  param: str) -> tuple[list[int], dict]:
+                  param: str) -> tuple[list[int], PlacedImages]:
     try:
         tokens, images = host.tokenize_parts(parts, decoded)
     except ImageError as exc:
@@ -119,7 +119,7 @@ async def fill_in_the_middle(host: ModelHost, before: str, after: str, what: str
 
 def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None,
                  ending: str = "assistant", variables: dict | None = None,
-                 images: list = ()) -> tuple[list[int], dict, str]:
+                 images: list = ()) -> tuple[list[int], PlacedImages, str]:
     """ending: "assistant" (the template's generation prompt: a new answer), "none" (the
     messages as they are), "continue" (the final assistant message left open); variables:
     the request's chat_template_kwargs; images: the messages' images decoded, in order."""
@@ -143,7 +143,8 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,
                       ending: str = "assistant", variables: dict | None = None,
-                      images: list = (), key: str | None = None) -> tuple[list[int], dict, str]:
+                      images: list = (),
+                      key: str | None = None) -> tuple[list[int], PlacedImages, str]:
     """Messages already in template form (chat_message.ChatMessage.as_template_dict, plus any
     tool prompt); tools for a template that renders them itself; ending, variables: see
     _chat_tokens; images: the messages' ImageRefs, decoded in `key`'s turn

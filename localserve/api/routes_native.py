@@ -18,7 +18,7 @@ from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
-from localserve.models.host_face import IMAGE_MARKER
+from localserve.models.host_face import IMAGE_MARKER, PlacedImages
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatCompletionRequest, OpenAIError,
                                     PromptEnding, SamplingBody, Tool)
 
@@ -76,7 +76,7 @@ class TemplateBody(PromptEnding):
 
 
 async def _run(request: Request, admitted: Admitted, host, body: NativeCompletion,
-               tokens: list[int], images: dict | None = None):
+               tokens: list[int], images: PlacedImages | None = None):
     if body.n != 1:
         raise OpenAIError(400, "llama-server's /completion returns one completion; for n > 1 "
                           "choices use /v1/completions", param="n")

@@ -24,6 +24,7 @@ from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.engine.streams import ChoiceStreams
+from localserve.models.host_face import PlacedImages
 from localserve.models.model_host import ModelHost
 
 
@@ -104,7 +105,7 @@ REFUSED_AGAIN_DELAY_S = 1.0
 
 def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: SamplingBody,
            grammar: str | None = None, endpoint: str = "",
-           context_limit: int | None = None, images: dict | None = None,
+           context_limit: int | None = None, images: PlacedImages | None = None,
            reasoning_open: bool = False) -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
@@ -165,7 +166,7 @@ class ChatPrompt(NamedTuple):
     tokens: list[int]
     grammar: str | None
     plan: object  # structured.ToolPlan or None
-    images: dict  # the images placed among the tokens, by hash
+    images: PlacedImages  # the images placed among the tokens, by hash
     reasoning_open: bool  # the template opened a reasoning block the answer starts in
 
 

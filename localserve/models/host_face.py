@@ -12,7 +12,12 @@ from typing import TYPE_CHECKING
 from localserve.models.chat_template import PromptPart
 
 if TYPE_CHECKING:
+    from localserve.engine.runner.images import ImageInput
     from localserve.engine.scheduler_view import PoolLimits
+
+# The images a prompt places among its tokens, by hash (the runner's prepared inputs, opaque
+# above it): what tokenize_parts gives and a request carries to the engine (Request.images).
+PlacedImages = dict[int, "ImageInput"]
 
 # What stands for an image in a rendered chat (a caller's text, split there by tokenize_parts):
 # random per process, so no text a client writes can place an image where none was sent.
@@ -50,14 +55,14 @@ class HostFace:
         return self.runner.tokenize(text, add_special=add_special, parse_special=True)
 
     def tokenize_parts(self, parts: list[PromptPart],
-                       images: list[DecodedImage] = ()) -> tuple[list[int], dict]:
+                       images: list[DecodedImage] = ()) -> tuple[list[int], PlacedImages]:
         """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
         text as plain text, each IMAGE_MARKER in it as the next image's rows (placeholder ids,
         runner/images.py). BOS is added unless the template wrote it. (tokens, the images by
         hash)"""
         bos = self.runner.bos_text
         tokens: list[int] = []
-        placed: dict = {}
+        placed: PlacedImages = {}
         waiting = list(images)
         for i, part in enumerate(parts):
             add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
@@ -75,7 +80,7 @@ class HostFace:
             raise ImageError(f"{waiting[0].where}: the chat template left no place for this image")
         return tokens, placed
 
-    def _image_rows(self, image: DecodedImage, placed: dict) -> list[int]:
+    def _image_rows(self, image: DecodedImage, placed: PlacedImages) -> list[int]:
         try:
             tokens, inputs = self.runner.projector.prepare(image.rgb, image.width, image.height,
                                                            image.raw)
