@@ -211,10 +211,25 @@ def test_drain_timeout_ends_leftovers_with_an_error_event():
         srv.stop()
 
 
-def embed_many(url, n_inputs, out):
-    inputs = [f"{i} " + "lantern harbor meadow quartz " * 100 for i in range(n_inputs)]
-    r = httpx.post(url + "/v1/embeddings", json={"input": inputs}, timeout=600)
-    out.append((r.status_code, r.json()))
+def embedding_at_sigterm(ctx: str, drain_timeout: str, inputs: list[str], name: str):
+    """One embedding request in flight when SIGTERM comes: its status, its body as JSON (a
+    reply that is none fails here) and the server's log, once the server has exited."""
+    srv = RunningServer("-c", ctx, "-np", "1", "-t", "2", "--drain-timeout", drain_timeout,
+                        log_name=name)
+    try:
+        srv.wait_ready()
+        results = []
+        worker = threading.Thread(target=lambda: results.append(httpx.post(
+            srv.url + "/v1/embeddings", json={"input": inputs}, timeout=600)))
+        worker.start()
+        wait_for(lambda: srv.slots()["embeddings_running"] == 1, timeout=120,
+                 what="the embedding request in flight")
+        srv.proc.send_signal(signal.SIGTERM)
+        worker.join(timeout=600)
+        assert srv.proc.wait(timeout=120) == 0
+        return results[0].status_code, results[0].json(), srv.log()
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("drain_timeout, n_inputs", [("60", 3), ("1", 256)])
@@ -222,51 +237,23 @@ def test_an_embedding_in_flight_at_sigterm_finishes_in_the_drain_or_ends_clearly
         drain_timeout, n_inputs):
     """Accepted before the signal: answered in full within the drain, or, when the drain runs
     out first, a 503 saying so (never a 500, never cut after a pause between two inputs)."""
-    srv = RunningServer("-c", "2048", "-np", "1", "-t", "2", "--drain-timeout", drain_timeout,
-                        log_name=f"drain-embed-{drain_timeout}")
-    try:
-        srv.wait_ready()
-        results = []
-        worker = threading.Thread(target=embed_many, args=(srv.url, n_inputs, results))
-        worker.start()
-        wait_for(lambda: srv.slots()["embeddings_running"] == 1, timeout=120,
-                 what="the embedding request in flight")
-        srv.proc.send_signal(signal.SIGTERM)
-        worker.join(timeout=600)
-        assert srv.proc.wait(timeout=120) == 0
-        status, body = results[0]
-        if drain_timeout == "60":
-            assert status == 200 and len(body["data"]) == n_inputs
-        else:
-            assert status == 503 and "shutting down" in body["error"]["message"]
-    finally:
-        srv.stop()
+    inputs = [f"{i} " + "lantern harbor meadow quartz " * 100 for i in range(n_inputs)]
+    status, body, _ = embedding_at_sigterm("2048", drain_timeout, inputs,
+                                           f"drain-embed-{drain_timeout}")
+    if drain_timeout == "60":
+        assert status == 200 and len(body["data"]) == n_inputs
+    else:
+        assert status == 503 and "shutting down" in body["error"]["message"]
 
 
 def test_a_drain_that_runs_out_inside_a_long_embedding_input_answers_503_at_once():
     """One input of thousands of tokens is inside llama.cpp when the drain runs out: the
     request is answered 503 then, not when the input leaves llama.cpp (on a busy machine after
     uvicorn's own shutdown deadline, which cancelled it with no answer: a 500)."""
-    srv = RunningServer("-c", "8192", "-np", "1", "-t", "2", "--drain-timeout", "1",
-                        log_name="drain-embed-long")
-    try:
-        srv.wait_ready()
-        results = []
-        long_input = "lantern harbor meadow quartz " * 1500
-        worker = threading.Thread(target=lambda: results.append(httpx.post(
-            srv.url + "/v1/embeddings", json={"input": long_input}, timeout=600)))
-        worker.start()
-        wait_for(lambda: srv.slots()["embeddings_running"] == 1, timeout=120,
-                 what="the embedding request in flight")
-        srv.proc.send_signal(signal.SIGTERM)
-        worker.join(timeout=600)
-        assert srv.proc.wait(timeout=120) == 0
-        assert results[0].status_code == 503, results[0].text
-        assert "shutting down" in results[0].json()["error"]["message"]
-        said = srv.log()
-        assert "timeout graceful shutdown exceeded" not in said and "Traceback" not in said
-    finally:
-        srv.stop()
+    long_input = "lantern harbor meadow quartz " * 1500
+    status, body, said = embedding_at_sigterm("8192", "1", [long_input], "drain-embed-long")
+    assert status == 503 and "shutting down" in body["error"]["message"]
+    assert "timeout graceful shutdown exceeded" not in said and "Traceback" not in said
 
 
 def test_dashboard_says_when_its_key_is_wrong(office):
