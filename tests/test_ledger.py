@@ -277,3 +277,19 @@ def test_localserve_usage_aligns_long_colleague_names(tmp_path, capsys):
     heading, *rows = capsys.readouterr().out.splitlines()
     assert len(rows) == 2 and {len(row) for row in rows} == {len(heading)}
     assert {row.index(" 1 ") for row in rows} == {heading.index("requests") + 6}
+
+
+def test_one_models_usage_from_a_ledger_two_servers_share(tmp_path):
+    """Servers started without --state-dir write one ledger: a dashboard asks for its own
+    model's rows (localserve top passes the model it shows), the CLI sees them all."""
+    from localserve.office.ledger import Ledger, request_row
+
+    ledger = Ledger(tmp_path)
+    for model, key, prompt in (("small", "alice", 10), ("big", "alice", 700), ("big", "bob", 5)):
+        ledger.record(request_row(key, "/v1/chat/completions", model, prompt, 0, 3, "stop", 0.0, 0.1))
+    ledger.close()
+    small = usage(ledger.path, group_by="key", model="small")
+    assert [(r["key"], r["prompt_tokens"]) for r in small] == [("alice", 10)]
+    assert {r["key"]: r["prompt_tokens"] for r in usage(ledger.path, group_by="key")} == {
+        "alice": 710, "bob": 5}
+    assert usage(ledger.path, model="none-such") == []

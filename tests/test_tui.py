@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 
 from test_tui_model import METRICS, slots
 from tui.app import Dashboard, FetchError, http_fetcher
@@ -91,14 +92,15 @@ def test_pilot_against_the_real_server_sees_slots_busy_then_idle(server, client)
         async with app.run_test(size=(110, 30)) as pilot:
             for t in load:
                 t.start()
-            busy_seen = 0
-            for _ in range(200):
+            busy_seen, deadline = 0, time.monotonic() + 300  # a busy machine's pace too
+            while time.monotonic() < deadline:
                 await pilot.pause(0.1)
                 if app.view and sum(r.state != "idle" for r in app.view.slots) >= 2:
                     busy_seen += 1
                 if busy_seen and not any(t.is_alive() for t in load):
                     break
-            for _ in range(50):
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
                 await pilot.pause(0.1)
                 if app.view and all(r.state == "idle" for r in app.view.slots):
                     break

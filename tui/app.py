@@ -51,13 +51,15 @@ def http_fetcher(url: str, api_key: str | None = None, timeout: float = 3.0) -> 
             async with httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout) as client:
                 slots = await client.get("/slots", params={"view": "full", **which})
                 if slots.status_code == 401:
-                    raise FetchError("wrong or missing API key (--api-key)")
+                    raise FetchError("wrong or missing API key (--api-key-file, "
+                                     "$LOCALSERVE_API_KEY or --api-key)")
                 if slots.status_code != 200:
                     raise FetchError(f"server answered {slots.status_code} ({slots.text[:80]})")
                 metrics = await client.get("/metrics")
-                usage = await client.get("/v1/usage", params={
-                    "group_by": "key", "from": date.today().isoformat()})
                 slots_json = slots.json()
+                usage = await client.get("/v1/usage", params={  # this model's: servers may
+                    "group_by": "key", "from": date.today().isoformat(),  # share one ledger
+                    "model": slots_json.get("model")})
                 if usage.status_code == 200:  # an admin key sees every key, a user key its own
                     slots_json["usage_today"] = usage.json()["data"]
                 if model not in props_cache:

@@ -129,8 +129,9 @@ def _when(value: str | None, param: str) -> float | None:
 @router.get("/v1/usage")
 async def usage(request: Request, group_by: str = "key",
                 since: str | None = Query(None, alias="from"),
-                until: str | None = Query(None, alias="to")):
-    """Token usage from the ledger, grouped by key, day or model. A user key sees only its own."""
+                until: str | None = Query(None, alias="to"), model: str | None = None):
+    """Token usage from the ledger, grouped by key, day or model; `model`: that model's rows
+    only. A user key sees only its own."""
     ledger = request.app.state.office.ledger
     if ledger is None:
         raise OpenAIError(404, "the ledger is off (--no-ledger)", code="ledger_off")
@@ -138,7 +139,7 @@ async def usage(request: Request, group_by: str = "key",
         raise OpenAIError(400, f"group_by must be one of {', '.join(GROUPS)}", param="group_by")
     key = None if is_admin(request) else caller(request).key
     rows = await run_in_threadpool(ledger_usage, ledger.path, _when(since, "from"),
-                                   _when(until, "to"), group_by, key)
+                                   _when(until, "to"), group_by, key, model)
     return {"object": "list", "group_by": group_by, "data": rows}
 
 

@@ -48,7 +48,8 @@ USAGE = ("SELECT {group} AS g, SUM(prompt_tokens), SUM(cached_tokens), "  # prag
          "SUM(completion_tokens), COUNT(*), "  # pragma: no mutate
          "SUM(finish_reason = 'refused') FROM requests "  # pragma: no mutate
          "WHERE {where} GROUP BY g ORDER BY g")  # pragma: no mutate
-FILTERS = (("ts >= ?", "since"), ("ts < ?", "until"), ("key = ?", "key"))  # pragma: no mutate
+FILTERS = (("ts >= ?", "since"), ("ts < ?", "until"), ("key = ?", "key"),  # pragma: no mutate
+           ("model = ?", "model"))  # pragma: no mutate
 FLUSH_S = 0.5
 MAX_AUDIT_ROWS = 100_000  # about 20 MB: details are short (see api/auth.py RefusalLog)
 GROUPS = {"key": "key", "model": "model", "day": "date(ts, 'unixepoch', 'localtime')"}
@@ -158,15 +159,16 @@ class Ledger:
 
 
 def usage(path: Path, since: float | None = None, until: float | None = None,
-          group_by: str = "key", key: str | None = None) -> list[dict]:
+          group_by: str = "key", key: str | None = None, model: str | None = None) -> list[dict]:
     """Rows {group: ..., prompt_tokens, cached_tokens, completion_tokens, requests} from the
-    ledger file (read-only; the server need not run). `key` limits it to one key's rows."""
+    ledger file (read-only; the server need not run). `key` limits it to one key's rows,
+    `model` to one model's (servers started without --state-dir share one ledger)."""
     if group_by not in GROUPS:
         raise ValueError(f"group_by must be one of {', '.join(GROUPS)}")
     if not path.is_file():
         return []
     where, args = ["1=1"], []
-    given = {"since": since, "until": until, "key": key}
+    given = {"since": since, "until": until, "key": key, "model": model}
     for clause, name in FILTERS:
         value = given[name]
         if value is not None:
