@@ -412,3 +412,31 @@ def test_text_held_back_for_a_possible_stop_string_is_flushed_at_end_of_generati
     sched.add(req("a", 3, stop=("xy",)))
     out, _ = run(sched, runner)
     assert out["a"] == ("bx", FinishReason.STOP)
+
+
+def test_prompt_progress_reports_what_each_chunk_computed_since_admission():
+    """llama-server's return_progress, one report a computed chunk (two at the first chunk
+    after the cached prefix: the cache, then the chunk), none for a decode row or a request
+    that did not ask; the milliseconds count from admission, else from arrival."""
+    import time
+
+    from localserve.engine.plan import SeqChunk
+    from localserve.engine.progress import prompt_progress
+
+    r = Request(list(range(1, 101)), SamplingParams(progress=True), request_id="p")
+    r.cached_tokens, r.arrival_time = 40, time.monotonic() - 5.0
+    r.admitted_time = time.monotonic() - 2.0
+
+    def reports(start, n):
+        return [e.progress for _, e in prompt_progress(SeqChunk(0, r, [7] * n, start, False))]
+
+    first, later = reports(40, 32), reports(72, 32)
+    assert [p[:3] for p in first] == [(100, 40, 40), (100, 40, 72)]
+    assert [p[:3] for p in later] == [(100, 40, 100)]  # capped at the prompt's end
+    assert all(2000 <= p[3] < 4000 for p in first + later)
+    assert reports(100, 1) == []  # a decode row: the prompt is computed
+    assert [p[:3] for p in reports(99, 1)] == [(100, 40, 100)]
+    r.admitted_time = None
+    assert 5000 <= reports(72, 8)[0][3] < 7000
+    assert prompt_progress(SeqChunk(0, Request([1, 2, 3], SamplingParams(), request_id="q"),
+                                    [1, 2, 3], 0, True)) == []
