@@ -39,6 +39,19 @@ def test_a_slot_that_cannot_be_cut_back_is_reused_whole_or_not_at_all():
     assert keep == 60
 
 
+def test_a_window_models_sequence_within_its_window_is_cut_back_as_on_attention():
+    """None of its cells has left the window yet (llama-server's rule: the cache's oldest
+    position at most the cut point less the window): a Regenerate or an edited turn keeps
+    the shared prefix; past the window, the slot is reused whole or not at all."""
+    for held, expected in ((60, 40), (64, 40), (65, 0)):
+        pool = SlotPool(512, 1, cuts_back=False, window=64)
+        pool.slots[0].computed(tokens(1, held))
+        slot, keep = pool.best_idle_slot(tokens(1, 40) + [7] * 30)  # shares 40 of it
+        assert keep == expected, held
+    slot, keep = pool.best_idle_slot(tokens(1, 65) + [7] * 10)  # all it holds, and more
+    assert keep == 65
+
+
 def make(cuts_back: bool, n_slots: int = 2, ctx: int = 512, speculative=False):
     cache = PromptCache(1_000_000, whole_only=not cuts_back)
     sched = Scheduler(SlotPool(ctx, n_slots, cuts_back=cuts_back), FakeVocab(), 64,

@@ -166,16 +166,19 @@ class SlotPool:
     sequence is held to its guarantee, as in llama.cpp's split cache.
     `cuts_back` False: the model's sequences cannot be cut back to a prefix (a recurrent state,
     or window layers whose older cells are gone): a slot's cache is reused whole or not at
-    all, and nothing is copied from another slot (reuse.py)."""
+    all, and nothing is copied from another slot (reuse.py). `window`: a sliding-window
+    model's window, within which a slot's sequence can still be cut back (none of its cells
+    has left the window yet: llama-server's rule, the cache's oldest position at most the cut
+    point less the window)."""
 
     def __init__(self, ctx_size: int, n_slots: int, n_ctx_per_slot: int | None = None,
-                 cuts_back: bool = True):
+                 cuts_back: bool = True, window: int = 0):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
         if n_ctx_per_slot is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
-        self.ctx_size, self.cuts_back = ctx_size, cuts_back
+        self.ctx_size, self.cuts_back, self.window = ctx_size, cuts_back, window
         self.guarantee = ctx_size // n_slots
         self.n_ctx_per_slot = min(n_ctx_per_slot or self.guarantee, ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
@@ -231,6 +234,8 @@ class SlotPool:
 
     def _reusable(self, slot: Slot, tokens: list[int]) -> int:
         """How much of `tokens` the slot's cache gives (at most all but the last token); where
-        it cannot be cut back, all it holds or nothing."""
+        it cannot be cut back (a window model's sequence past its window), all it holds or
+        nothing."""
         shared = min(slot.prefix_shared(tokens), len(tokens) - 1)
-        return shared if self.cuts_back or shared == slot.n_cached else 0
+        cuts = self.cuts_back or slot.n_cached <= self.window
+        return shared if cuts or shared == slot.n_cached else 0

@@ -207,8 +207,9 @@ class ModelHost(HostFace):
         if s.ctx_size and trained and made > trained:
             log.warning("the pool (%d tokens) is longer than the model was trained for (%d): "
                         "one request may use %d", made, trained, trained)
+        window = self.runner.n_swa if self.runner.memory_kind == "sliding-window" else 0
         return SlotPool(made, s.parallel, n_ctx_per_slot=min(made, trained or made),
-                        cuts_back=self.runner.cuts_back)
+                        cuts_back=self.runner.cuts_back, window=window)
 
     def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:
         """--cache-ram MiB, at most a quarter of the RAM free now. Where sequences cannot be
