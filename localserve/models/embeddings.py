@@ -25,6 +25,11 @@ from localserve.models.turns import Turns
 ENDED_POLL_S = 0.05
 
 
+def drain_ran_out() -> ModelUnavailable:
+    """The 503 of an input that the drain's end finds waiting or inside llama.cpp."""
+    return ModelUnavailable("the server is shutting down (--drain-timeout ran out)", param=None)
+
+
 class ClientGone(Exception):
     """The client closed the request: its inputs left are not embedded."""
 
@@ -61,16 +66,14 @@ class Embeddings:
         if await client_gone():
             raise ClientGone("the client closed the request")
         if self.host.ended:
-            raise ModelUnavailable("the server is shutting down (--drain-timeout ran out)",
-                                   param=None)
+            raise drain_ran_out()
         await self.turns.take(user)
         work = asyncio.ensure_future(asyncio.to_thread(embedder.embed, tokens))
         try:
             while not (await asyncio.wait({work}, timeout=ENDED_POLL_S))[0]:
                 if self.host.ended:  # answered now: uvicorn's shutdown would cancel it mute
                     embedder.stop()  # and the input leaves llama.cpp at its next graph node
-                    raise ModelUnavailable("the server is shutting down (--drain-timeout ran "
-                                           "out)", param=None)
+                    raise drain_ran_out()
             vector = work.result()
         except DecodeError as exc:  # unloaded meanwhile (idle, or to make room)
             raise ModelUnavailable(f"the model cannot embed now: {exc}; retry",
