@@ -19,8 +19,10 @@ EXAMPLES = 20
 
 @pytest.fixture(scope="module")
 def fuzz_server():
-    """Slots of 128 tokens: any generated request, however large its max_tokens, ends fast."""
-    with running("-c", "512", "-np", "4", "-t", "2", log_name="fuzz") as srv:
+    """A pool of 256 tokens and answers of 16 unless a body asks otherwise: any generated request,
+    however large its max_tokens, ends fast; what the fuzz looks for is in the fields, not in how
+    long an answer runs."""
+    with running("-c", "256", "-np", "4", "-n", "16", "-t", "2", log_name="fuzz") as srv:
         yield srv
 
 
