@@ -14,7 +14,8 @@ text neither server has seen (seeded varied words, a new seed per round, the sam
   while it was computed (what the document costs the people already reading an answer).
 
     bench/run prompts --llama-server "$(scripts/build-llama-server)" [--model M] \\
-        [--rounds 5] [--mode at-once|beside] [--localserve-args "..."]
+        [--rounds 5] [--mode at-once|beside] [--localserve-args "..."] \\
+        [--llama-server-args "..."]
 
 Run it alone on the machine: llama.cpp's worker threads spin, so anything beside it skews it.
 """
@@ -113,13 +114,15 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=3000)
     parser.add_argument("--answer", type=int, default=256)
     parser.add_argument("--localserve-args", default="")
+    parser.add_argument("--llama-server-args", default="", help="e.g. --kv-unified")
     args = parser.parse_args()
     model = args.model or str(resolve_model(None))
     pool = args.pool.split()
     sides = {
         "localserve": RunningServer("-m", model, *pool, *args.localserve_args.split(),
                                     log_name="prompts-localserve"),
-        "llama-server": RunningServer("-m", model, *pool, log_name="prompts-llama",
+        "llama-server": RunningServer("-m", model, *pool, *args.llama_server_args.split(),
+                                      log_name="prompts-llama",
                                       program=[args.llama_server]),
     }
     measure, keys = MODES[args.mode]
@@ -138,7 +141,8 @@ def main() -> None:
             server.stop()
     print(f"\n{args.mode}, medians of {args.rounds} rounds; {Path(model).name} {args.pool}, "
           f"{args.colleagues} colleagues, {args.prompt_tokens}-token prompts; "
-          f"localserve {args.localserve_args or '(defaults)'}")
+          f"localserve {args.localserve_args or '(defaults)'}; "
+          f"llama-server {args.llama_server_args or '(defaults)'}")
     for key in keys:
         ls, peer = results["localserve"], results["llama-server"]
         ratios = [a[key] / b[key] for a, b in zip(ls, peer) if b[key]]
