@@ -17,16 +17,15 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import socket
-from collections import defaultdict
 
 from localserve.api.images import MAX_IMAGE_BYTES, ImageRef
+from localserve.api.key_turns import KeyTurns
 from localserve.api.schemas import OpenAIError
 
 FETCH_DEADLINE_S = 10.0
 MAX_REDIRECTS = 3
 FETCHES_PER_KEY = 2
-_slots: defaultdict[str | None, asyncio.Semaphore] = defaultdict(
-    lambda: asyncio.Semaphore(FETCHES_PER_KEY))
+_fetching = KeyTurns(FETCHES_PER_KEY)
 
 
 class _Refused(Exception):
@@ -43,7 +42,7 @@ async def fetch_images(refs: list[ImageRef], allowed_hosts: tuple[str, ...],
 async def _fetch(ref: ImageRef, allowed_hosts: tuple[str, ...], key: str | None) -> ImageRef:
     import httpx  # only where the admin allows fetching (--image-urls)
 
-    async with _slots[key]:
+    async with _fetching.turn(key):
         try:
             async with asyncio.timeout(FETCH_DEADLINE_S):
                 raw = await _get(ref.url, {h.lower() for h in allowed_hosts})

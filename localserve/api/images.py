@@ -20,10 +20,10 @@ import binascii
 import io
 import re
 import warnings
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from localserve.api.key_turns import KeyTurns
 from localserve.api.schemas import OpenAIError
 from localserve.models.host_face import DecodedImage
 
@@ -34,7 +34,7 @@ MAX_IMAGES = 16  # per request
 MAX_REQUEST_PIXELS = 100_000_000  # a request's images together: about 3 s of one core's decoding
 DECODE_WORKERS = 2  # threads that decode images, every key's together
 _decoders = ThreadPoolExecutor(DECODE_WORKERS, thread_name_prefix="image-decode")
-_turns: defaultdict[str | None, asyncio.Semaphore] = defaultdict(lambda: asyncio.Semaphore(1))
+_decoding = KeyTurns(1)
 FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")
 DATA_URI = re.compile(r"^data:(image/[\w.+*-]+)?(;[^,]*)?;base64,", re.IGNORECASE)
 
@@ -68,7 +68,7 @@ async def decode_in_turn(refs: list[ImageRef], key: str | None) -> list[DecodedI
     """decode() on the image decoders' threads, after the key's earlier requests' images."""
     if not refs:
         return []
-    async with _turns[key]:
+    async with _decoding.turn(key):
         return await asyncio.get_running_loop().run_in_executor(_decoders, decode, refs)
 
 
