@@ -50,11 +50,12 @@ def document(seed: int, tokens: int) -> str:
 
 
 async def stream(client: httpx.AsyncClient, url: str, prompt: str, max_tokens: int,
-                 t0: float) -> dict:
-    """One greedy streamed completion: its prompt tokens, first-token time and chunk times."""
+                 t0: float, times: list[float] | None = None) -> dict:
+    """One greedy streamed completion: its prompt tokens, first-token time and chunk times
+    (appended to `times` as they come, where the caller watches them)."""
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "stream": True, "stream_options": {"include_usage": True}}
-    times, usage = [], {}
+    times, usage = [] if times is None else times, {}
     async with client.stream("POST", url + "/v1/completions", json=body) as resp:
         resp.raise_for_status()
         async for line in resp.aiter_lines():
@@ -85,10 +86,14 @@ async def beside(url: str, seed: int, args) -> dict:
     chats = [f"Write about {' '.join(rng.choice(WORDS) for _ in range(8))}."
              for _ in range(args.colleagues - 1)]
     async with httpx.AsyncClient(timeout=1800) as client:
-        t0 = time.perf_counter()
-        readers = [asyncio.create_task(stream(client, url, c, 4 * args.answer, t0))
-                   for c in chats]
-        await asyncio.sleep(2.0)  # the chats admitted and decoding (greedy, short prompts)
+        t0, seen = time.perf_counter(), [[] for _ in chats]
+        readers = [asyncio.create_task(stream(client, url, c, 4 * args.answer, t0, times))
+                   for c, times in zip(chats, seen)]
+        while not all(seen):  # every chat decoding before the document goes in
+            if any(r.done() for r in readers):
+                await asyncio.gather(*readers)  # raises what ended one early
+                raise RuntimeError("a chat ended before every chat had its first token")
+            await asyncio.sleep(0.01)
         sent = time.perf_counter() - t0
         long = await stream(client, url, document(seed, args.prompt_tokens), 8, t0)
         done = await asyncio.gather(*readers)
