@@ -189,3 +189,19 @@ def test_experts_placed_by_flag_are_kept_and_a_dense_model_moves_none():
     assert fit(QWEN_14B, [card(11)]).n_cpu_moe == 0  # no experts: the context is lowered
     small = fit(GPT_OSS_20B, [card(6)])  # every expert moved, then the context lowered
     assert small.n_cpu_moe == 24 and small.ctx_size < 131_072 and "experts of 24 layers" in small.why
+
+
+def test_a_hybrids_recurrent_states_count_whatever_the_context():
+    """A hybrid's cache is mostly its recurrent states (one per slot, whatever the context:
+    runner.memory_needs' kv_fixed) and a little attention per token: the fit counts both, so
+    a state that fills the card leaves less for layers, never a context that cannot load."""
+    attention_only = ModelSize(layers=(131_000_000,) * 32, output=431_000_000,
+                               embeddings=295_500_000, kv_per_token=4 * 8 * 128 * 2 * 2,
+                               n_ctx_train=131_072, n_vocab=128_256, n_embd=4096)
+    hybrid = ModelSize(**{**attention_only.__dict__, "kv_fixed": 11 * GIB})
+    assert fit(attention_only, [card(15)]).n_gpu_layers == 33
+    chosen = fit(hybrid, [card(15)])
+    assert chosen.ctx_size == FIT_MIN_CTX and chosen.n_gpu_layers < 33
+    assert sum(needs(hybrid, [card(15)], (), FIT_MIN_CTX, 33)) > \
+        sum(needs(attention_only, [card(15)], (), FIT_MIN_CTX, 33)) + 10.9 * GIB
+    assert_largest(hybrid, [card(15)], chosen)

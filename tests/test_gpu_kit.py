@@ -38,7 +38,7 @@ def eight_b_shape(tmp_path_factory) -> Path:
 
 def test_the_8b_shape_is_read_alike_by_the_fit_and_by_llama_cpp(eight_b_shape):
     size = model_size(eight_b_shape)
-    needs = memory_needs(str(eight_b_shape), 1)
+    needs = memory_needs(str(eight_b_shape))
     assert (size["n_embd"], size["n_vocab"], len(size["layers"])) == (4096, 128_256, 2)
     per_layer = (2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096) * 18 // 32  # Q4_0
     assert size["layers"][0] == size["layers"][1] == pytest.approx(per_layer + 2 * 4096 * 4, rel=0.01)

@@ -16,6 +16,8 @@ import httpx
 import pytest
 
 from conftest import ROOT, free_port, running
+from localserve.common.config import Settings
+from localserve.models.resources import cache_needs
 
 GEMMA = ROOT / "models" / "gemma-3-270m-q4_k_m.gguf"
 FRESH = [f"fresh{i}-key-0123456789" for i in range(2)]  # keys whose cache starts empty
@@ -108,6 +110,24 @@ def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served
     said = {"hybrid": "memory: a recurrent state beside attention: a slot's cache is reused whole",
             "sliding-window": "memory: sliding-window layers keep their window only"}
     assert said[KINDS[kind]] in srv.log() and "no drafting" in srv.log()
+    assert props["context"]["kv_fixed_bytes"] > 0  # window cells or recurrent states
+
+
+def test_the_memory_check_sizes_each_kind_as_llama_cpp_allocates_it():
+    """Before loading, the caches are sized as llama.cpp will make them (runner.memory_needs,
+    through resources.cache_needs with the server's settings). Gemma 3 270M at -c 32768 with
+    4 slots: 96 MiB for its 3 global layers and 37.5 MiB for its 15 window layers' windows,
+    llama-server's own log for these settings (133.5 MiB, not every layer at full length,
+    576 MiB). The Mamba-2 hybrid: only its 2 attention layers grow with the context, and each
+    slot's state (the convolution and the SSM state of 4 layers, f32) is counted once."""
+    settings = Settings(ctx_size=32768, parallel=4)
+    mamba = cache_needs(settings, str(memory_model("hybrid-mamba")), 32768, False)
+    assert mamba["kv_bytes_per_token"] == 2 * 2 * 32 * 2 * 2  # layers, heads, head size, K+V, f16
+    state = 4 * 4 * 4 * (3 * (256 + 2 * 16) + 16 * 256)  # layers, slots, f32, conv + SSM
+    assert mamba["kv_fixed_bytes"] == pytest.approx(state, rel=0.02)
+    assert mamba["kv_bytes"] == 32768 * mamba["kv_bytes_per_token"] + mamba["kv_fixed_bytes"]
+    if GEMMA.is_file():
+        assert cache_needs(settings, str(GEMMA), 32768, False)["kv_bytes"] == 133.5 * 1024 ** 2
 
 
 def test_experts_kept_in_host_memory_by_flag_give_the_same_answer():

@@ -38,13 +38,14 @@ class ModelSize:
     layers: tuple[int, ...]  # each repeating layer's weights, bytes
     output: int  # the output layer: on the GPU when every layer is
     embeddings: int  # the token embeddings: always in host memory
-    kv_per_token: int  # the cache, every layer, bytes per token
+    kv_per_token: int  # the caches of layers that keep every position, bytes per token
     n_ctx_train: int
     n_vocab: int
     n_embd: int
     projector: int = 0  # an image projector (--mmproj): on the first GPU when any layer is
     # (as llama.cpp places it), its weights and compute buffer (llama-server's fit counts it too)
     experts: tuple[int, ...] = ()  # each layer's mixture-of-experts weights (part of `layers`)
+    kv_fixed: int = 0  # window layers' cells and recurrent states, whatever the context
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def needs(model: ModelSize, devices: list[Device], split: tuple[float, ...], ctx
     n_layer = len(model.layers)
     on_gpu = min(ngl, n_layer)
     counts = _layer_counts(on_gpu, split or tuple(d.free for d in devices))
-    per_layer_kv = model.kv_per_token // max(n_layer, 1) * ctx
+    per_layer_kv = (model.kv_per_token * ctx + model.kv_fixed) // max(n_layer, 1)
     in_host = [model.experts[i] if i < cpu_moe and i < len(model.experts) else 0
                for i in range(n_layer)]
     out, first = [], n_layer - on_gpu

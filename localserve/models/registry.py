@@ -23,13 +23,13 @@ from datetime import datetime, timezone
 import psutil
 
 from localserve.common.config import Settings
-from localserve.engine.runner import memory_needs
+from localserve.engine.runner import supports_gpu_offload
 from localserve.common.metrics import labelled_registry
 from localserve.common.model_errors import (ModelUnavailable, NotEnoughMemory, NotPermitted,
                                             UnknownModel, WrongKind)
 from localserve.models.model_entry import Entry, ModelState, model_card, ready
 from localserve.models.model_specs import ModelSpec, model_specs, parse_size
-from localserve.models.resources import GIB, OVERHEAD_BYTES
+from localserve.models.resources import GIB, OVERHEAD_BYTES, cache_needs
 from localserve.models.model_host import ModelHost
 from localserve.office.office import Office
 
@@ -277,8 +277,8 @@ class ModelRegistry:
         if entry.need_bytes is None:
             s, path = entry.host.settings, str(entry.host.model_file)
             context = await asyncio.to_thread(entry.host.context_choice, path)
-            needs = await asyncio.to_thread(memory_needs, path, context.ctx_size,
-                                            s.cache_type_k, s.cache_type_v)
+            needs = await asyncio.to_thread(cache_needs, s, path, context.ctx_size,
+                                            supports_gpu_offload())
             entry.need_bytes = needs["model_bytes"] + needs["kv_bytes"]
         return entry.need_bytes
 

@@ -3,6 +3,7 @@ rather than let the machine swap or the process be killed mid-load."""
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -31,15 +32,17 @@ class ContextChoice:
 
     ctx_size: int
     n_ctx_train: int  # the model's trained context (0: the file does not say)
-    kv_bytes_per_token: int
+    kv_bytes_per_token: int  # layers that keep every position
     why: str
     n_gpu_layers: int | None = None  # fitted to GPU memory (fit.py); None: as -ngl says
     n_cpu_moe: int = 0  # the first layers whose experts stay in host memory (fit.py, flags)
     gpu_bytes: tuple[tuple[str, int, int], ...] = ()  # each device: name, needed, free
+    kv_fixed_bytes: int = 0  # window layers' cells and recurrent states: not per token
 
     def as_json(self) -> dict:
         return {"ctx_size": self.ctx_size, "n_ctx_train": self.n_ctx_train,
-                "kv_bytes_per_token": self.kv_bytes_per_token, "why": self.why,
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_fixed_bytes": self.kv_fixed_bytes, "why": self.why,
                 "n_gpu_layers": self.n_gpu_layers, "n_cpu_moe": self.n_cpu_moe,
                 "devices": [{"name": n, "needed_bytes": need, "free_bytes": free}
                             for n, need, free in self.gpu_bytes]}
@@ -48,40 +51,51 @@ class ContextChoice:
 def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> ContextChoice:
     """With layers on GPUs, fitted to their memory (fit.py, llama-server's --fit). Else -c as
     given; with -c 0 (the default) the model's trained context, bounded by the RAM free now
-    less the weights and FIT_MARGIN_BYTES, rounded down to 256 and never under FIT_MIN_CTX
-    (or the trained context)."""
+    less the weights, the caches that do not grow with the context and FIT_MARGIN_BYTES,
+    rounded down to 256 and never under FIT_MIN_CTX (or the trained context)."""
+    needs = cache_needs(settings, model_path, settings.ctx_size, gpu_offload)
+    trained, per_token = needs["n_ctx_train"], max(needs["kv_bytes_per_token"], 1)
+    fixed = needs["kv_fixed_bytes"]
+    on_gpu = gpu_offload and settings.n_gpu_layers != 0
+    fitted = fit_to_gpus(settings, model_path, trained, per_token, fixed) if on_gpu else None
+    if fitted is not None:
+        return fitted
+    choice = functools.partial(ContextChoice, n_ctx_train=trained, kv_bytes_per_token=per_token,
+                               kv_fixed_bytes=fixed)
+    if settings.ctx_size:
+        return choice(settings.ctx_size, why=f"-c {settings.ctx_size}")
+    wanted = trained or FIT_MIN_CTX
+    if on_gpu:
+        return choice(wanted, why=f"the model's trained context ({wanted} tokens); GPU memory "
+                      f"is not checked")
+    free = psutil.virtual_memory().available
+    room = free - OVERHEAD_BYTES - FIT_MARGIN_BYTES - needs["model_bytes"] - fixed
+    fitting = max(0, room // per_token) // 256 * 256
+    if fitting >= wanted:
+        return choice(wanted, why=f"the model's trained context ({wanted} tokens, "
+                      f"{(wanted * per_token + fixed) / GIB:.2f} GiB of cache)")
+    ctx = max(fitting, min(FIT_MIN_CTX, wanted))
+    more = (wanted - ctx) * per_token
+    return choice(ctx, why=f"fitted to free memory ({free / GIB:.1f} GiB free): the model's "
+                  f"trained {wanted} tokens would need {more / GIB:.2f} GiB more")
+
+
+def cache_needs(settings: Settings, model_path: str, ctx_size: int, gpu_offload: bool) -> dict:
+    """runner.memory_needs for the context the runner will make (core.py): a sequence per
+    slot, the window layers' rule, the physical batch (a window layer holds it beside each
+    sequence's window). A file llama.cpp cannot read stops the start."""
     from localserve.engine.runner import memory_needs
 
     try:
-        needs = memory_needs(model_path, 1, settings.cache_type_k, settings.cache_type_v)
+        return memory_needs(model_path, ctx_size, settings.cache_type_k, settings.cache_type_v,
+                            n_seq=settings.parallel, swa_full=settings.swa_full,
+                            n_batch=settings.prefill_token_budget(gpu_offload))
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
-    trained, per_token = needs["n_ctx_train"], max(needs["kv_bytes_per_token"], 1)
-    on_gpu = gpu_offload and settings.n_gpu_layers != 0
-    fitted = fit_to_gpus(settings, model_path, trained, per_token) if on_gpu else None
-    if fitted is not None:
-        return fitted
-    if settings.ctx_size:
-        return ContextChoice(settings.ctx_size, trained, per_token, f"-c {settings.ctx_size}")
-    wanted = trained or FIT_MIN_CTX
-    if on_gpu:
-        return ContextChoice(wanted, trained, per_token, f"the model's trained context ({wanted} "
-                             f"tokens); GPU memory is not checked")
-    free = psutil.virtual_memory().available
-    room = free - OVERHEAD_BYTES - FIT_MARGIN_BYTES - needs["model_bytes"]
-    fitting = max(0, room // per_token) // 256 * 256
-    if fitting >= wanted:
-        return ContextChoice(wanted, trained, per_token, f"the model's trained context ({wanted} "
-                             f"tokens, {wanted * per_token / GIB:.2f} GiB of cache)")
-    ctx = max(fitting, min(FIT_MIN_CTX, wanted))
-    more = (wanted - ctx) * per_token
-    return ContextChoice(ctx, trained, per_token, f"fitted to free memory ({free / GIB:.1f} GiB "
-                         f"free): the model's trained {wanted} tokens would need "
-                         f"{more / GIB:.2f} GiB more")
 
 
-def fit_to_gpus(settings: Settings, model_path: str, trained: int,
-                per_token: int) -> ContextChoice | None:
+def fit_to_gpus(settings: Settings, model_path: str, trained: int, per_token: int,
+                fixed: int = 0) -> ContextChoice | None:
     """The context and layers that fit the GPUs llama.cpp sees; None where it sees none (or
     the file's tensors cannot be read: then nothing is checked, as before). A -c or -ngl that
     does not fit stops the start with the numbers, unless --no-memory-check."""
@@ -96,7 +110,7 @@ def fit_to_gpus(settings: Settings, model_path: str, trained: int,
         return None
     shape = ModelSize(tuple(size["layers"]), size["output"], size["embeddings"], per_token,
                       trained, size["n_vocab"], size["n_embd"], projector_bytes(settings),
-                      tuple(size["experts"]))
+                      tuple(size["experts"]), fixed)
     moe = len(shape.layers) if settings.cpu_moe else settings.n_cpu_moe or None
     try:
         chosen = fit(shape, devices, settings.ctx_size, settings.n_gpu_layers,
@@ -105,10 +119,11 @@ def fit_to_gpus(settings: Settings, model_path: str, trained: int,
         if settings.memory_check:
             raise SettingsError(f"{exc} (--no-memory-check loads it anyway)") from None
         return ContextChoice(settings.ctx_size or trained or FIT_MIN_CTX, trained, per_token,
-                             f"as given, not checked (--no-memory-check): {exc}")
+                             f"as given, not checked (--no-memory-check): {exc}",
+                             kv_fixed_bytes=fixed)
     room = tuple((d.name, n, d.free) for d, n in zip(devices, chosen.needs))
     return ContextChoice(chosen.ctx_size, trained, per_token, chosen.why, chosen.n_gpu_layers,
-                         chosen.n_cpu_moe, room)
+                         chosen.n_cpu_moe, room, fixed)
 
 
 def projector_bytes(settings: Settings) -> int:
@@ -125,13 +140,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
     one-line summary for the start-up log. With layers on a GPU only the host share is
     checked here (the GPUs' was, by fit_to_gpus, where llama.cpp sees them)."""
     ctx_size = context.ctx_size
-    from localserve.engine.runner import memory_needs
-
-    try:
-        needs = memory_needs(model_path, ctx_size, settings.cache_type_k,
-                             settings.cache_type_v)
-    except RuntimeError as exc:
-        raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
+    needs = cache_needs(settings, model_path, ctx_size, gpu_offload)
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
     host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
     free = psutil.virtual_memory().available
@@ -140,7 +149,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
                f"{_on_gpus(context) if on_gpu else ''}; "
                f"{free / GIB:.1f} GiB free")
     if (settings.cache_type_k, settings.cache_type_v) != ("f16", "f16"):
-        gain = needs["f16_bytes_per_token"] / needs["kv_bytes_per_token"]
+        gain = needs["f16_bytes_per_token"] / max(needs["kv_bytes_per_token"], 1)
         summary += (f"; cache K {settings.cache_type_k} / V {settings.cache_type_v}: "
                     f"{gain:.2f}x the tokens an f16 cache fits in the same memory")
     if settings.cache_ram:  # filled only as slots are overwritten, and never past this
@@ -148,8 +157,8 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
         summary += f"; prompt cache in RAM up to {ram_tier / GIB:.2f} GiB (--cache-ram)"
     if host_bytes <= free:
         return summary
-    room = free - OVERHEAD_BYTES - needs["model_bytes"]
-    fitting = max(0, int(room / needs["kv_bytes_per_token"]) // 256 * 256)
+    room = free - OVERHEAD_BYTES - needs["model_bytes"] - needs["kv_fixed_bytes"]
+    fitting = max(0, int(room / max(needs["kv_bytes_per_token"], 1)) // 256 * 256)
     hint = (f"use a smaller -c (about -c {fitting} would fit)" if fitting >= 256
             else "this model does not fit in free memory at any -c; free memory or use a smaller model")
     raise SettingsError(

@@ -21,7 +21,7 @@ from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Inte
                                       RestoreFailed, RowsRefused)
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.logits import CANDIDATE, log_probs
-from localserve.engine.runner.model_file import (CACHE_TYPES, FLASH_ATTN, OVERRIDDEN,
+from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context_params,
                                                  _load_progress, _quiet_llama,
                                                  reset_load_progress, supports_gpu_offload)
 from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
@@ -73,17 +73,10 @@ class LlamaRunner(Sampling, ImageSteps):
         self.cuts_back = self.memory_kind == "attention"  # slots.SlotPool.cuts_back
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         threads = config.n_threads or os.cpu_count() or 1
-        cparams = C.llama_context_default_params()
-        cparams.n_ctx = config.ctx_size
-        cparams.n_seq_max = config.n_slots
-        cparams.n_batch = config.n_batch
-        cparams.n_ubatch = min(config.n_batch, 512)
+        cparams = context_params(config.ctx_size, config.n_slots, config.n_batch,
+                                 config.cache_type_k, config.cache_type_v, config.swa_full)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
-        cparams.kv_unified = True  # one pool; the scheduler keeps each slot's guarantee
-        cparams.swa_full = config.swa_full  # else window layers keep their window (cuts_back)
-        cparams.type_k = CACHE_TYPES[config.cache_type_k][0]
-        cparams.type_v = CACHE_TYPES[config.cache_type_v][0]
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
         cparams.no_perf = True
         self.ctx = C.llama_init_from_model(self.model, cparams)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import sys
+import threading
 from collections import Counter
 
 import llama_cpp as C
@@ -27,14 +29,20 @@ _EXPECTED = ("failed with error 1", "compute status: 1", "removing memory module
 # Tensors the loader placed by a tensor override, per buffer type (placement.py): counted from
 # its log, reset before each load.
 OVERRIDDEN: Counter = Counter()
+# What llama.cpp reports to a thread that sizes a model's caches (memory_needs): its callback
+# runs on the thread that called it, so another model's load beside it is not read.
+_PROBE = threading.local()
 
 
 @C.llama_log_callback
 def _llama_log(level, text, _user_data):
     """Keep llama.cpp's chatter out of the console; pass on its warnings and errors, except
     those the engine expects (an interrupted step: runner/interrupt.py); count the
-    tensors the loader placed by an override."""
+    tensors the loader placed by an override; keep what a cache-sizing thread is told."""
     message = text.decode("utf-8", "replace").rstrip() if text else ""
+    if getattr(_PROBE, "lines", None) is not None:  # the real load says it again
+        _PROBE.lines.append(message)
+        return
     if " buffer type overridden to " in message:
         OVERRIDDEN[message.rsplit(" ", 1)[-1]] += 1
     if level in (_LOG_LEVEL_WARN, _LOG_LEVEL_WARN + 1) and message \
@@ -62,40 +70,97 @@ FLASH_ATTN = {"on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_T
               "auto": C.LLAMA_FLASH_ATTN_TYPE_AUTO}
 
 
-def memory_needs(model_path: str, ctx_size: int, type_k: str = "f16", type_v: str = "f16") -> dict:
-    """Bytes the model and a cache of ctx_size tokens (of these K and V types) will take, read
-    from the GGUF's hyper-parameters without loading the weights (a vocab-only load)."""
+def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v: str = "f16",
+                 n_seq: int = 1, swa_full: bool = False, n_batch: int = 512) -> dict:
+    """Bytes the model and its caches will take at ctx_size tokens (0: its trained context)
+    for n_seq sequences, asked of llama.cpp as llama-server's --fit asks it: the model's
+    tensors described without their data (no_alloc) and a context of these settings
+    simulated, its caches' sizes read from what it reports (_cache_sizes). So every memory
+    kind is counted as llama.cpp will allocate it, whatever its family's rules: layers that
+    keep every position grow with the context (kv_bytes_per_token); a window layer's cells
+    and a recurrent state per sequence do not (kv_fixed_bytes). A file llama.cpp cannot
+    describe (damaged, truncated, an unknown architecture) raises RuntimeError."""
     _quiet_llama()
     params = C.llama_model_default_params()
-    params.vocab_only = True
-    model = C.llama_model_load_from_file(model_path.encode(), params)
-    if not model:
-        raise RuntimeError(f"llama.cpp could not read {model_path}")
+    params.no_alloc = True
+    params.load_mode = C.LLAMA_LOAD_MODE_NONE  # nothing mapped: only the header is read
+    params.n_gpu_layers = 0  # the sizes are the same wherever the layers go
+    _PROBE.lines = []
     try:
-        def meta_int(key: str, default: int) -> int:
-            buf = ctypes.create_string_buffer(64)
-            n = C.llama_model_meta_val_str(model, key.encode(), buf, len(buf))
-            try:
-                return int(buf.value) if n >= 0 else default
-            except ValueError:  # a per-layer array: take the largest entry's worth
-                return default
-
-        arch = ctypes.create_string_buffer(64)
-        C.llama_model_meta_val_str(model, b"general.architecture", arch, len(arch))
-        a = arch.value.decode()
-        n_layer = meta_int(f"{a}.block_count", 32)
-        n_head = max(meta_int(f"{a}.attention.head_count", 32), 1)
-        n_head_kv = meta_int(f"{a}.attention.head_count_kv", n_head)
-        head_dim = meta_int(f"{a}.attention.key_length", meta_int(f"{a}.embedding_length", 4096) // n_head)
-        elements = n_layer * n_head_kv * head_dim  # per token, for K and again for V
-        kv_per_token = int(elements * (CACHE_TYPES[type_k][1] + CACHE_TYPES[type_v][1]))
-        f16_per_token = elements * 4
-        n_ctx_train = meta_int(f"{a}.context_length", 0)
+        model = C.llama_model_load_from_file(model_path.encode(), params)
+        if not model:
+            said = [line for line in _PROBE.lines if "error" in line or "failed" in line]
+            raise RuntimeError(f"llama.cpp could not read {model_path}"
+                               + (f" ({said[-1].strip()})" if said else ""))
+        try:
+            n_ctx_train = C.llama_model_n_ctx_train(model)
+            cells = _simulate_context(model, ctx_size or n_ctx_train or 4096, n_seq, n_batch,
+                                      type_k, type_v, swa_full)
+        finally:
+            C.llama_model_free(model)
+        per_token, fixed, f16_per_token = _cache_sizes(_PROBE.lines, cells)
     finally:
-        C.llama_model_free(model)
-    return {"model_bytes": os.path.getsize(model_path), "kv_bytes": kv_per_token * ctx_size,
-            "kv_bytes_per_token": kv_per_token, "f16_bytes_per_token": f16_per_token,
-            "n_ctx_train": n_ctx_train}
+        del _PROBE.lines
+    return {"model_bytes": os.path.getsize(model_path),
+            "kv_bytes": round(per_token * (ctx_size or cells)) + fixed,
+            "kv_bytes_per_token": round(per_token), "kv_fixed_bytes": fixed,
+            "f16_bytes_per_token": round(f16_per_token), "n_ctx_train": n_ctx_train}
+
+
+def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: str,
+                   swa_full: bool):
+    """The context's memory settings, one function for the runner's context (core.py) and the
+    one memory_needs simulates, so the estimate cannot drift from the load: one pool of n_ctx
+    cells for n_seq sequences (the scheduler keeps each slot's guarantee), window layers
+    keeping only their window unless swa_full, and the physical batch (a window layer holds
+    it beside each sequence's window)."""
+    cparams = C.llama_context_default_params()
+    cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
+    cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, 512)
+    cparams.kv_unified = True
+    cparams.swa_full = swa_full
+    cparams.type_k, cparams.type_v = CACHE_TYPES[type_k][0], CACHE_TYPES[type_v][0]
+    return cparams
+
+
+def _simulate_context(model, *settings) -> int:
+    """Create and free a context of these settings (context_params) on a model loaded without
+    data: llama.cpp reports its caches' sizes and allocates nothing. Its cells."""
+    ctx = C.llama_init_from_model(model, context_params(*settings))
+    if not ctx:
+        raise RuntimeError(f"llama.cpp could not size a context of {settings[0]} tokens")
+    try:
+        return C.llama_n_ctx(ctx)
+    finally:
+        C.llama_free(ctx)
+
+
+# What llama.cpp says of each cache it creates (llama-kv-cache.cpp, llama-memory-recurrent.cpp).
+_CACHE_SIZE = re.compile(r"^(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB "
+                         r"\( *(\d+) cells")
+_KV_PARTS = re.compile(r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
+_MIB = 1024 ** 2
+
+
+def _cache_sizes(lines: list[str], cells: int) -> tuple[float, int, float]:
+    """From a context's creation report: bytes per token of the caches as long as the context
+    (layers that keep every position), bytes of the others (a sliding window's cells, for
+    every sequence, and recurrent states), and the first again were K and V f16."""
+    per_token = f16_per_token = 0.0
+    fixed = 0
+    for line in lines:
+        size = _CACHE_SIZE.match(line)
+        if not size:
+            continue
+        n_bytes, n_cells = float(size[2]) * _MIB, int(size[3])
+        if size[1] != "llama_kv_cache" or n_cells < cells:
+            fixed += round(n_bytes)
+            continue
+        per_token += n_bytes / n_cells
+        k_type, k_mib, v_type, v_mib = _KV_PARTS.search(line).groups()
+        f16_per_token += sum(float(mib) * _MIB * 2 / CACHE_TYPES.get(kind, (0, 2.0))[1]
+                             for kind, mib in ((k_type, k_mib), (v_type, v_mib))) / n_cells
+    return per_token, fixed, f16_per_token
 
 
 _PROGRESS = {"last": -1}
