@@ -367,3 +367,36 @@ def test_the_readmes_image_example_runs_as_written(vision, tmp_path):
     done = subprocess.run(["bash", "-euc", block.replace("http://127.0.0.1:8080", vision.url)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert '"choices"' in done.stdout, done.stdout + done.stderr
+
+
+def test_the_vision_encoder_runs_on_its_own_thread_never_the_engines(projector, monkeypatch):
+    """Hardening round 7, case 5: the engine loop hands the images admission waits for to the
+    runner (encode_ahead), whose projector encodes them on its encoder's thread, once each; a
+    failed encode is the image's refusal (its request alone ends), never an exception in a
+    step. In-process: the runner on the embedded model with the random projector."""
+    import threading
+
+    import llama_cpp.mtmd_cpp as M
+
+    from localserve.common.config import resolve_model
+    from localserve.engine.runner import LlamaRunner, RunnerConfig
+
+    threads, real = [], M.mtmd_encode_chunk
+    monkeypatch.setattr(M, "mtmd_encode_chunk", lambda ctx, chunk: threads.append(
+        threading.current_thread().name) or real(ctx, chunk))
+    runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), ctx_size=1024, n_slots=1,
+                                      n_batch=256, n_threads=2, mmproj=projector))
+    try:
+        images = [next(iter(runner.projector.prepare(bytes([i * 40]) * 64 * 64 * 3, 64, 64,
+                                                     bytes([i]) * 32)[1].values()))
+                  for i in range(2)]
+        runner.encode_ahead([images[0], images[0]])
+        wait_for(lambda: images[0].ready, what="the image encoded")
+        assert images[0].embeddings.shape == (ROWS, runner.n_embd) and images[0].failed is None
+        assert threads == ["image-encode_0"]  # once, on the encoder's thread
+        monkeypatch.setattr(M, "mtmd_encode_chunk", lambda ctx, chunk: 1)
+        runner.encode_ahead([images[1]])
+        wait_for(lambda: images[1].ready, what="the failure recorded")
+        assert images[1].embeddings is None and "failed to encode" in images[1].failed
+    finally:
+        runner.close()

@@ -29,6 +29,7 @@ class Runner(Vocab, Protocol):
 
     def decode(self, plan: StepPlan) -> StepOutput: ...
     def interrupt(self) -> None: ...
+    def encode_ahead(self, images: list) -> None: ...  # on a thread of its own; `ready` after
 
 
 class StepScheduler(Protocol):

@@ -179,6 +179,8 @@ class EngineLoop(threading.Thread):
         plan = self.scheduler.schedule()
         for admission in plan.admitted:
             self._release_queue_place(admission.request)
+        if plan.encodes:  # their requests wait for them; colleagues' steps go on meanwhile
+            self.runner.encode_ahead(plan.encodes)
         if not plan:
             wake_held()
             time.sleep(0.001)

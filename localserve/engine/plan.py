@@ -83,6 +83,8 @@ class StepPlan:
     # rows of drafts that failed last step leave the cache first (drafts.py)
     saves: list[SlotSave] = field(default_factory=list)
     stop_rule: StopRule = NEVER  # which arriving request stops this step (stop_rule_for)
+    encodes: list = field(default_factory=list)  # images admission waits for: encoded off the
+    # engine thread (Runner.encode_ahead), their requests admitted once they are ready
 
     @property
     def num_tokens(self) -> int:

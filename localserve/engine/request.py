@@ -16,6 +16,7 @@ from typing import Callable
 from localserve.engine.detokenize import IncrementalDetokenizer
 from localserve.engine.drafts import NgramDrafter
 from localserve.engine.finish import FinishReason
+from localserve.engine.image_rows import image_row
 
 _ids = itertools.count(1)
 
@@ -124,7 +125,7 @@ class Request:
     prefix_of: Request | None = None
     drafter: NgramDrafter | None = None  # speculative decoding: its n-gram index (drafts.py)
     # the prompt's images by hash: their rows are placeholder ids in prompt_tokens, decoded
-    # from the image's embeddings (runner/images.py); opaque to the scheduler
+    # from the image's embeddings (runner/images.py); the scheduler reads only their `ready`
     images: dict = field(default_factory=dict)
     # the prompt ends inside a reasoning block its template opened: the answer starts as
     # reasoning (api/answer.py); opaque to the engine
@@ -142,3 +143,12 @@ class Request:
     def all_tokens(self) -> list[int]:
         """Prompt plus generated tokens: what the slot's cache must hold to continue."""
         return self.prompt_tokens + self.output_tokens
+
+    def unready_images(self, start: int) -> list:
+        """The images with rows past `start` in the prompt whose embeddings the vision encoder
+        has not made yet (runner/images.py): admission waits for them, off the engine thread
+        (reuse.PrefixReuse.place)."""
+        if not self.images:
+            return []
+        hashes = dict.fromkeys(image_row(t)[0] for t in self.prompt_tokens[start:] if t < 0)
+        return [self.images[h] for h in hashes if h in self.images and not self.images[h].ready]

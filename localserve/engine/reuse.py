@@ -41,11 +41,21 @@ class PrefixBook:
     def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None):
         self.pool = pool
         self.prompt_cache = prompt_cache  # sequences beyond the slots
+        self.to_encode: list = []  # images admission waits for (place), handed to the plan
 
     def place(self, req: Request) -> Placement | None:
         """The idle slot sharing the longest prefix with the request (None: no slot idle);
         a sibling copies its prompt from the slot holding it; a longer prefix in the prompt
-        cache is restored instead."""
+        cache is restored instead. None too while an image it must compute past that prefix
+        is not encoded yet: the image goes to `to_encode` (the runner's encoder thread, asked
+        by the loop through StepPlan.encodes), and the request waits, so the engine thread
+        never runs the vision encoder and an image whose rows are cached is never encoded."""
+        where = self._place(req)
+        unready = req.unready_images(where.keep) if where is not None else []
+        self.to_encode += unready
+        return None if unready else where
+
+    def _place(self, req: Request) -> Placement | None:
         choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope)
         if choice is None:
             return None

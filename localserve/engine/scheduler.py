@@ -177,6 +177,7 @@ class Scheduler:
         budget = self._tasks(plan, lanes, budget, reserved)
         self.drafts.add(plan, min(budget, self.cells.room(plan)))
         self.cells.park_idle(plan)
+        plan.encodes, self.prefixes.to_encode = self.prefixes.to_encode, []
         stopped, self.last_step_stopped = self.last_step_stopped, False  # (12)
         plan.stop_rule = plan.stop_rule_for(self.budget if not (stopped or stopped_enough(
             plan.chunks)) and self._slot_free() else 0, self.waiting.users())

@@ -54,6 +54,12 @@ class ImageSteps:
             self.projector = Projector(mmproj, self.model, n_threads, self.n_gpu_layers > 0)
             self.embd_batch = C.llama_batch_init(self.config.n_batch, self.n_embd, 1)
 
+    def encode_ahead(self, images: list) -> None:
+        """Runner.encode_ahead: the images admission waits for, to the projector's encoder
+        thread (images.Projector.encode_later)."""
+        for image in images:
+            self.projector.encode_later(image, self.n_embd)
+
     def _close_images(self) -> None:
         if self.projector is not None:
             C.llama_batch_free(self.embd_batch)
@@ -94,6 +100,8 @@ class ImageSteps:
             image = chunk.request.images.get(h)
             if image is None or self.projector is None:
                 return "a step reached an image this model cannot place"
+            if image.failed is not None:
+                return image.failed
             first_row = image_row(chunk.tokens[start])[1]
             if image.non_causal and (first_row != 0 or stop - start != image.n_rows):
                 return "an image that attends both ways was split between steps"

@@ -4,7 +4,8 @@ An image enters a prompt as a run of placeholder ids, one per image token (engin
 The scheduler, the prompt cache and prefix reuse treat them as any token: the same image in a
 follow-up is the same ids, so its cells are reused or restored instead of encoded again. The
 runner decodes those rows from the image's embeddings (ImageInput.embeddings: the vision
-encoder's output, computed on the engine thread the first time a step reaches the image).
+encoder's output, computed on the encoder's own thread while the request waits to be admitted,
+only where its rows are not already cached: reuse.PrefixBook.place).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import llama_cpp.mtmd_cpp as M
@@ -30,7 +32,14 @@ class ImageInput:
     n_rows: int
     chunk: int  # mtmd_input_chunk*, a copy this object owns
     non_causal: bool
-    embeddings: np.ndarray | None = None  # written by the engine thread alone (encode)
+    embeddings: np.ndarray | None = None  # written once, by the encoder (Projector.encode)
+    failed: str | None = None  # why the encoder could not make them
+    queued: bool = False  # handed to the encoder's thread (Projector.encode_later)
+
+    @property
+    def ready(self) -> bool:
+        """Its rows can be placed, or refused with `failed`: admission waits for this."""
+        return self.embeddings is not None or self.failed is not None
 
     def __del__(self):
         if self.chunk:
@@ -62,6 +71,8 @@ class Projector:
                                "Qwen2-VL and its kin), which localserve does not serve yet")
         self.path = path
         self._prepare_lock = threading.Lock()  # one image preprocessed at a time
+        self._encode_lock = threading.Lock()  # one forward pass at a time: one output buffer
+        self._encoder = ThreadPoolExecutor(1, thread_name_prefix="image-encode")
 
     def prepare(self, rgb: bytes, width: int, height: int,
                 digest: bytes) -> tuple[list[int], dict[int, ImageInput]]:
@@ -110,19 +121,35 @@ class Projector:
         return ImageInput(h, n_rows, M.mtmd_input_chunk_copy(chunk),
                           bool(M.mtmd_decode_use_non_causal(self.ctx, chunk)))
 
+    def encode_later(self, image: ImageInput, n_embd: int) -> None:
+        """Encode the image on the encoder's own thread, once, in the order asked (the engine
+        loop asks as admission reaches each request: scheduler order, the key shares'), beside
+        the engine's steps: its request waits in the queue until `ready`."""
+        if not image.queued:
+            image.queued = True
+            self._encoder.submit(self._encode_or_fail, image, n_embd)
+
+    def _encode_or_fail(self, image: ImageInput, n_embd: int) -> None:
+        try:
+            self.encode(image, n_embd)
+        except Exception as exc:  # its request alone ends, when a step reaches the image
+            image.failed = str(exc)
+
     def encode(self, image: ImageInput, n_embd: int) -> np.ndarray:
         """The image's embeddings (n_rows x n_embd), computed once: the vision encoder's
-        forward pass, on the engine thread (the only caller), the first time a step places the
-        image."""
-        if image.embeddings is None:
-            if M.mtmd_encode_chunk(self.ctx, image.chunk) != 0:
-                raise ValueError("the projector failed to encode an image")
-            out = M.mtmd_get_output_embd(self.ctx)
-            image.embeddings = np.ctypeslib.as_array(
-                out, shape=(image.n_rows * n_embd,)).reshape(image.n_rows, n_embd).copy()
+        forward pass, on the encoder's thread (encode_later) before the request is admitted;
+        the engine thread computes them only for an image no one asked for ahead."""
+        with self._encode_lock:
+            if image.embeddings is None:
+                if M.mtmd_encode_chunk(self.ctx, image.chunk) != 0:
+                    raise ValueError("the projector failed to encode an image")
+                out = M.mtmd_get_output_embd(self.ctx)
+                image.embeddings = np.ctypeslib.as_array(
+                    out, shape=(image.n_rows * n_embd,)).reshape(image.n_rows, n_embd).copy()
         return image.embeddings
 
     def close(self) -> None:
+        self._encoder.shutdown(wait=True, cancel_futures=True)
         if self.ctx:
             M.mtmd_free(self.ctx)
             self.ctx = None
