@@ -111,6 +111,7 @@ def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served
             "sliding-window": "memory: sliding-window layers keep their window only"}
     assert said[KINDS[kind]] in srv.log() and "no drafting" in srv.log()
     assert props["context"]["kv_fixed_bytes"] > 0  # window cells or recurrent states
+    assert "MiB of it whatever -c: windows and recurrent states" in srv.log()
 
 
 def test_the_memory_check_sizes_each_kind_as_llama_cpp_allocates_it():

@@ -144,10 +144,12 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
     host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
     free = psutil.virtual_memory().available
+    fixed = needs["kv_fixed_bytes"]  # window layers' cells, recurrent states
     summary = (f"memory: model {needs['model_bytes'] / GIB:.2f} GiB + cache "
                f"{needs['kv_bytes'] / GIB:.2f} GiB for -c {ctx_size}"
-               f"{_on_gpus(context) if on_gpu else ''}; "
-               f"{free / GIB:.1f} GiB free")
+               + (f" ({fixed / 1024 ** 2:.1f} MiB of it whatever -c: windows and recurrent "
+                  f"states)" if fixed else "")
+               + f"{_on_gpus(context) if on_gpu else ''}; {free / GIB:.1f} GiB free")
     if (settings.cache_type_k, settings.cache_type_v) != ("f16", "f16"):
         gain = needs["f16_bytes_per_token"] / max(needs["kv_bytes_per_token"], 1)
         summary += (f"; cache K {settings.cache_type_k} / V {settings.cache_type_v}: "
