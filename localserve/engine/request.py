@@ -147,7 +147,7 @@ class Request:
     def unready_images(self, start: int) -> list:
         """The images with rows past `start` in the prompt whose embeddings the vision encoder
         has not made yet (runner/images.py): admission waits for them, off the engine thread
-        (reuse.PrefixReuse.place)."""
+        (reuse.PrefixBook.place)."""
         if not self.images:
             return []
         hashes = dict.fromkeys(image_row(t)[0] for t in self.prompt_tokens[start:] if t < 0)
