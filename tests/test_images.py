@@ -400,3 +400,29 @@ def test_the_vision_encoder_runs_on_its_own_thread_never_the_engines(projector, 
         assert images[1].embeddings is None and "failed to encode" in images[1].failed
     finally:
         runner.close()
+
+
+def test_image_embeddings_as_llama_server_takes_them(vision):
+    """llama.cpp's own vision tests (test_vision_embeddings, test_vision_embeddings_oai_content):
+    an image in an embedding input, as llama-server's `{prompt_string, multimodal_data}` (on
+    /embeddings' `content` too) and as OpenAI content parts on /v1/embeddings. The same text and
+    image give the same vector either way; the text alone, or another image, another vector;
+    an input may end with an image; a malformed image is a 400 naming it."""
+    red, blue = png((200, 30, 40)), png((30, 40, 200))
+    asked = {"prompt_string": "What is this: <__media__>\n", "multimodal_data": [red]}
+    parts = {"content": [{"type": "text", "text": "What is this: "},
+                         {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{red}"}},
+                         {"type": "text", "text": "\n"}]}
+    r = httpx.post(vision.url + "/v1/embeddings", timeout=120, json={"input": [
+        parts, asked, "What is this: \n", {**asked, "multimodal_data": [blue]},
+        {"prompt_string": "<__media__>", "multimodal_data": [red]}]})
+    assert r.status_code == 200, r.text
+    vectors = [item["embedding"] for item in r.json()["data"]]
+    assert vectors[0] == vectors[1] and len({tuple(v) for v in vectors}) == 4
+    assert r.json()["usage"]["prompt_tokens"] > 4 * ROWS
+    bare = httpx.post(vision.url + "/embeddings", timeout=120, json={"content": [asked, asked]})
+    assert bare.status_code == 200, bare.text
+    assert [item["embedding"] for item in bare.json()["data"]] == [vectors[1]] * 2
+    bad = httpx.post(vision.url + "/v1/embeddings", timeout=120, json={
+        "input": [{**asked, "multimodal_data": ["malformed"]}]})
+    assert bad.status_code == 400 and "input[0]" in bad.text

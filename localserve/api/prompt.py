@@ -72,6 +72,16 @@ async def media_prompt(host: ModelHost, text: str, data: list[str], param: str,
     """llama-server's `{"prompt_string", "multimodal_data"}`: the caller's raw text (special
     tokens parsed, as text_prompt), each MEDIA_MARKER in it the next base64 image, decoded in
     `key`'s turn (images.decode_in_turn). (tokens, the images by hash)"""
+    parts, refs = media_parts(host, text, data, param)
+    decoded = await image_input.decode_in_turn(refs, key)
+    return await run_in_threadpool(image_tokens, host, parts, decoded, param)
+
+
+def media_parts(host: ModelHost, text: str, data: list,
+                param: str) -> tuple[list[PromptPart], list]:
+    """media_prompt's text as prompt parts (an image where each marker was) and its images
+    (base64, or ImageRefs already made) as ImageRefs, checked (one marker each, a model that
+    reads images, the text's size)."""
     pieces = text.split(MEDIA_MARKER)
     if len(pieces) - 1 != len(data):
         raise OpenAIError(400, f"{param}.prompt_string has {len(pieces) - 1} {MEDIA_MARKER} "
@@ -80,22 +90,24 @@ async def media_prompt(host: ModelHost, text: str, data: list[str], param: str,
     if data:
         check_reads_images(host, f"{param}.multimodal_data")
     check_size(host, 1, len(text.encode()), param)
-    refs = [image_input.ImageRef(item, f"{param}.multimodal_data[{i}]")
+    refs = [item if isinstance(item, image_input.ImageRef) else
+            image_input.ImageRef(item, f"{param}.multimodal_data[{i}]")
             for i, item in enumerate(data)]
     parts = [PromptPart(pieces[0], trusted=True)]
     for piece in pieces[1:]:  # an image where each marker was (host.tokenize_parts)
         parts += [PromptPart(IMAGE_MARKER, trusted=False), PromptPart(piece, trusted=True)]
-    decoded = await image_input.decode_in_turn(refs, key)
-    return await run_in_threadpool(_image_tokens, host, parts, decoded, param)
+    return parts, refs
 
 
-def _image_tokens(host: ModelHost, parts: list, decoded: list,
-                  param: str) -> tuple[list[int], PlacedImages]:
+def image_tokens(host: ModelHost, parts: list, decoded: list, param: str,
+                  answered: bool = True) -> tuple[list[int], PlacedImages]:
+    """`answered`: a model answers from the prompt's last text token, so an answer's prompt
+    may not end with an image (an embedding's input may)."""
     try:
         tokens, images = host.tokenize_parts(parts, decoded)
     except ImageError as exc:
         raise OpenAIError(400, str(exc), param=param) from None
-    if tokens and tokens[-1] < 0:  # an image's row: the model answers from a text token
+    if answered and tokens and tokens[-1] < 0:  # an image's row: answers start from text
         raise OpenAIError(400, f"{param}: the prompt ends with an image; the model answers "
                           "from the text after it: add some (a question, or the template's "
                           "generation prompt)", param=param)
@@ -138,7 +150,7 @@ def _chat_tokens(host: ModelHost, messages: list[dict], tools: list[dict] | None
         except ChatTemplateError:
             raise OpenAIError(400, str(exc), param="messages") from None
     tail = parts[-1].text if parts and parts[-1].trusted else ""
-    return (*_image_tokens(host, parts, list(images), "messages"), tail)
+    return (*image_tokens(host, parts, list(images), "messages"), tail)
 
 
 async def chat_prompt(host: ModelHost, rendered: list[dict], tools: list[dict] | None = None,

@@ -41,10 +41,10 @@ class Embeddings:
         self.running = 0  # requests in flight (only the event loop's thread counts: no lock)
 
     async def embed(self, user: str | None, endpoint: str,
-                    read_inputs: Callable[[], list[list[int]]],
+                    read_inputs: Callable[[], list[tuple[list[int], dict]]],
                     client_gone: Callable[[], Awaitable[bool]]) -> tuple[list[list[float]], int]:
-        """A vector for each input that `read_inputs` gives (run on a worker thread: it
-        tokenizes), and the tokens embedded, billed to `user` once all are done. ClientGone
+        """A vector for each input that `read_inputs` gives (its tokens and the images placed
+        among them, by hash; run on a worker thread: it tokenizes), and the tokens embedded, billed to `user` once all are done. ClientGone
         when `client_gone()` says so before an input; ModelUnavailable when the model cannot
         embed now (a drain ran out, or it was unloaded meanwhile)."""
         arrived = time.monotonic()
@@ -52,14 +52,15 @@ class Embeddings:
         try:
             inputs = await asyncio.to_thread(read_inputs)
             embedder = await asyncio.to_thread(self.host.embedder)
-            vectors = [await self._one(embedder, tokens, user, client_gone) for tokens in inputs]
+            vectors = [await self._one(embedder, tokens, images, user, client_gone)
+                       for tokens, images in inputs]
         finally:
             self.running -= 1
-        n_tokens = sum(len(tokens) for tokens in inputs)
+        n_tokens = sum(len(tokens) for tokens, _ in inputs)
         self._bill(user, endpoint, arrived, n_tokens)
         return vectors, n_tokens
 
-    async def _one(self, embedder, tokens: list[int], user: str | None,
+    async def _one(self, embedder, tokens: list[int], images: dict, user: str | None,
                    client_gone: Callable[[], Awaitable[bool]]) -> list[float]:
         """One input, in its key's turn. The model is freed only once no input is inside
         llama.cpp (Embedder.close waits); a drain lets an accepted request finish, as a chat."""
@@ -68,7 +69,7 @@ class Embeddings:
         if self.host.ended:
             raise drain_ran_out()
         await self.turns.take(user)
-        work = asyncio.ensure_future(asyncio.to_thread(embedder.embed, tokens))
+        work = asyncio.ensure_future(asyncio.to_thread(embedder.embed, tokens, images))
         try:
             while not (await asyncio.wait({work}, timeout=ENDED_POLL_S))[0]:
                 if self.host.ended:  # answered now: uvicorn's shutdown would cancel it mute

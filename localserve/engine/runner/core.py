@@ -375,7 +375,7 @@ class LlamaRunner(Sampling, ImageSteps):
 
                 self._embedder = Embedder(self.model, self.n_ctx_embedding,
                                           self.config.n_threads or os.cpu_count() or 1,
-                                          own_pooling)
+                                          own_pooling, self.projector)
             return self._embedder
 
     def close(self) -> None:

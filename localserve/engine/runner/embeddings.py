@@ -9,12 +9,15 @@ for it (the two contexts share the CPU, not a lock). Vectors are L2-normalised, 
 
 from __future__ import annotations
 
+import ctypes
 import threading
 
 import llama_cpp as C
 import numpy as np
 
 from localserve.engine.errors import DecodeError
+from localserve.engine.image_rows import image_row
+from localserve.engine.runner.image_steps import image_runs
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.upper_state import clear_upper_state
 
@@ -24,7 +27,8 @@ class Embedder:
     pools as its GGUF says (mean, CLS, ...), and an encoder-only one runs llama_encode; a chat
     model, or a model whose GGUF names no pooling, pools the last token."""
 
-    def __init__(self, model, n_ctx: int, n_threads: int, own_pooling: bool = False):
+    def __init__(self, model, n_ctx: int, n_threads: int, own_pooling: bool = False,
+                 projector=None):
         self.ctx = self._context(model, n_ctx, n_threads, C.LLAMA_POOLING_TYPE_UNSPECIFIED
                                  if own_pooling else C.LLAMA_POOLING_TYPE_LAST)
         if own_pooling and C.llama_pooling_type(self.ctx) == C.LLAMA_POOLING_TYPE_NONE:
@@ -38,33 +42,61 @@ class Embedder:
         self.batch = C.llama_batch_init(n_ctx, 0, 1)
         self.lock = threading.Lock()
         self._stop = StepInterrupt(self.ctx)
+        self.projector = projector  # the model's (images.Projector): images in inputs
+        self.embd_batch = None  # made for the first input with an image
 
     def stop(self) -> None:
         """Any thread, at a drain's end: the input inside llama.cpp stops at its next graph
         node (its embed raises DecodeError), and so does every later one."""
         self._stop.request()
 
-    def embed(self, tokens: list[int]) -> list[float]:
-        """One input's vector. The caller has checked 1 <= len(tokens) <= n_ctx."""
+    def embed(self, tokens: list[int], images: dict | None = None) -> list[float]:
+        """One input's vector; `images` by hash for the image rows among its tokens (their
+        placeholder ids: engine/image_rows.py). The caller has checked 1 <= len(tokens) <=
+        n_ctx, and that images come only where the projector is and the last token pools."""
         if not 0 < len(tokens) <= self.n_ctx:
             raise ValueError(f"an input must be 1 to {self.n_ctx} tokens")
         with self.lock:
             if not self.ctx:
                 raise DecodeError("the model was unloaded")
             C.llama_memory_clear(C.llama_get_memory(self.ctx), True)
-            batch = self.batch
-            for i, token in enumerate(tokens):
-                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, i, 1
-                batch.seq_id[i][0], batch.logits[i] = 0, 1
-            batch.n_tokens = len(tokens)
-            failed = self._run(self.ctx, batch) != 0
-            clear_upper_state()  # the vector's handling below would pay for it (upper_state.py)
-            if failed:
-                raise DecodeError(f"llama_decode refused an embedding batch of {len(tokens)} tokens")
+            # an image's rows go as its embeddings, in calls of their own (image_steps.py)
+            runs = image_runs(tokens, len(tokens)) if images else [(0, len(tokens), None)]
+            for start, stop, h in runs:
+                self._decode_run(tokens, start, stop, images[h] if h is not None else None)
             vector = np.ctypeslib.as_array(C.llama_get_embeddings_seq(self.ctx, 0),
                                            shape=(self.n_embd,)).astype(np.float64)
         norm = float(np.linalg.norm(vector))
         return (vector / norm if norm > 0 else vector).tolist()
+
+    def _decode_run(self, tokens: list[int], start: int, stop: int, image) -> None:
+        """tokens[start:stop] into the context: text as tokens, an image's rows as the
+        projector's embeddings of it (both ways where its rows attend so, Gemma 3's)."""
+        if image is None:
+            batch = self.batch
+            for i in range(stop - start):
+                batch.token[i] = tokens[start + i]
+        else:
+            if self.embd_batch is None:
+                self.embd_batch = C.llama_batch_init(self.n_ctx, self.n_embd, 1)
+            batch, first = self.embd_batch, image_row(tokens[start])[1]
+            rows = self.projector.encode(image, self.n_embd)[first:first + stop - start]
+            ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
+        for i in range(stop - start):
+            batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = \
+                start + i, 1, 0, 1
+        batch.n_tokens = stop - start
+        both_ways = image is not None and image.non_causal
+        if both_ways:
+            C.llama_set_causal_attn(self.ctx, False)
+        try:
+            failed = self._run(self.ctx, batch) != 0
+        finally:
+            if both_ways:
+                C.llama_set_causal_attn(self.ctx, True)
+        clear_upper_state()  # the vector's handling would pay for it (upper_state.py)
+        if failed:
+            raise DecodeError(f"llama_decode refused an embedding batch of {stop - start} rows")
 
     @staticmethod
     def _context(model, n_ctx: int, n_threads: int, pooling: int):
@@ -86,5 +118,7 @@ class Embedder:
         with self.lock:
             if self.ctx:
                 C.llama_batch_free(self.batch)
+                if self.embd_batch is not None:
+                    C.llama_batch_free(self.embd_batch)
                 C.llama_free(self.ctx)
                 self.ctx = None
