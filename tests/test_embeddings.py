@@ -45,7 +45,11 @@ def test_base64_token_ids_and_refusals(server):
                            ({"input": []}, "1 to 256")):
         r = httpx.post(url, json=body)
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], body
-    assert httpx.post(server.url + "/embeddings", json={"input": "hi"}).status_code == 200
+    native = httpx.post(server.url + "/embeddings", json={"input": ["hi", "there"]})
+    assert native.status_code == 200  # llama-server's own shape there: a vector in a list of one
+    assert [(item["index"], len(item["embedding"])) for item in native.json()] == [(0, 1), (1, 1)]
+    as_content = httpx.post(url, json={"content": "hi"}).json()  # its key, its shape
+    assert as_content[0]["embedding"][0] == native.json()[0]["embedding"][0]
 
 
 def test_llama_servers_mixed_and_object_inputs_as_its_own_test_sends_them(server):
