@@ -9,15 +9,13 @@ for it (the two contexts share the CPU, not a lock). Vectors are L2-normalised, 
 
 from __future__ import annotations
 
-import ctypes
 import threading
 
 import llama_cpp as C
 import numpy as np
 
 from localserve.engine.errors import DecodeError
-from localserve.engine.image_rows import image_row
-from localserve.engine.runner.image_steps import image_runs
+from localserve.engine.runner.image_steps import attention_for, image_rows, image_runs
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.upper_state import clear_upper_state
 
@@ -71,29 +69,20 @@ class Embedder:
 
     def _decode_run(self, tokens: list[int], start: int, stop: int, image) -> None:
         """tokens[start:stop] into the context: text as tokens, an image's rows as the
-        projector's embeddings of it (both ways where its rows attend so, Gemma 3's)."""
+        projector's embeddings of it (image_steps.image_rows, as a step places them)."""
         if image is None:
             batch = self.batch
             for i in range(stop - start):
-                batch.token[i] = tokens[start + i]
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = tokens[start + i], start + i, 1
+                batch.seq_id[i][0], batch.logits[i] = 0, 1
+            batch.n_tokens = stop - start
         else:
             if self.embd_batch is None:
                 self.embd_batch = C.llama_batch_init(self.n_ctx, self.n_embd, 1)
-            batch, first = self.embd_batch, image_row(tokens[start])[1]
-            rows = self.projector.encode(image, self.n_embd)[first:first + stop - start]
-            ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
-        for i in range(stop - start):
-            batch.pos[i], batch.n_seq_id[i], batch.seq_id[i][0], batch.logits[i] = \
-                start + i, 1, 0, 1
-        batch.n_tokens = stop - start
-        both_ways = image is not None and image.non_causal
-        if both_ways:
-            C.llama_set_causal_attn(self.ctx, False)
-        try:
+            batch = image_rows(self.embd_batch, self.projector, image, tokens[start:stop],
+                               self.n_embd, start, 0, logits=1)
+        with attention_for(self.ctx, image):
             failed = self._run(self.ctx, batch) != 0
-        finally:
-            if both_ways:
-                C.llama_set_causal_attn(self.ctx, True)
         clear_upper_state()  # the vector's handling would pay for it (upper_state.py)
         if failed:
             raise DecodeError(f"llama_decode refused an embedding batch of {stop - start} rows")

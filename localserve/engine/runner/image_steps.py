@@ -10,6 +10,7 @@ every other sequence's rows in the step's usual call(s) (calls.py).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import time
 from dataclasses import replace
@@ -112,33 +113,46 @@ class ImageSteps:
         if h is None:
             n, _ = self._fill([(chunk, start, stop)])
             batch = self.batch
-        else:
+        else:  # _unplaceable checked its rows can be placed
             image = chunk.request.images.get(h)
-            n, batch = stop - start, self._fill_image(chunk, start, stop, image)
-        non_causal = image is not None and image.non_causal
+            n, batch = stop - start, image_rows(
+                self.embd_batch, self.projector, image, chunk.tokens[start:stop], self.n_embd,
+                chunk.start_pos + start, chunk.slot_id, logits=0)
         started = time.perf_counter()
-        if non_causal:  # Gemma 3's images attend both ways: the whole image in one call
-            C.llama_set_causal_attn(self.ctx, False)
-        try:
+        with attention_for(self.ctx, image):  # the whole image in one call (chunk_length)
             rc = C.llama_decode(self.ctx, batch)
-        finally:
-            if non_causal:
-                C.llama_set_causal_attn(self.ctx, True)
         spent = time.perf_counter() - started
         if rc != 0:
             self._undo(plan, rc, n, saved)
         return spent
 
-    def _fill_image(self, chunk: SeqChunk, start: int, stop: int, image: ImageInput):
-        """The image's rows start..stop as embeddings (_unplaceable checked they can be)."""
-        first_row = image_row(chunk.tokens[start])[1]
-        rows = self.projector.encode(image, self.n_embd)[first_row:first_row + stop - start]
-        batch = self.embd_batch
-        ctypes.memmove(batch.embd, rows.ctypes.data, rows.nbytes)
-        for i in range(stop - start):
-            batch.pos[i] = chunk.start_pos + start + i
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = chunk.slot_id
-            batch.logits[i] = 0
-        batch.n_tokens = stop - start
-        return batch
+
+def image_rows(batch, projector: Projector, image: ImageInput, rows: list[int], n_embd: int,
+               pos: int, seq_id: int, logits: int):
+    """`batch` (one made with room for embeddings) holding an image's placeholder `rows` as
+    the projector's embeddings of them, at positions pos.. of sequence seq_id (`logits` 1
+    where their outputs are read): a step's image run, and an embedding input's."""
+    first = image_row(rows[0])[1]
+    embeddings = projector.encode(image, n_embd)[first:first + len(rows)]
+    ctypes.memmove(batch.embd, embeddings.ctypes.data, embeddings.nbytes)
+    for i in range(len(rows)):
+        batch.pos[i] = pos + i
+        batch.n_seq_id[i] = 1
+        batch.seq_id[i][0] = seq_id
+        batch.logits[i] = logits
+    batch.n_tokens = len(rows)
+    return batch
+
+
+@contextlib.contextmanager
+def attention_for(ctx, image: ImageInput | None):
+    """The call's attention: Gemma 3's images attend both ways (causal attention off for the
+    image's call, back on after); text and other images, causally."""
+    both_ways = image is not None and image.non_causal
+    if both_ways:
+        C.llama_set_causal_attn(ctx, False)
+    try:
+        yield
+    finally:
+        if both_ways:
+            C.llama_set_causal_attn(ctx, True)
