@@ -106,3 +106,24 @@ def test_json_strings_may_not_hold_raw_control_characters(service):
         assert not runner._allows(runner.grammars[spare], newline[0])
     finally:
         runner._new_grammar(spare, None, [])
+
+
+def test_a_chats_user_messages_are_found_where_the_template_starts_them(service, monkeypatch):
+    """llama-server's message spans: where each user message starts among the chat's tokens
+    (here `<|im_start|>user`; SmolLM2's own marker, read as llama.cpp reads it, carries its
+    default system prompt), a caller typing the marker as text not counted."""
+    from localserve.api.schemas import ChatCompletionRequest
+    from localserve.api.serving import chat_tokens
+
+    marker = service.tokenize("<|im_start|>user", add_special=False)
+    assert service.user_marker[-2:] == marker and len(marker) == 2
+    monkeypatch.setattr(service, "user_marker", marker)
+    body = ChatCompletionRequest(messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello"},
+        {"role": "user", "content": "<|im_start|>user and again"}])
+    chat = asyncio.run(chat_tokens(service, body))
+    assert len(chat.user_turns) == 2
+    assert all(chat.tokens[at:at + 2] == marker for at in chat.user_turns)
+    assert service.detokenize(chat.tokens[chat.user_turns[1]:]).startswith(
+        "user\n<|im_start|>user and again")  # (the control token is not text)

@@ -5,6 +5,7 @@ longer turns that extend them, no copies, no drafts; and the same answers as on 
 (fakes.RecurrentRunner fails any plan that would cut a recurrent state)."""
 
 from localserve.engine.prompt_cache import BLOCK, PromptCache
+from localserve.engine.reuse import prompt_stops
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
@@ -126,3 +127,42 @@ def test_colleagues_sharing_a_system_prompt_restore_it_from_the_checkpoint_at_th
         run_all(sched, runner, [colleague])
     assert cache.holds(system, None)  # saved at the second colleague's branch point
     assert [c.cached_tokens for c in colleagues] == [0, 0, len(system)]
+
+
+def chat_request(prompt: list[int], turns: tuple[int, ...], cached: int = 0) -> Request:
+    req = Request(list(prompt), SamplingParams(max_tokens=4), user_turns=turns)
+    req.cached_tokens = cached
+    return req
+
+
+def test_a_chats_prompt_stops_where_llama_servers_batch_does():
+    """Where the first user message starts (nothing cached: a fresh conversation), where the
+    last does, and 516 and 4 tokens before the end (server-context.cpp): both servers then
+    compute the same rows in the same calls and a greedy answer comes out the same."""
+    assert sorted(prompt_stops(chat_request(tokens(1, 600), (20, 300, 450)))) == [20, 84, 450, 596]
+    assert sorted(prompt_stops(chat_request(tokens(1, 600), (20, 300, 450), cached=200))) == \
+        [84, 450, 596]
+    assert sorted(prompt_stops(chat_request(tokens(1, 60), ()))) == [-456, 56]  # a raw prompt
+    sched, _ = make(cuts_back=False)
+    sched.add(chat_request(tokens(1, 60), (8, 30)))
+    runner, lengths = RecurrentRunner(512), []
+    while (plan := sched.schedule()).chunks:
+        lengths += [len(c.tokens) for c in plan.chunks]
+        sched.update(plan, runner.decode(plan))
+        if plan.chunks[0].sample:
+            break
+    assert lengths == [8, 22, 26, 4]
+
+
+def test_a_chats_branch_from_a_cached_prompt_is_checkpointed_where_its_message_starts():
+    """Colleagues' chats share a system prompt and the next message's header: the checkpoint is
+    where that message starts (as llama-server's), not a few header tokens into it."""
+    sched, cache = make(cuts_back=False, n_slots=1)
+    system, header = tokens(1, 4 * BLOCK), [900, 901]
+    colleagues = [chat_request(system + header + tokens(1000 * (i + 1), 20), (len(system),))
+                  for i in range(3)]
+    runner = RecurrentRunner(512)
+    for colleague in colleagues:
+        run_all(sched, runner, [colleague])
+    assert cache.holds(system, None) and not cache.holds(system + header, None)
+    assert colleagues[2].cached_tokens == len(system)

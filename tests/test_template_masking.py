@@ -161,3 +161,19 @@ def test_a_templates_own_type_error_on_some_messages_is_a_chat_template_error():
     with pytest.raises(ChatTemplateError, match="TypeError"):
         template.render([{"role": "assistant", "content": "", "tool_calls": [
             {"id": "c1", "type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}])
+
+
+@pytest.mark.parametrize("name, marker", [
+    ("Qwen3.5-4B.jinja", "<|im_start|>user"),
+    ("meta-llama-Llama-3.1-8B-Instruct.jinja", "<|start_header_id|>user<|end_header_id|>"),
+    ("google-gemma-2-2b-it.jinja", "<start_of_turn>user"),
+    ("google-gemma-4-31B-it.jinja", "<|turn>user"),
+    ("openai-gpt-oss-120b.jinja", "<|start|>user<|message|>"),
+    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "[INST]"),
+    ("ibm-granite-granite-3.3-2B-Instruct.jinja", "<|start_of_role|>user<|end_of_role|>"),
+])
+def test_the_user_marker_is_read_from_the_template_as_llama_cpp_reads_it(name, marker):
+    """What a user message adds before its content, the end of the turn before it and a default
+    system prompt (Granite's, gpt-oss's) left out: where llama-server stops a prompt's batch."""
+    source = (Path(__file__).parent / "templates" / name).read_text()
+    assert ChatTemplate(source, "<s>", "</s>").user_start_marker() == marker

@@ -106,13 +106,14 @@ REFUSED_AGAIN_DELAY_S = 1.0
 def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: SamplingBody,
            grammar: str | None = None, endpoint: str = "",
            context_limit: int | None = None, images: PlacedImages | None = None,
-           reasoning_open: bool = False) -> ChoiceStreams:
+           reasoning_open: bool = False, user_turns: tuple[int, ...] = ()) -> ChoiceStreams:
     """Queue the request's `n` choices: the first computes the prompt, the others copy it from
     its slot and sample with their own seeds (seed + i when a seed is given). What they may use
     is held against the key's token quotas first. `context_limit`: a context smaller than one
     request may use, that the client asked for (Ollama's num_ctx); prompt and answer fit in it.
     `images`: the prompt's images by hash (prompt.chat_prompt); `reasoning_open`: the prompt
-    ends inside a reasoning block its template opened."""
+    ends inside a reasoning block its template opened; `user_turns`: where a chat's user
+    messages start (ChatPrompt.user_turns)."""
     user = admitted.user(body)
     refused = host.grammar_refusal(user, grammar)
     if refused:  # sent again after the engine ended it: answered late, at no cost (tarpit)
@@ -142,7 +143,7 @@ def submit(admitted: Admitted, host: ModelHost, tokens: list[int], body: Samplin
         choices.append(EngineRequest(tokens, seeded, user=user, endpoint=endpoint,
                                      cache_scope=admitted.office.cache_scope(user),
                                      background=background, images=images or {},
-                                     reasoning_open=reasoning_open,
+                                     reasoning_open=reasoning_open, user_turns=user_turns,
                                      prefix_of=choices[0] if choices else None))
     try:
         return host.engine.submit_choices(choices)
@@ -168,6 +169,7 @@ class ChatPrompt(NamedTuple):
     plan: object  # structured.ToolPlan or None
     images: PlacedImages  # the images placed among the tokens, by hash
     reasoning_open: bool  # the template opened a reasoning block the answer starts in
+    user_turns: tuple[int, ...]  # where its user messages start (HostFace.user_turns)
 
 
 async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
@@ -194,7 +196,8 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
                                  for url, where in urls], host.settings.image_url_hosts, key)
     tokens, placed, tail = await prompt.chat_prompt(host, messages, tools_for_template,
                                                     body.ending, body.template_kwargs, images, key)
-    return ChatPrompt(tokens, grammar, plan, placed, opens_reasoning(reasons(host), tail))
+    return ChatPrompt(tokens, grammar, plan, placed, opens_reasoning(reasons(host), tail),
+                      host.user_turns(tokens))
 
 
 async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):
@@ -211,4 +214,4 @@ async def queue_chat(admitted: Admitted, host: ModelHost, body: ChatCompletionRe
     with host.chat_on_its_way(background_task(body)):
         chat = await chat_tokens(host, body, admitted.caller.key)
         return submit(admitted, host, chat.tokens, body, chat.grammar, endpoint, context_limit,
-                      chat.images, chat.reasoning_open), chat.plan
+                      chat.images, chat.reasoning_open, chat.user_turns), chat.plan

@@ -118,6 +118,9 @@ class Request:
     # where its prompt parts from a cached one (a shared system prompt), checkpointed there
     # where sequences cannot be cut back (reuse.PrefixBook.checkpoint); 0: nowhere
     branch_point: int = 0
+    # where its user messages start (a chat's; llama-server's message spans): where sequences
+    # cannot be cut back, its prompt's chunks stop at the last, as llama-server's batches do
+    user_turns: tuple[int, ...] = ()
     detokenizer: IncrementalDetokenizer | None = None  # lives with the request across preemptions
     holds_queue_place: bool = False  # counted against --max-queue until first admitted or ended
     # n > 1: the first choice; this one waits until that one's prompt is in cache, then

@@ -24,6 +24,8 @@ from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState,
 # Where sequences cannot be cut back, each new prompt's checkpoint is this many tokens before
 # its end (llama-server's offset: its greedy text then comes from the same batches).
 CHECKPOINT_BEFORE_END = 4
+# llama-server's other stop before a prompt's end: its default ubatch (512) before the last 4
+UBATCH_BEFORE_END = CHECKPOINT_BEFORE_END + 512
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class PrefixBook:
         cache, tokens = self.prompt_cache, req.all_tokens
         found = cache.lookup(tokens[:-1], req.cache_scope) if cache is not None else None
         if cache is not None and cache.whole_only and not req.images:  # (checkpoint)
-            req.branch_point = cache.shared(tokens[:-1], req.cache_scope)
+            req.branch_point = branch_point(req, cache.shared(tokens[:-1], req.cache_scope))
         if (found is None or found[1] < keep + MIN_PREFIX_REUSE
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             return Placement(slot, keep)
@@ -141,17 +143,16 @@ class PrefixBook:
         colleagues share, restored for the next one), and CHECKPOINT_BEFORE_END tokens before
         its end (llama-server's offset: a Regenerate, an edited turn or a conversation's
         earlier turn restores it). Its chunk stops at each, and goes on in the next step,
-        after the save."""
+        after the save; and where llama-server's batch stops (prompt_stops), so that both
+        compute the same rows in the same calls and answer alike."""
         req = slot.request
         if self.pool.cuts_back or self.prompt_cache is None or req.output_tokens:
             return tokens
         end = req.num_prompt_tokens - CHECKPOINT_BEFORE_END
-        at = next((p for p in (req.branch_point, end) if p >= slot.n_cached and p >= BLOCK
-                   and p <= end), end)
-        if at == slot.n_cached:
-            if not any(a.slot_id == slot.slot_id for a in plan.admitted):
-                self.save(plan, slot)  # read before this step's rows (an admission's: after)
-            at = end
+        saves = [p for p in (req.branch_point, end) if BLOCK <= p <= end]
+        if slot.n_cached in saves and not any(a.slot_id == slot.slot_id for a in plan.admitted):
+            self.save(plan, slot)  # read before this step's rows (an admission's: after)
+        at = min((p for p in (*saves, *prompt_stops(req)) if p > slot.n_cached), default=0)
         before = at - slot.n_cached
         return tokens[:before] if 0 < before < len(tokens) else tokens
 
@@ -253,3 +254,23 @@ class DraftBook:
     def pending_trims(self) -> list[tuple[int, int]]:
         trims, self._trims = self._trims, []
         return trims
+
+
+def prompt_stops(req: Request) -> list[int]:
+    """Where llama-server's batch stops inside a prompt that cannot be cut back
+    (server-context.cpp): where its last user message starts, where its first does when nothing
+    of it was cached, and UBATCH_BEFORE_END and CHECKPOINT_BEFORE_END tokens before its end."""
+    turns, n = req.user_turns, req.num_prompt_tokens
+    stops = [n - UBATCH_BEFORE_END, n - CHECKPOINT_BEFORE_END]
+    if turns:
+        stops += [turns[-1]] + ([turns[0]] if req.cached_tokens == 0 else [])
+    return stops
+
+
+def branch_point(req: Request, shared: int) -> int:
+    """Where a prompt sharing `shared` tokens with a cached one is checkpointed: in a chat, where
+    the message it parts in starts (a shared system prompt ends where the first user message
+    starts), so that its chunks stop only where llama-server's would (prompt_stops)."""
+    if not req.user_turns:
+        return shared
+    return max((turn for turn in req.user_turns if turn <= shared), default=0)

@@ -10,6 +10,7 @@ so a user typing `<|im_start|>system` gets those characters, never the control t
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -30,6 +31,11 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
 # calls (api/gemma4.py).
 HARMONY_MARKERS = ("<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|constrain|>")
 GEMMA4_MARKERS = ("<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>", '<|"|>')
+
+# llama.cpp's sample turns for reading a template's markers (common/chat-diff-analyzer.cpp)
+SAMPLE_USER, SAMPLE_USER_TWO = "U_USER_MSG Hello END_U", "V_USER_MSG Hello END_V"
+SAMPLE_ASSISTANT = "A_ASST_MSG I can help END_A"
+SEGMENT = re.compile(r"(<[^>]*>|\[[^\]]*\])")  # a marker: <...> or [...]
 
 
 def is_harmony(source: str | None) -> bool:
@@ -276,6 +282,39 @@ class ChatTemplate:
             elif piece:
                 parts.append(PromptPart(piece, trusted=True))
         return parts
+
+    def user_start_marker(self) -> str:
+        """The text a user message starts with ("<|im_start|>user"), read as llama.cpp's
+        autoparser reads it (detect_user_start_marker): what one user message adds to the
+        render, before its content, leading end markers and blank text left out. Where
+        sequences cannot be cut back, llama-server stops a prompt's batch there ("" if the
+        template gives none)."""
+        one = {"role": "user", "content": SAMPLE_USER}
+        earlier = [{"role": "user", "content": SAMPLE_USER_TWO},
+                   {"role": "assistant", "content": SAMPLE_ASSISTANT}]
+        for before in ([], earlier):
+            try:
+                left, right = (self._render(m, False, variables={"enable_thinking": True})
+                               for m in (before, before + [one]))
+                break
+            except ChatTemplateError:
+                continue
+        else:
+            return ""
+        left, right = (list(filter(None, SEGMENT.split(r))) for r in (left, right))
+        start = len(os.path.commonprefix([left, right]))
+        end = len(os.path.commonprefix([left[start:][::-1], right[start:][::-1]]))
+        added = "".join(right[start:len(right) - end])
+        added = added.split(SAMPLE_ASSISTANT)[-1].split(SAMPLE_USER)[0]
+        kept, seen_marker = [], False
+        for piece in filter(None, SEGMENT.split(added)):
+            marker = SEGMENT.fullmatch(piece) is not None
+            if not seen_marker and (any(w in piece.lower() for w in ("end", "close")) if marker
+                                    else not piece.strip()):
+                continue
+            seen_marker |= marker
+            kept.append(piece)
+        return "".join(kept).strip()
 
     @staticmethod
     def _open_last(rendered: str, marker: str) -> str:

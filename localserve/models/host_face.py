@@ -80,6 +80,18 @@ class HostFace:
             raise ImageError(f"{waiting[0].where}: the chat template left no place for this image")
         return tokens, placed
 
+    def user_turns(self, tokens: list[int]) -> tuple[int, ...]:
+        """Where each user message starts in a chat's tokens (llama-server's message spans:
+        the template's user marker, ChatTemplate.user_start_marker, found among them): where
+        sequences cannot be cut back, a prompt's chunk stops there as llama-server's batch
+        does (reuse.PrefixBook.checkpoint)."""
+        marker = self.user_marker
+        if not marker:
+            return ()
+        n = len(marker)
+        return tuple(i for i, token in enumerate(tokens)
+                     if token == marker[0] and tokens[i:i + n] == marker)
+
     def _image_rows(self, image: DecodedImage, placed: PlacedImages) -> list[int]:
         try:
             tokens, inputs = self.runner.projector.prepare(image.rgb, image.width, image.height,

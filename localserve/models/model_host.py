@@ -71,6 +71,7 @@ class ModelHost(HostFace):
         self.loop: EngineLoop | None = None
         self.engine: AsyncEngine | None = None
         self.template: ChatTemplate | None = None
+        self.user_marker: list[int] = []  # the tokens a user message starts with (user_turns)
         self.facts: dict | None = None  # model and backend, read once at load (for /props)
         self.load_error: str | None = None
         self.loaded = threading.Event()
@@ -159,6 +160,7 @@ class ModelHost(HostFace):
                                        max_long_prompts=s.max_long_prompts)
             self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
                                          self.runner.eos_text)
+            self.user_marker = self.tokenize(self.template.user_start_marker(), add_special=False)
             # gpt-oss's and Gemma 4's answers are read by their control tokens
             self.runner.show_specials(answer_markers(self.template.source))
             observers = [self.metrics, *self.observers(lambda: self.model_id)]
