@@ -177,3 +177,15 @@ def test_the_user_marker_is_read_from_the_template_as_llama_cpp_reads_it(name, m
     system prompt (Granite's, gpt-oss's) left out: where llama-server stops a prompt's batch."""
     source = (Path(__file__).parent / "templates" / name).read_text()
     assert ChatTemplate(source, "<s>", "</s>").user_start_marker() == marker
+
+
+def test_a_list_may_be_a_queue_and_nothing_else_changes_a_value():
+    """Kimi K2's templates queue tool call ids in a namespace's list (append, pop), as
+    llama.cpp's template engine allows; clearing a list or updating a dict stays refused."""
+    queue = ("{% set q = namespace(ids=[]) %}{% for m in messages %}{% set _ = q.ids.append(m.role)"
+             " %}{% endfor %}{% set _ = q.ids.extend(['x']) %}{{ q.ids.pop(0) }}:{{ q.ids | join(',') }}")
+    assert ChatTemplate(queue).render([{"role": "user", "content": "a"},
+                                       {"role": "assistant", "content": "b"}]) == "user:assistant,x"
+    for change in ("{% set _ = messages.clear() %}", "{% set _ = messages[0].update(role='x') %}"):
+        with pytest.raises(ValueError, match="unsafe"):
+            ChatTemplate(change).render([{"role": "user", "content": "a"}])

@@ -38,7 +38,9 @@ FAMILIES = {
     "mistralai-Ministral-3-14B-Reasoning-2512": "mistral-args",
     "Mistral-Small-3.2-24B-Instruct-2506": "mistral-args",
     "unsloth-mistral-Devstral-Small-2507": "mistral-args",
-    "GLM-4.6": "glm", "GLM-4.7-Flash": "glm",
+    "GLM-4.6": "glm", "GLM-4.7-Flash": "glm", "moonshotai-Kimi-K2": "kimi",
+    "MiniMax-M2": "minimax", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
+    "unsloth-Apriel-1.5": "apriel", "MiniMax-M1": "minimax-m1",  # call_forms.py: kimi to dsml
 }
 
 
@@ -98,6 +100,27 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
             "</arg_value><arg_key>arg2</arg_key><arg_value>2</arg_value></tool_call>", None,
      [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
     ("glm", "<tool_call>read_file_diff_md</tool_call>", None, [("read_file_diff_md", {})]),
+    ("kimi", "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
+             '<|tool_call_argument_begin|>{"arg1": 1}<|tool_call_end|><|tool_calls_section_end|>',
+     None, [("special_function", {"arg1": 1})]),  # its id kept: functions.special_function:0
+    ("minimax", '<minimax:tool_call>\n<invoke name="special_function">\n<parameter name="arg1">1'
+                "</parameter>\n</invoke>\n</minimax:tool_call>", None,
+     [("special_function", {"arg1": 1})]),
+    ("minimax", 'Let me.\n<minimax:tool_call>\n<invoke name="empty_args">\n</invoke>\n'
+                "</minimax:tool_call>", "Let me.", [("empty_args", {})]),
+    ("dsml", '\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name="get_time">\n<｜DSML｜parameter '
+             'name="city" string="true">Tokyo</｜DSML｜parameter>\n</｜DSML｜invoke>\n'
+             "</｜DSML｜function_calls>", None, [("get_time", {"city": "Tokyo"})]),
+    ("dsml", '<｜DSML｜function_calls>\n<｜DSML｜invoke name="special_function">\n<｜DSML｜parameter '
+             'name="arg1" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke '
+             'name="get_weather">\n<｜DSML｜parameter name="city" string="true">7</｜DSML｜parameter>'
+             "\n</｜DSML｜invoke>\n</｜DSML｜function_calls>", None,
+     [("special_function", {"arg1": 1}), ("get_weather", {"city": "7"})]),  # "true": text
+    ("apriel", '<tool_calls>[{"name": "special_function", "arguments": {"arg1": 1}}]</tool_calls>',
+     None, [("special_function", {"arg1": 1})]),
+    ("minimax-m1", '<tool_calls>\n{"name": "special_function", "arguments": {"arg1": 1}}\n'
+                   '{"name": "get_time", "arguments": {"zone": "UTC"}}\n</tool_calls>', None,
+     [("special_function", {"arg1": 1}), ("get_time", {"zone": "UTC"})]),
     ("hermes", "Hello, world!\nWhat's up?", "Hello, world!\nWhat's up?", []),
     ("hermes", '<tool_call>\n{"name": "get_weather", "argu', '<tool_call>\n{"name": "get_weather", "argu', []),
 ]
@@ -118,6 +141,8 @@ def test_canned_answers_are_read_whole_and_streamed(family, answer, content, cal
         assert all(len(c["id"]) == 9 for c in got_calls)  # its template insists
     if "[CALL_ID]123456789" in answer:
         assert got_calls[0]["id"] == "123456789"
+    if family == "kimi":
+        assert got_calls[0]["id"] == "functions.special_function:0"
     for cut in range(0, len(answer) + 1, 3):  # streamed: prose out as it comes, calls at the end
         stream = ProseThenCalls(fmt)
         prose = stream.feed(answer[:cut]) + stream.feed(answer[cut:])
@@ -126,6 +151,17 @@ def test_canned_answers_are_read_whole_and_streamed(family, answer, content, cal
         assert [(c["function"]["name"], json.loads(c["function"]["arguments"]))
                 for c in streamed_calls] == calls, cut
         assert (text.strip() or None) == (content if calls else answer), cut
+
+
+def test_deepseek_v4_names_its_block_tool_calls():
+    fmt = detect((TEMPLATES / "deepseek-ai-DeepSeek-V4.jinja").read_text())
+    answer = ('Let me check the time</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">'
+              '\n<｜DSML｜parameter name="city" string="true">Tokyo</｜DSML｜parameter>\n'
+              "</｜DSML｜invoke>\n</｜DSML｜tool_calls>")
+    content, calls = parse(answer, fmt)
+    assert content == "Let me check the time</think>"  # (reasoning is split off before this)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == \
+        [("get_time", {"city": "Tokyo"})]
 
 
 def test_renaming_a_rule_leaves_literals_alone():

@@ -23,7 +23,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from localserve.api import gemma4, harmony, tool_formats
+from localserve.api import call_forms, gemma4, harmony, tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schema_patterns import PatternError, plain_patterns
 from localserve.api.tool_formats import NativeFormat
@@ -228,12 +228,17 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
                                          "tools"), plan
     if fmt.name == "gemma4":
         return messages, checked_grammar(host, gemma4.grammar(tools, most), "tools"), plan
-    if fmt.name in ("harmony", "mistral-args"):  # a name, then its arguments' JSON
+    if fmt.name in ("harmony", "mistral-args") or fmt.named:  # a name, its arguments' JSON
         named = [(t.function.name, schema_grammar(host, t.function.parameters,
                                                   f"tools[{i}].function.parameters"))
                  for i, t in enumerate(tools)]
-        gbnf = (harmony.grammar(named) if fmt.name == "harmony"  # one call a turn
-                else tool_formats.args_grammar(named, fmt, most))
+        if fmt.named:
+            gbnf = call_forms.named_grammar(named, call_forms.NAMED[fmt.named], most,
+                                            tool_formats.rename_rule)
+        elif fmt.name == "harmony":  # one call a turn
+            gbnf = harmony.grammar(named)
+        else:
+            gbnf = tool_formats.args_grammar(named, fmt, most)
         return messages, checked_grammar(host, gbnf, "tools"), plan
     call = schema_grammar(host, tool_formats.call_schema(tools, fmt), "tools")
     grammar = checked_grammar(host, tool_formats.wrap_grammar(call, fmt, most), "tools")

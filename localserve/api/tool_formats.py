@@ -14,6 +14,8 @@ answer is read in that format:
     granite  <|tool_call|>[{"name": ..., "arguments": {...}}]                    (Granite 3.x)
     llama3   {"name": ..., "parameters": {...}}, maybe after <|python_tag|>     (Llama 3.1-3.3)
     command-r <|START_ACTION|>[{"tool_name": ..., "parameters": {...}}]<|END_ACTION|> (Command R7B)
+    apriel   <tool_calls>[{"name": ..., "arguments": {...}}]</tool_calls>          (Apriel 1.5)
+    kimi, minimax, dsml: Kimi K2's, MiniMax M2's, DeepSeek V3.2's and V4's (call_forms.py)
 
 Templates without tools (SmolLM2, Gemma 2, DeepSeek R1 distills and V3.1, whose templates do
 not show the model its tools) keep the generic JSON format (structured.py).
@@ -31,8 +33,10 @@ import hashlib
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from localserve.api import call_forms
+from localserve.api.call_forms import DSML
 from localserve.api.reasoning import partial_tag
 
 
@@ -47,8 +51,10 @@ class NativeFormat:
     close: str = ""  # what ends one block
     triggers: tuple[str, ...] = ()  # other openings of the same calls
     # each block's call as tagged text: "function" <function=NAME><parameter=KEY>value</parameter>,
-    # "arg" NAME<arg_key>KEY</arg_key><arg_value>value</arg_value> (GLM); "": JSON
+    # "arg" NAME<arg_key>KEY</arg_key><arg_value>value</arg_value> (GLM); invoke elements,
+    # "invoke" (MiniMax M2) or "dsml" (DeepSeek V3.2, V4): call_forms.py; "": JSON
     xml: str = ""
+    named: str = ""  # NAME, a separator, its arguments' JSON: call_forms.NAMED's key (Kimi K2)
 
     def call_id(self) -> str:
         """Mistral's templates insist on 9 characters."""
@@ -72,6 +78,14 @@ FORMATS = (  # the first whose marker the template holds
                  xml="function"),
     NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml="function"),
     NativeFormat("glm", "<tool_call>", "<arg_key>", close="</tool_call>", xml="arg"),
+    NativeFormat("kimi", "<|tool_calls_section_begin|>", "<|tool_call_argument_begin|>",
+                 triggers=("<|tool_call_begin|>",), named="kimi"),
+    NativeFormat("minimax", "<minimax:tool_call>", "<minimax:tool_call>",
+                 close="</minimax:tool_call>", xml="invoke"),
+    NativeFormat("dsml", f"<{DSML}function_calls>", DSML, close=f"</{DSML}function_calls>",
+                 triggers=(f"<{DSML}tool_calls>",), xml="dsml"),  # (V4's: detect)
+    NativeFormat("minimax-m1", "<tool_calls>", "<end_of_sentence>", close="</tool_calls>"),
+    NativeFormat("apriel", "<tool_calls>", "<tool_calls>", as_list=True, close="</tool_calls>"),
     NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
     NativeFormat("mistral-args", "[TOOL_CALLS]", "[ARGS]"),  # NAME[ARGS]{...}: args_call
     NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
@@ -88,7 +102,11 @@ def detect(template_source: str | None) -> NativeFormat | None:
     source = template_source or ""
     if not re.search(r"\btools\b", source):
         return None
-    return next((f for f in FORMATS if f.marker in source), None)
+    found = next((f for f in FORMATS if f.marker in source), None)
+    if found is not None and found.xml == "dsml" and "function_calls" not in source:
+        found = replace(found, trigger=f"<{DSML}tool_calls>", close=f"</{DSML}tool_calls>",
+                        triggers=(f"<{DSML}function_calls>",))  # DeepSeek V4 names it so
+    return found
 
 
 # ---- rendering --------------------------------------------------------------------------
@@ -138,6 +156,7 @@ def wrap_grammar(call_gbnf: str, fmt: NativeFormat, most: int) -> str:
     if fmt.as_list:
         more = f' ("," space tool-call){{0,{most - 1}}}' if most > 1 else ""
         root = f'root ::= {trigger} "[" space tool-call{more} "]" space'
+        root += f" {json.dumps(fmt.close)}" if fmt.close else ""
     elif fmt.close:
         block = f'{trigger} space tool-call space {json.dumps(fmt.close)}'
         more = f' ("\\n" {block}){{0,{most - 1}}}' if most > 1 else ""
@@ -212,6 +231,10 @@ def _calls_in(text: str, fmt: NativeFormat) -> list:
     if fmt.name == "mistral-args":
         return [call for block in text.split(fmt.trigger)[1:]
                 for call in [args_call(block)] if call is not None]
+    if fmt.named:
+        return call_forms.named_calls(text, call_forms.NAMED[fmt.named])
+    if fmt.xml in ("invoke", "dsml"):
+        return call_forms.invoke_calls(text, fmt.xml, tagged_value)
     if fmt.xml:  # one complete call per block
         return [call for block in text.split(fmt.trigger)[1:] if fmt.close in block
                 for call in [xml_call(block.split(fmt.close)[0], fmt.xml)] if call is not None]
@@ -272,6 +295,8 @@ def tagged_value(value: str):
 def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     """The whole answer as 1..most calls in the XML form: each tool's required parameters in
     its schema's order, the others optional, each value as its schema types it (xml_value)."""
+    if fmt.xml in ("invoke", "dsml"):
+        return call_forms.invoke_grammar(tools, fmt.trigger, fmt.close, fmt.xml, most, xml_value)
     rules, calls = [], []
     for i, tool in enumerate(tools):
         schema = tool.function.parameters or {}

@@ -226,7 +226,14 @@ class GenerationTag(Extension):
 
 class TemplateSandbox(ImmutableSandboxedEnvironment):
     """The sandbox, where a caller's text hidden behind its marker answers `.strip()` as
-    `| trim` does (GLM's templates strip each message with the method)."""
+    `| trim` does (GLM's templates strip each message with the method), and a list may be
+    used as a queue (`append`, `extend`, `pop`: Kimi K2's templates queue tool call ids in a
+    namespace's list, as llama.cpp's template engine allows); nothing else changes a value."""
+
+    def is_safe_attribute(self, obj, attr: str, value) -> bool:
+        if isinstance(obj, list) and attr in ("append", "extend", "pop"):
+            return True
+        return super().is_safe_attribute(obj, attr, value)
 
     def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 (Jinja's own signature)
         owner = getattr(__obj, "__self__", None)

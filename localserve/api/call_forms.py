@@ -1,0 +1,131 @@
+"""Two more families of models' own tool-call forms (tool_formats.FORMATS names them), read and
+forced as llama.cpp's tests/test-chat.cpp expects:
+
+    named   a call's name, a separator, its arguments' JSON, between the model's markers.
+            Kimi K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+            <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|> (the id
+            functions.NAME:0 kept as the call's id)
+    invoke  an invoke element per call with a parameter element per argument. MiniMax M2:
+            <minimax:tool_call>\\n<invoke name="NAME">\\n<parameter name="KEY">value</parameter>
+            \\n</invoke>\\n</minimax:tool_call>; DeepSeek V3.2 and V4 the same in DSML
+            (<｜DSML｜function_calls>, V4's <｜DSML｜tool_calls>), each parameter saying whether its
+            value is text (string="true") or JSON (string="false")
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+DSML = "｜DSML｜"
+
+
+@dataclass(frozen=True)
+class NamedCalls:
+    """A named form's markers: the section around the calls, each call's opening, the
+    separator before its arguments and its end."""
+
+    section: tuple[str, str]
+    call: str
+    separator: str
+    end: str
+    indexed: bool = False  # functions.NAME:INDEX (Kimi's), read back to NAME, kept as the id
+
+
+NAMED = {"kimi": NamedCalls(("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+                            "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                            "<|tool_call_end|>", indexed=True)}
+
+INDEXED_NAME = re.compile(r"functions\.(.+):\d+")
+
+
+def named_calls(text: str, form: NamedCalls) -> list[dict]:
+    """The complete calls written in `text` as {"name", "arguments" (, "id")}."""
+    calls = []
+    for block in text.split(form.call)[1:]:
+        if form.end not in block or form.separator not in block:
+            continue
+        head, arguments = block.split(form.end)[0].split(form.separator, 1)
+        try:
+            parsed = json.loads(arguments)
+        except ValueError:
+            continue
+        head = head.strip()
+        indexed = INDEXED_NAME.fullmatch(head) if form.indexed else None
+        call = {"name": indexed.group(1) if indexed else head, "arguments": parsed}
+        calls.append({**call, "id": head} if indexed else call)
+    return calls
+
+
+def named_grammar(tool_grammars: list[tuple[str, str]], form: NamedCalls, most: int,
+                  rename) -> str:
+    """1..most calls in the named form, forced: tool_grammars are (name, its arguments' JSON
+    schema GBNF with its `root`), each one's rules prefixed so none collide (`rename`:
+    tool_formats.rename_rule)."""
+    rules, calls = [], []
+    for i, (name, gbnf) in enumerate(tool_grammars):
+        for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
+            gbnf = rename(gbnf, defined, f"t{i}-{defined}")
+        rules.append(gbnf)
+        head = (f'{json.dumps(f"functions.{name}:")} [0-9]' if form.indexed
+                else json.dumps(name))
+        calls.append(f"{head} {json.dumps(form.separator)} t{i}-root")
+    one = f'{json.dumps(form.call)} ({" | ".join(calls)}) {json.dumps(form.end)}'
+    more = f" ({one}){{0,{most - 1}}}" if most > 1 else ""
+    opening, closing = (json.dumps(marker) for marker in form.section)
+    return "\n".join([f"root ::= {opening} {one}{more} {closing}", *rules])
+
+
+# ---- invoke elements ---------------------------------------------------------------------
+
+def invoke_tags(style: str) -> tuple[str, str]:
+    """(what each element's name starts with, the attribute a DSML parameter adds) for an
+    invoke style: "invoke" (MiniMax M2's plain tags) or "dsml" (DeepSeek's)."""
+    return (DSML, ' string="true"') if style == "dsml" else ("", "")
+
+
+def invoke_calls(text: str, style: str, tagged_value) -> list[dict]:
+    """The complete invoke elements in `text` as {"name", "arguments"}: a DSML parameter's value
+    is JSON where it says string="false" (else text), a plain one JSON where it reads as a
+    number, boolean, null, object or list (`tagged_value`)."""
+    tag = re.escape(invoke_tags(style)[0])
+    calls = []
+    for name, body in re.findall(rf'<{tag}invoke name="([^"]+)">(.*?)</{tag}invoke>', text,
+                                 re.DOTALL):
+        arguments = {}
+        for key, string, value in re.findall(
+                rf'<{tag}parameter name="([^"]+)"(?: string="(true|false)")?>(.*?)</{tag}parameter>',
+                body, re.DOTALL):
+            arguments[key] = value if string == "true" else tagged_value(value)
+        calls.append({"name": name, "arguments": arguments})
+    return calls
+
+
+def invoke_grammar(tools, trigger: str, close: str, style: str, most: int, value_of) -> str:
+    """1..most invoke elements between `trigger` and `close`, forced: each tool's required
+    parameters in its schema's order, the others optional, each value as `value_of(schema)`
+    types it (tool_formats.xml_value); a DSML parameter says string="true" where its schema
+    types it as text, "false" otherwise."""
+    tag, _ = invoke_tags(style)
+    rules, calls = [], []
+    for i, tool in enumerate(tools):
+        schema = tool.function.parameters or {}
+        required = set(schema.get("required", ()))
+        params = []
+        for key, typed in schema.get("properties", {}).items():
+            typed = typed if isinstance(typed, dict) else {}
+            text = typed.get("type", "string") == "string"
+            attribute = "" if not tag else f' string="{"true" if text else "false"}"'
+            opening = "<" + tag + 'parameter name="' + key + '"' + attribute + ">"
+            closing = "</" + tag + "parameter>"
+            one = f'{json.dumps(opening)} {value_of(typed)} {json.dumps(closing)} "\\n"'
+            params.append(one if key in required else f"({one})?")
+        head = json.dumps("<" + tag + 'invoke name="' + tool.function.name + '">\n')
+        end = json.dumps("</" + tag + "invoke>")
+        rules.append(f'call-{i} ::= {head} {" ".join(params)} {end} "\\n"')
+        calls.append(f"call-{i}")
+    one = f'({" | ".join(calls)})'
+    more = f" {one}{{0,{most - 1}}}" if most > 1 else ""
+    root = f'root ::= {json.dumps(trigger + chr(10))} {one}{more} {json.dumps(close)}'
+    return "\n".join([root, *rules, "xml-value ::= [^<]+"])
