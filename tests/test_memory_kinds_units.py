@@ -166,3 +166,9 @@ def test_a_chats_branch_from_a_cached_prompt_is_checkpointed_where_its_message_s
         run_all(sched, runner, [colleague])
     assert cache.holds(system, None) and not cache.holds(system + header, None)
     assert colleagues[2].cached_tokens == len(system)
+    sched, cache = make(cuts_back=False, n_slots=1)  # Gemma's: the system prompt in the message
+    colleagues = [chat_request([7] + system + tokens(1000 * (i + 1), 20), (1,)) for i in range(3)]
+    runner = RecurrentRunner(512)
+    for colleague in colleagues:
+        run_all(sched, runner, [colleague])
+    assert cache.holds([7] + system, None) and colleagues[2].cached_tokens == len(system) + 1

@@ -269,8 +269,9 @@ def prompt_stops(req: Request) -> list[int]:
 
 def branch_point(req: Request, shared: int) -> int:
     """Where a prompt sharing `shared` tokens with a cached one is checkpointed: in a chat, where
-    the message it parts in starts (a shared system prompt ends where the first user message
-    starts), so that its chunks stop only where llama-server's would (prompt_stops)."""
-    if not req.user_turns:
-        return shared
-    return max((turn for turn in req.user_turns if turn <= shared), default=0)
+    the user message it parts in starts (a shared system prompt ends where the first user
+    message starts), so that its chunks stop only where llama-server's would (prompt_stops);
+    where it parts within the first (Gemma's template writes the system prompt into it), where
+    it parts, so that colleagues still share their system prompt."""
+    at = max((turn for turn in req.user_turns if turn <= shared), default=0)
+    return at if at >= BLOCK else shared
