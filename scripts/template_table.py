@@ -12,7 +12,8 @@ from pathlib import Path
 
 from localserve.api.reasoning import opens_reasoning, reasoning_kind
 from localserve.api.schemas import ChatCompletionRequest
-from localserve.api.tool_formats import detect, template_messages, template_tools
+from localserve.api.tool_formats import template_messages, template_tools
+from localserve.models.answer_formats import detect
 from localserve.models.chat_template import ChatTemplate, as_alternating_turns
 
 PLAIN = [{"role": "system", "content": "You are helpful."},

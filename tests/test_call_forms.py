@@ -11,7 +11,8 @@ import pytest
 
 from localserve.api import structured
 from localserve.api.schemas import ChatCompletionRequest
-from localserve.api.tool_formats import detect, parse
+from localserve.api.tool_formats import parse
+from localserve.models.answer_formats import detect
 from localserve.common.config import Settings
 from localserve.engine.request import Request, SamplingParams
 from localserve.models.model_host import ModelHost

@@ -60,7 +60,7 @@ def answer_pieces(reasoning: str, fmt_name: str, answer: str) -> tuple[str, str,
     ChoiceReader a few characters at a time (tool_choice auto)."""
     from localserve.api.answer import ChoiceReader, Thought, Text, ToolCalls
     from localserve.api.structured import ToolPlan
-    from localserve.api.tool_formats import FORMATS
+    from localserve.models.answer_formats import FORMATS
     from localserve.engine.finish import FinishReason
     from localserve.engine.request import Request, SamplingParams, TokenEvent
 

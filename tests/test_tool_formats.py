@@ -12,7 +12,8 @@ import pytest
 from conftest import running
 from localserve.models.chat_template import ChatTemplate
 from localserve.api.schemas import ChatCompletionRequest
-from localserve.api.tool_formats import ProseThenCalls, detect, parse, rename_rule, template_messages, template_tools
+from localserve.api.tool_formats import ProseThenCalls, parse, rename_rule, template_messages, template_tools
+from localserve.models.answer_formats import detect
 
 TEMPLATES = Path(__file__).parent / "templates"
 WEATHER = {"type": "function", "function": {
@@ -153,6 +154,14 @@ def test_canned_answers_are_read_whole_and_streamed(family, answer, content, cal
         assert (text.strip() or None) == (content if calls else answer), cut
 
 
+def test_the_log_says_how_a_templates_tool_calls_are_read():
+    from localserve.models.answer_formats import describe
+    assert describe((TEMPLATES / "Qwen3.5-4B.jinja").read_text()).endswith("(qwen3-coder)")
+    assert "does not show the model its tools" in describe(
+        (TEMPLATES / "google-gemma-2-2b-it.jinja").read_text())
+    assert "not one localserve reads" in describe("{{ tools }}<my_own_call_tag>")
+
+
 def test_deepseek_v4_names_its_block_tool_calls():
     fmt = detect((TEMPLATES / "deepseek-ai-DeepSeek-V4.jinja").read_text())
     answer = ('Let me check the time</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">'
@@ -283,6 +292,7 @@ def test_a_forced_call_is_written_in_glms_form_and_parses():
         choice = ask(srv, tool_choice="required", parallel_tool_calls=False, max_tokens=100,
                      tools=[CITY_AND_DAYS])
     assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris" in shown["prompt"]
+    assert "tool calls: read and forced in the template's own form (glm)" in srv.log()
     assert choice["finish_reason"] == "tool_calls", choice
     [call] = choice["message"]["tool_calls"]
     arguments = json.loads(call["function"]["arguments"])

@@ -25,7 +25,7 @@ from localserve.api.routes_native import NativeCompletion
 from localserve.api.routes_responses import ResponsesRequest
 from localserve.api.schemas import ChatCompletionRequest, CompletionRequest, OpenAIError
 from localserve.api.structured import ToolPlan
-from localserve.api.tool_formats import FORMATS
+from localserve.models.answer_formats import FORMATS
 from localserve.engine.finish import FinishReason
 from localserve.engine.request import Request, SamplingParams, TokenEvent
 

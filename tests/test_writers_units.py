@@ -381,7 +381,7 @@ def test_ollama_writes_utc_times_nanoseconds_and_generates_thinking_beside_the_r
 
     from localserve.api.ollama_reply import now_iso, ns
     from localserve.api.structured import ToolPlan
-    from localserve.api.tool_formats import FORMATS
+    from localserve.models.answer_formats import FORMATS
     from localserve.engine.finish import FinishReason
 
     stamp = now_iso()

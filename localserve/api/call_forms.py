@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass
 
-DSML = "｜DSML｜"
+from localserve.models.answer_formats import DSML
 
 
 @dataclass(frozen=True)

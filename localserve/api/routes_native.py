@@ -18,6 +18,7 @@ from localserve.api.admission import Admitted, admit
 from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
+from localserve.models import answer_formats
 from localserve.models.host_face import IMAGE_MARKER, PlacedImages
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatCompletionRequest, OpenAIError,
                                     PromptEnding, SamplingBody, Tool)
@@ -157,7 +158,7 @@ async def detokenize(body: DetokenizeBody, request: Request,
 async def apply_template(body: TemplateBody, request: Request,
                          admitted: Admitted = Depends(admit)):
     async with admitted.lease(body.model) as host:
-        native = tool_formats.detect(host.template_source)  # tool history in its own words
+        native = answer_formats.detect(host.template_source)  # tool history in its own words
         messages = (tool_formats.template_messages(body.messages, native) if native
                     else [m.as_template_dict() for m in body.messages])
         tools = None

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from localserve.api import call_forms, gemma4, harmony, tool_formats
 from localserve.api.grammar_bounds import BoundError, check_gbnf, check_schema
 from localserve.api.schema_patterns import PatternError, plain_patterns
-from localserve.api.tool_formats import NativeFormat
+from localserve.models import answer_formats
+from localserve.models.answer_formats import NativeFormat
 from localserve.api.schemas import ChatCompletionRequest, NamedToolChoice, OpenAIError, SamplingBody
 from localserve.models.model_host import ModelHost
 
@@ -187,7 +188,7 @@ def tool_setup(host: ModelHost, body: ChatCompletionRequest) -> tuple[list[dict]
                               param="tool_choice")
     for i, t in enumerate(tools):  # each alone first, so that an error names its tool
         schema_grammar(host, t.function.parameters, f"tools[{i}].function.parameters")
-    native = tool_formats.detect(host.template_source)
+    native = answer_formats.detect(host.template_source)
     if native is not None:
         return native_tool_setup(host, body, tools, native)
     calls = [{"type": "object", "properties": {

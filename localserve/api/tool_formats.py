@@ -32,81 +32,16 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import uuid
-from dataclasses import dataclass, replace
 
 from localserve.api import call_forms
-from localserve.api.call_forms import DSML
 from localserve.api.reasoning import partial_tag
-
-
-@dataclass(frozen=True)
-class NativeFormat:
-    name: str
-    trigger: str  # where calls begin in an answer
-    marker: str  # what in a chat template says it is this format
-    args_key: str = "arguments"
-    name_key: str = "name"
-    as_list: bool = False  # one JSON list after the trigger (else one object per block)
-    close: str = ""  # what ends one block
-    triggers: tuple[str, ...] = ()  # other openings of the same calls
-    # each block's call as tagged text: "function" <function=NAME><parameter=KEY>value</parameter>,
-    # "arg" NAME<arg_key>KEY</arg_key><arg_value>value</arg_value> (GLM); invoke elements,
-    # "invoke" (MiniMax M2) or "dsml" (DeepSeek V3.2, V4): call_forms.py; "": JSON
-    xml: str = ""
-    named: str = ""  # NAME, a separator, its arguments' JSON: call_forms.NAMED's key (Kimi K2)
-
-    def call_id(self) -> str:
-        """Mistral's templates insist on 9 characters."""
-        return uuid.uuid4().hex[:9] if self.name.startswith("mistral") else new_call_id()
-
-
-def new_call_id() -> str:
-    return "call_" + uuid.uuid4().hex[:24]
+from localserve.models.answer_formats import NativeFormat, new_call_id
 
 
 def openai_call(name: str, arguments: str, call_id: str | None = None) -> dict:
     """One tool call in OpenAI's shape, whichever format it was read from."""
     return {"id": call_id or new_call_id(), "type": "function",
             "function": {"name": name, "arguments": arguments}}
-
-
-FORMATS = (  # the first whose marker the template holds
-    NativeFormat("harmony", "to=functions.", "<|channel|>"),  # gpt-oss's: read by harmony.py
-    NativeFormat("gemma4", "<|tool_call>", "<|tool_call>", close="<tool_call|>"),  # gemma4.py
-    NativeFormat("seed-oss", "<seed:tool_call>", "<seed:tool_call>", close="</seed:tool_call>",
-                 xml="function"),
-    NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml="function"),
-    NativeFormat("glm", "<tool_call>", "<arg_key>", close="</tool_call>", xml="arg"),
-    NativeFormat("kimi", "<|tool_calls_section_begin|>", "<|tool_call_argument_begin|>",
-                 triggers=("<|tool_call_begin|>",), named="kimi"),
-    NativeFormat("minimax", "<minimax:tool_call>", "<minimax:tool_call>",
-                 close="</minimax:tool_call>", xml="invoke"),
-    NativeFormat("dsml", f"<{DSML}function_calls>", DSML, close=f"</{DSML}function_calls>",
-                 triggers=(f"<{DSML}tool_calls>",), xml="dsml"),  # (V4's: detect)
-    NativeFormat("minimax-m1", "<tool_calls>", "<end_of_sentence>", close="</tool_calls>"),
-    NativeFormat("apriel", "<tool_calls>", "<tool_calls>", as_list=True, close="</tool_calls>"),
-    NativeFormat("hermes", "<tool_call>", "<tool_call>", close="</tool_call>"),
-    NativeFormat("mistral-args", "[TOOL_CALLS]", "[ARGS]"),  # NAME[ARGS]{...}: args_call
-    NativeFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS]", as_list=True),
-    NativeFormat("granite", "<|tool_call|>", "<|tool_call|>", as_list=True),
-    NativeFormat("llama3", '{"name"', "<|start_header_id|>", args_key="parameters",
-                 triggers=("<|python_tag|>",)),
-    NativeFormat("command-r", "<|START_ACTION|>", "<|START_ACTION|>", args_key="parameters",
-                 name_key="tool_name", as_list=True),
-)
-
-
-def detect(template_source: str | None) -> NativeFormat | None:
-    """The template's own format, when it renders `tools` and it is one of the known ones."""
-    source = template_source or ""
-    if not re.search(r"\btools\b", source):
-        return None
-    found = next((f for f in FORMATS if f.marker in source), None)
-    if found is not None and found.xml == "dsml" and "function_calls" not in source:
-        found = replace(found, trigger=f"<{DSML}tool_calls>", close=f"</{DSML}tool_calls>",
-                        triggers=(f"<{DSML}function_calls>",))  # DeepSeek V4 names it so
-    return found
 
 
 # ---- rendering --------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
+from localserve.models import answer_formats
 from localserve.models.chat_template import (ChatTemplate, answer_markers, fallback_for,
                                             override_source)
 from localserve.models.host_face import HostFace
@@ -184,6 +185,7 @@ class ModelHost(HostFace):
             log.info("memory: %s", MEMORY_KINDS[self.runner.memory_kind])
             if self.reads_images:
                 log.info("images: read with the projector %s", s.mmproj)
+            log.info("tool calls: %s", answer_formats.describe(self.template.source))
             log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
                      "decodes), --max-num-seqs %d, --max-queue %s", budget,
                      max(prefill_budget, budget), scheduler.limits().max_num_seqs, s.max_queue)
