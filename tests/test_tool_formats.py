@@ -291,8 +291,8 @@ def test_a_forced_call_is_written_in_glms_form_and_parses():
         shown = httpx.post(srv.url + "/apply-template", json={"messages": HISTORY}).json()
         choice = ask(srv, tool_choice="required", parallel_tool_calls=False, max_tokens=100,
                      tools=[CITY_AND_DAYS])
+        assert "tool calls: read and forced in the template's own form (glm)" in srv.log()
     assert "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris" in shown["prompt"]
-    assert "tool calls: read and forced in the template's own form (glm)" in srv.log()
     assert choice["finish_reason"] == "tool_calls", choice
     [call] = choice["message"]["tool_calls"]
     arguments = json.loads(call["function"]["arguments"])
