@@ -1,4 +1,4 @@
-"""The forced forms of api/call_forms.py (Kimi K2's named calls, MiniMax M2's and DeepSeek's
+"""The forced forms of api/call_forms.py (DeepSeek V3.1's and Kimi K2's named calls, MiniMax M2's and DeepSeek's
 invoke elements), Apriel's call list and MiniMax M1's lines, generated on the real model in-process: the grammar
 llama.cpp compiles makes the answer a call in the model's own form, and the format's reader
 gives it back as OpenAI's tool call with arguments its schema allows."""
@@ -50,7 +50,8 @@ def generate(host, grammar: str) -> str:
 @pytest.mark.parametrize("template, family", [
     ("moonshotai-Kimi-K2", "kimi"), ("MiniMax-M2", "minimax"),
     ("deepseek-ai-DeepSeek-V3.2", "dsml"), ("deepseek-ai-DeepSeek-V4", "dsml"),
-    ("unsloth-Apriel-1.5", "apriel"), ("MiniMax-M1", "minimax-m1")])
+    ("unsloth-Apriel-1.5", "apriel"), ("MiniMax-M1", "minimax-m1"),
+    ("deepseek-ai-DeepSeek-V3.1", "deepseek")])
 def test_a_forced_call_is_written_in_the_models_own_form_and_read_back(host, template, family):
     fmt = detect((TEMPLATES / f"{template}.jinja").read_text())
     assert fmt.name == family

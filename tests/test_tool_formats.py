@@ -12,7 +12,8 @@ import pytest
 from conftest import running
 from localserve.models.chat_template import ChatTemplate
 from localserve.api.schemas import ChatCompletionRequest
-from localserve.api.tool_formats import ProseThenCalls, parse, rename_rule, template_messages, template_tools
+from localserve.api.tool_formats import ProseThenCalls, parse, rename_rule
+from localserve.api.structured import native_tool_setup
 from localserve.models.answer_formats import detect
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -42,6 +43,7 @@ FAMILIES = {
     "GLM-4.6": "glm", "GLM-4.7-Flash": "glm", "moonshotai-Kimi-K2": "kimi",
     "MiniMax-M2": "minimax", "deepseek-ai-DeepSeek-V3.2": "dsml", "deepseek-ai-DeepSeek-V4": "dsml",
     "unsloth-Apriel-1.5": "apriel", "MiniMax-M1": "minimax-m1",  # call_forms.py: kimi to dsml
+    "deepseek-ai-DeepSeek-V3.1": "deepseek",  # its template writes calls but not the tools
 }
 
 
@@ -53,8 +55,9 @@ def test_real_templates_render_tools_and_tool_history(name, family):
     if fmt is None:
         return  # no tools in this template: the generic format applies
     body = ChatCompletionRequest(messages=HISTORY, tools=[WEATHER])
+    messages, _, plan = native_tool_setup(None, body, body.tools, fmt)  # auto: no grammar
     rendered = "".join(p.text for p in ChatTemplate(source, "<s>", "</s>").render_parts(
-        template_messages(body.messages, fmt), tools=template_tools(body.tools)))
+        messages, tools=plan.template_tools))
     assert "get_weather" in rendered and "Sunny, 21 C" in rendered and "Paris" in rendered
     assert "Current weather of a city" in rendered  # the tool list itself reached the prompt
 
@@ -101,6 +104,12 @@ CANNED = [  # (format, the model's answer, expected content, expected calls)
             "</arg_value><arg_key>arg2</arg_key><arg_value>2</arg_value></tool_call>", None,
      [("special_function", {"arg1": 1}), ("special_function_with_opt", {"arg1": 1, "arg2": 2})]),
     ("glm", "<tool_call>read_file_diff_md</tool_call>", None, [("read_file_diff_md", {})]),
+    ("deepseek", '<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": "XYZCITY"}'
+                 "<｜tool▁call▁end｜><｜tool▁calls▁end｜>", None, [("get_time", {"city": "XYZCITY"})]),
+    ("deepseek", 'CONTENT<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{"city": '
+                 '"Paris"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": '
+                 '"Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>', "CONTENT",
+     [("get_time", {"city": "Paris"}), ("get_weather", {"city": "Paris"})]),  # test-chat.cpp
     ("kimi", "<|tool_calls_section_begin|><|tool_call_begin|>functions.special_function:0"
              '<|tool_call_argument_begin|>{"arg1": 1}<|tool_call_end|><|tool_calls_section_end|>',
      None, [("special_function", {"arg1": 1})]),  # its id kept: functions.special_function:0

@@ -2,7 +2,9 @@
 forced as llama.cpp's tests/test-chat.cpp expects:
 
     named   a call's name, a separator, its arguments' JSON, between the model's markers.
-            Kimi K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+            DeepSeek V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
+            <｜tool▁call▁end｜><｜tool▁calls▁end｜> (its template does not show the tools: they go in
+            a system message in its model card's words, TOOL_PROMPTS). Kimi K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
             <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|> (the id
             functions.NAME:0 kept as the call's id)
     invoke  an invoke element per call with a parameter element per argument. MiniMax M2:
@@ -33,7 +35,9 @@ class NamedCalls:
     indexed: bool = False  # functions.NAME:INDEX (Kimi's), read back to NAME, kept as the id
 
 
-NAMED = {"kimi": NamedCalls(("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
+NAMED = {"deepseek": NamedCalls(("<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"),
+                                "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"),
+         "kimi": NamedCalls(("<|tool_calls_section_begin|>", "<|tool_calls_section_end|>"),
                             "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
                             "<|tool_call_end|>", indexed=True)}
 
@@ -129,3 +133,21 @@ def invoke_grammar(tools, trigger: str, close: str, style: str, most: int, value
     more = f" {one}{{0,{most - 1}}}" if most > 1 else ""
     root = f'root ::= {json.dumps(trigger + chr(10))} {one}{more} {json.dumps(close)}'
     return "\n".join([root, *rules, "xml-value ::= [^<]+"])
+
+
+def deepseek_tool_prompt(tools) -> str:
+    """DeepSeek V3.1's tools in a system message, in its model card's words."""
+    listing = "\n\n".join(f"### {t.function.name}\nDescription: {t.function.description or ''}"
+                           f"\n\nParameters: {json.dumps(t.function.parameters or {})}"
+                           for t in tools)
+    return ("## Tools\nYou have access to the following tools:\n\n" + listing +
+            "\n\nIMPORTANT: ALWAYS adhere to this exact format for tool use:\n"
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>tool_call_name<｜tool▁sep｜>"
+            "tool_call_arguments<｜tool▁call▁end｜>{additional_tool_calls}<｜tool▁calls▁end｜>\n\n"
+            "Where:\n\n- `tool_call_name` must be an exact match to one of the available tools\n"
+            "- `tool_call_arguments` must be valid JSON that strictly follows the tool's "
+            "Parameters Schema\n- For multiple tool calls, chain them directly without "
+            "separators or spaces")
+
+
+TOOL_PROMPTS = {"deepseek": deepseek_tool_prompt}  # by NativeFormat.name, where tools_unseen

@@ -205,13 +205,16 @@ def tool_setup(host: ModelHost, body: ChatCompletionRequest) -> tuple[list[dict]
         answer = {"anyOf": [answer, {"type": "object", "properties": {
             "response": {"type": "string"}}, "required": ["response"]}]}
     grammar = schema_constraint(host, answer, "tools")
-    messages = [m.as_template_dict() for m in body.messages]
-    prompt = tool_prompt(tools, auto)
-    if messages and messages[0]["role"] == "system":
-        messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + prompt}
-    else:
-        messages.insert(0, {"role": "system", "content": prompt})
+    messages = with_system_text([m.as_template_dict() for m in body.messages],
+                                tool_prompt(tools, auto))
     return messages, grammar, ToolPlan(allow_text_response=auto)
+
+
+def with_system_text(messages: list[dict], text: str) -> list[dict]:
+    """The messages with `text` at the end of their system message (one put first if none)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": messages[0]["content"] + "\n\n" + text}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: NativeFormat):
@@ -221,6 +224,8 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
     plan = ToolPlan(allow_text_response=auto, native=fmt,
                     template_tools=tool_formats.template_tools(body.tools))
     messages = tool_formats.template_messages(body.messages, fmt)
+    if fmt.tools_unseen:  # its template writes calls, not the tools
+        messages = with_system_text(messages, call_forms.TOOL_PROMPTS[fmt.name](body.tools))
     if auto:
         return messages, None, plan
     most = 1 if body.parallel_tool_calls is False or fmt.name == "llama3" else MAX_CALLS_PER_ANSWER

@@ -15,10 +15,12 @@ answer is read in that format:
     llama3   {"name": ..., "parameters": {...}}, maybe after <|python_tag|>     (Llama 3.1-3.3)
     command-r <|START_ACTION|>[{"tool_name": ..., "parameters": {...}}]<|END_ACTION|> (Command R7B)
     apriel   <tool_calls>[{"name": ..., "arguments": {...}}]</tool_calls>          (Apriel 1.5)
-    kimi, minimax, dsml: Kimi K2's, MiniMax M2's, DeepSeek V3.2's and V4's (call_forms.py)
+    deepseek, kimi, minimax, dsml: DeepSeek V3.1's, Kimi K2's, MiniMax M2's, DeepSeek V3.2's
+             and V4's (call_forms.py)
 
-Templates without tools (SmolLM2, Gemma 2, DeepSeek R1 distills and V3.1, whose templates do
-not show the model its tools) keep the generic JSON format (structured.py).
+Templates without tools (SmolLM2, Gemma 2, DeepSeek R1 distills, whose templates do not show
+the model its tools) keep the generic JSON format (structured.py); DeepSeek V3.1's writes its
+own calls, so its tools go in a system message (call_forms.py).
 
 With tool_choice "auto" the answer is not constrained: prose streams until the format's
 trigger appears, the calls after it are parsed once complete. (llama.cpp's lazy grammar, which

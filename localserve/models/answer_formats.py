@@ -26,6 +26,9 @@ class NativeFormat:
     # "invoke" (MiniMax M2) or "dsml" (DeepSeek V3.2, V4): call_forms.py; "": JSON
     xml: str = ""
     named: str = ""  # NAME, a separator, its arguments' JSON: call_forms.NAMED's key (Kimi K2)
+    # its template writes calls but not the tools (DeepSeek V3.1's): they go in a system
+    # message, in the words of the model's card (call_forms.TOOL_PROMPTS)
+    tools_unseen: bool = False
 
     def call_id(self) -> str:
         """An id for a call the model wrote none for: Mistral's templates insist on 9
@@ -44,6 +47,9 @@ FORMATS = (  # the first whose marker the template holds
                  xml="function"),
     NativeFormat("qwen3-coder", "<tool_call>", "<parameter=", close="</tool_call>", xml="function"),
     NativeFormat("glm", "<tool_call>", "<arg_key>", close="</tool_call>", xml="arg"),
+    # DeepSeek V3.1: NAME<｜tool▁sep｜>{...} (its template's own words; R1's add a type first)
+    NativeFormat("deepseek", "<｜tool▁calls▁begin｜>", "['name'] + '<｜tool▁sep｜>'",
+                 triggers=("<｜tool▁call▁begin｜>",), named="deepseek", tools_unseen=True),
     NativeFormat("kimi", "<|tool_calls_section_begin|>", "<|tool_call_argument_begin|>",
                  triggers=("<|tool_call_begin|>",), named="kimi"),
     NativeFormat("minimax", "<minimax:tool_call>", "<minimax:tool_call>",
@@ -66,9 +72,9 @@ FORMATS = (  # the first whose marker the template holds
 def detect(template_source: str | None) -> NativeFormat | None:
     """The template's own format, when it renders `tools` and it is one of the known ones."""
     source = template_source or ""
-    if not re.search(r"\btools\b", source):
-        return None
     found = next((f for f in FORMATS if f.marker in source), None)
+    if found is None or not (found.tools_unseen or re.search(r"\btools\b", source)):
+        return None
     if found is not None and found.xml == "dsml" and "function_calls" not in source:
         found = replace(found, trigger=f"<{DSML}tool_calls>", close=f"</{DSML}tool_calls>",
                         triggers=(f"<{DSML}function_calls>",))  # DeepSeek V4 names it so
@@ -78,6 +84,9 @@ def detect(template_source: str | None) -> NativeFormat | None:
 def describe(template_source: str | None) -> str:
     """The start-up log's words for how this template's tool calls are read."""
     found = detect(template_source)
+    if found is not None and found.tools_unseen:
+        return (f"read and forced in the model's own form ({found.name}), the tools described "
+                f"in a system message as its model card does (its template does not)")
     if found is not None:
         return f"read and forced in the template's own form ({found.name})"
     if not re.search(r"\btools\b", template_source or ""):
