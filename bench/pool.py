@@ -13,11 +13,13 @@ real server at its defaults (8,192 cells, 6 slots, `-t 2`), keys alice, bob and 
 4. title: carol's follow-up about a 2,000-word message, time to first token, alone and sent
    just after Open WebUI's title task for the same chat (which asks `max_tokens: 1000`), and
    the title's length (`--task-max-tokens` bounds it).
+5. farm (hardening round 7, case 2): alice's new 2,500-token prompt, time to first token,
+   alone and while bob sends 1-token chats back to back on 1 and on 3 connections.
 
 Each round makes new texts (nothing cached from an earlier round), the conditions of a case
 alternate their order round by round; medians of the rounds, with the spread.
 
-    bench/run pool [--rounds 3] [--only chat|flood|four|title]
+    bench/run pool [--rounds 3] [--only chat|flood|four|title|farm]
 Run it alone on the machine: llama.cpp's threads spin, and any other load skews it.
 """
 
@@ -252,7 +254,38 @@ def case_title(url: str, rounds: int) -> None:
           f"{titles} tokens (max_tokens 1000 asked)", flush=True)
 
 
-CASES = {"chat": case_chat, "flood": case_flood, "four": case_four, "title": case_title}
+def case_farm(url: str, rounds: int) -> None:
+    firsts: dict[str, list[float]] = {"alone": [], "1": [], "3": []}
+    for r in range(rounds):
+        for condition in in_turn(r, *firsts):
+            stop, chats = threading.Event(), []
+
+            def bob(connection: int) -> None:
+                i = 0
+                while not stop.is_set():
+                    chat(url, "bob", f"Say one word. ({connection}.{i})", 1)
+                    i, chats[0] = i + 1, chats[0] + 1
+            chats.append(0)
+            senders = [threading.Thread(target=bob, args=(c,), daemon=True)
+                       for c in range(0 if condition == "alone" else int(condition))]
+            for t in senders:
+                t.start()
+            firsts[condition].append(chat(url, "alice", words(f"farm{r}{condition}", 2000), 8)
+                                     ["first"])
+            stop.set()
+            for t in senders:
+                t.join()
+            print(f"farm round {r + 1}, {condition}: alice's first token "
+                  f"{firsts[condition][-1]:.1f} s; bob's chats {chats[0]}", flush=True)
+    alone = firsts.pop("alone")
+    print(f"farm: alice's new 2,500-token prompt, first token alone {spread(alone)} s; "
+          + "; ".join(f"beside bob's chats on {n} connection(s) {spread(xs)} s "
+                      f"({spread([x / a for x, a in zip(xs, alone)])}x)"
+                      for n, xs in firsts.items()), flush=True)
+
+
+CASES = {"chat": case_chat, "flood": case_flood, "four": case_four, "title": case_title,
+         "farm": case_farm}
 
 
 def main() -> None:

@@ -164,7 +164,8 @@ TEMPLATES = Path(__file__).parent / "templates"
 
 @pytest.mark.parametrize("name, opens", [
     ("Qwen3.5-4B", True), ("NVIDIA-Nemotron-3-Nano-30B-A3B-BF16", True),
-    ("Qwen-Qwen3-0.6B", False), ("openai-gpt-oss-120b", False)])
+    ("Qwen-Qwen3-0.6B", False), ("openai-gpt-oss-120b", False),
+    ("Apriel-1.6-15b-Thinker-fixed", True)])
 def test_a_template_that_opens_the_reasoning_block_is_known_from_its_prompt(name, opens):
     from localserve.api.reasoning import opens_reasoning
     from localserve.models.chat_template import ChatTemplate
@@ -191,6 +192,19 @@ def test_an_answer_that_starts_inside_its_prompts_block_is_reasoning_until_it_cl
             pieces += reader.read(TokenEvent(answer[i:i + 3], (1,), end), request)
         assert ("".join(p.text for p in pieces if isinstance(p, Thought)),
                 "".join(p.text for p in pieces if isinstance(p, Text))) == expected
+
+
+def test_apriel_thinkers_steps_end_at_its_marker():
+    """Apriel 1.6 Thinker (test-chat.cpp): its prompt opens "Here are my reasoning steps:", the
+    answer follows [BEGIN FINAL RESPONSE]; a call after the marker is the answer's."""
+    source = (TEMPLATES / "Apriel-1.6-15b-Thinker-fixed.jinja").read_text()
+    splitter = ThinkSplitter(reasoning_kind("auto", source))
+    splitter.opened()
+    answer = "I'm\nthinking\n[BEGIN FINAL RESPONSE]\nHello, world!\nWhat's up?"
+    pieces = [splitter.feed(answer[i:i + 3]) for i in range(0, len(answer), 3)]
+    pieces.append(splitter.flush())
+    assert ("".join(r for r, _ in pieces).strip(), "".join(a for _, a in pieces)) == \
+        ("I'm\nthinking", "Hello, world!\nWhat's up?")
 
 
 def test_qwen35s_answers_start_in_the_reasoning_its_prompt_opened():

@@ -19,7 +19,9 @@ HARMONY = "harmony"  # gpt-oss's channels (harmony.py)
 GEMMA4 = "gemma4"  # Gemma 4's thought channel (gemma4.py)
 THINK = "think"  # a leading <think> block
 MISTRAL_THINK = "mistral-think"  # a leading [THINK] block (Magistral, Ministral 3 Reasoning)
-TAGS = {THINK: (OPEN, CLOSE), MISTRAL_THINK: ("[THINK]", "[/THINK]")}
+APRIEL = "apriel"  # Apriel 1.6 Thinker: its prompt opens the steps, a marker ends them
+TAGS = {THINK: (OPEN, CLOSE), MISTRAL_THINK: ("[THINK]", "[/THINK]"),
+        APRIEL: ("Here are my reasoning steps:", "[BEGIN FINAL RESPONSE]")}
 
 
 def reasoning_kind(format_: str, template_source: str | None) -> str:
@@ -34,6 +36,8 @@ def reasoning_kind(format_: str, template_source: str | None) -> str:
         return GEMMA4
     if format_ == "auto" and "[THINK]" in (template_source or ""):
         return MISTRAL_THINK
+    if format_ == "auto" and TAGS[APRIEL][1] in (template_source or ""):
+        return APRIEL
     return THINK if format_ == "deepseek" or OPEN in (template_source or "") else ""
 
 
