@@ -142,7 +142,10 @@ def test_a_chats_prompt_stops_where_llama_servers_batch_does():
     assert sorted(prompt_stops(chat_request(tokens(1, 600), (20, 300, 450)))) == [20, 84, 450, 596]
     assert sorted(prompt_stops(chat_request(tokens(1, 600), (20, 300, 450), cached=200))) == \
         [84, 450, 596]
-    assert sorted(prompt_stops(chat_request(tokens(1, 60), ()))) == [-456, 56]  # a raw prompt
+    assert sorted(prompt_stops(chat_request(tokens(1, 60), ()))) == [56]  # a raw prompt
+    image = [-1 - i for i in range(256)]  # an image's rows across 516 before the end
+    assert sorted(prompt_stops(chat_request(tokens(1, 200) + image + tokens(500, 400),
+                                            (0,)))) == [852]
     sched, _ = make(cuts_back=False)
     sched.add(chat_request(tokens(1, 60), (8, 30)))
     runner, lengths = RecurrentRunner(512), []

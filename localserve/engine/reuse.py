@@ -149,7 +149,7 @@ class PrefixBook:
         if self.pool.cuts_back or self.prompt_cache is None or req.output_tokens:
             return tokens
         end = req.num_prompt_tokens - CHECKPOINT_BEFORE_END
-        saves = [p for p in (req.branch_point, end) if BLOCK <= p <= end]
+        saves = [p for p in (req.branch_point, end) if BLOCK <= p <= end and after_text(req, p)]
         if slot.n_cached in saves and not any(a.slot_id == slot.slot_id for a in plan.admitted):
             self.save(plan, slot)  # read before this step's rows (an admission's: after)
         at = min((p for p in (*saves, *prompt_stops(req)) if p > slot.n_cached), default=0)
@@ -264,7 +264,13 @@ def prompt_stops(req: Request) -> list[int]:
     stops = [n - UBATCH_BEFORE_END, n - CHECKPOINT_BEFORE_END]
     if turns:
         stops += [turns[-1]] + ([turns[0]] if req.cached_tokens == 0 else [])
-    return stops
+    return [p for p in stops if after_text(req, p)]
+
+
+def after_text(req: Request, at: int) -> bool:
+    """A chunk may stop at `at`: after a text token, never inside an image's rows (llama-server
+    counts its stops on text tokens only; an image a model reads two-way is decoded whole)."""
+    return 0 < at <= req.num_prompt_tokens and req.prompt_tokens[at - 1] >= 0
 
 
 def branch_point(req: Request, shared: int) -> int:
