@@ -1,7 +1,8 @@
-"""The forced forms of api/call_forms.py (DeepSeek V3.1's and Kimi K2's named calls, MiniMax M2's and DeepSeek's
-invoke elements), Apriel's call list and MiniMax M1's lines, generated on the real model in-process: the grammar
-llama.cpp compiles makes the answer a call in the model's own form, and the format's reader
-gives it back as OpenAI's tool call with arguments its schema allows."""
+"""The forced forms of api/call_forms.py (DeepSeek V3.1's and Kimi K2's named calls, MiniMax
+M2's and DeepSeek's invoke elements), Apriel's call list and MiniMax M1's lines, generated on
+the real model in-process: the grammar llama.cpp compiles makes the answer a call in the
+model's own form, and the format's reader gives it back as OpenAI's tool call with arguments
+its schema allows."""
 
 import asyncio
 import json

@@ -1,10 +1,11 @@
-"""Two more families of models' own tool-call forms (tool_formats.FORMATS names them), read and
-forced as llama.cpp's tests/test-chat.cpp expects:
+"""Two families of models' own tool-call forms beside tool_formats.py's (models/answer_formats.py
+names which template writes which), read and forced as llama.cpp's tests/test-chat.cpp expects:
 
     named   a call's name, a separator, its arguments' JSON, between the model's markers.
             DeepSeek V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>NAME<｜tool▁sep｜>{...}
             <｜tool▁call▁end｜><｜tool▁calls▁end｜> (its template does not show the tools: they go in
-            a system message in its model card's words, TOOL_PROMPTS). Kimi K2: <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
+            a system message in its model card's words, TOOL_PROMPTS). Kimi K2:
+            <|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:0
             <|tool_call_argument_begin|>{...}<|tool_call_end|><|tool_calls_section_end|> (the id
             functions.NAME:0 kept as the call's id)
     invoke  an invoke element per call with a parameter element per argument. MiniMax M2:
