@@ -144,6 +144,22 @@ async def until(condition, timeout: float = 30.0, what: str = "condition", inter
 
 
 @contextlib.contextmanager
+def loaded_host(**settings):
+    """A model host on the real model, loaded for the duration of a with-block (in-process
+    tests of the engine and the API's helpers, no server)."""
+    from localserve.common.config import Settings
+    from localserve.models.model_host import ModelHost
+
+    host = ModelHost(Settings(threads=2, **settings))
+    host.load()
+    assert host.ready, host.load_error
+    try:
+        yield host
+    finally:
+        host.stop()
+
+
+@contextlib.contextmanager
 def running(*args: str, log_name: str, preexec_fn=None):
     """A started, ready server for the duration of a with-block (module fixtures use it)."""
     srv = RunningServer(*args, log_name=log_name, preexec_fn=preexec_fn)

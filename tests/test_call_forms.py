@@ -10,13 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import loaded_host
 from localserve.api import structured
 from localserve.api.schemas import ChatCompletionRequest
 from localserve.api.tool_formats import parse
 from localserve.models.answer_formats import detect
-from localserve.common.config import Settings
 from localserve.engine.request import Request, SamplingParams
-from localserve.models.model_host import ModelHost
 
 TEMPLATES = Path(__file__).parent / "templates"
 TOOLS = [
@@ -32,11 +31,8 @@ TOOLS = [
 
 @pytest.fixture(scope="module")
 def host():
-    svc = ModelHost(Settings(ctx_size=2048, parallel=1, threads=2))
-    svc.load()
-    assert svc.ready, svc.load_error
-    yield svc
-    svc.stop()
+    with loaded_host(ctx_size=2048, parallel=1) as svc:
+        yield svc
 
 
 def generate(host, grammar: str) -> str:

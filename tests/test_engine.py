@@ -5,6 +5,7 @@ import asyncio
 import pytest
 from fastapi.testclient import TestClient
 
+from conftest import loaded_host
 from localserve.api.app import create_app
 from localserve.common.config import Settings
 from localserve.engine.detokenize import IncrementalDetokenizer
@@ -14,11 +15,8 @@ from localserve.models.model_host import ModelHost
 
 @pytest.fixture(scope="module")
 def service():
-    svc = ModelHost(Settings(ctx_size=2048, parallel=2, threads=2))
-    svc.load()
-    assert svc.ready, svc.load_error
-    yield svc
-    svc.stop()
+    with loaded_host(ctx_size=2048, parallel=2) as svc:
+        yield svc
 
 
 def test_multibyte_text_survives_token_by_token_detokenizing(service):

@@ -113,27 +113,36 @@ def invoke_grammar(tools, trigger: str, close: str, style: str, most: int, value
     types it (tool_formats.xml_value); a DSML parameter says string="true" where its schema
     types it as text, "false" otherwise."""
     tag, _ = invoke_tags(style)
+
+    def parameter(key: str, typed: dict) -> str:
+        text = typed.get("type", "string") == "string"
+        attribute = "" if not tag else f' string="{"true" if text else "false"}"'
+        opening = "<" + tag + 'parameter name="' + key + '"' + attribute + ">"
+        closing = "</" + tag + "parameter>"
+        return f'{json.dumps(opening)} {value_of(typed)} {json.dumps(closing)} "\\n"'
+
     rules, calls = [], []
     for i, tool in enumerate(tools):
-        schema = tool.function.parameters or {}
-        required = set(schema.get("required", ()))
-        params = []
-        for key, typed in schema.get("properties", {}).items():
-            typed = typed if isinstance(typed, dict) else {}
-            text = typed.get("type", "string") == "string"
-            attribute = "" if not tag else f' string="{"true" if text else "false"}"'
-            opening = "<" + tag + 'parameter name="' + key + '"' + attribute + ">"
-            closing = "</" + tag + "parameter>"
-            one = f'{json.dumps(opening)} {value_of(typed)} {json.dumps(closing)} "\\n"'
-            params.append(one if key in required else f"({one})?")
         head = json.dumps("<" + tag + 'invoke name="' + tool.function.name + '">\n')
         end = json.dumps("</" + tag + "invoke>")
-        rules.append(f'call-{i} ::= {head} {" ".join(params)} {end} "\\n"')
+        rules.append(f'call-{i} ::= {head} {parameters(tool, parameter)} {end} "\\n"')
         calls.append(f"call-{i}")
     one = f'({" | ".join(calls)})'
     more = f" {one}{{0,{most - 1}}}" if most > 1 else ""
     root = f'root ::= {json.dumps(trigger + chr(10))} {one}{more} {json.dumps(close)}'
     return "\n".join([root, *rules, "xml-value ::= [^<]+"])
+
+
+def parameters(tool, one) -> str:
+    """A tool's parameters in its schema's order, each as `one(key, its schema)` writes it: the
+    required ones, the others optional."""
+    schema = tool.function.parameters or {}
+    required = set(schema.get("required", ()))
+    written = []
+    for key, typed in schema.get("properties", {}).items():
+        rule = one(key, typed if isinstance(typed, dict) else {})
+        written.append(rule if key in required else f"({rule})?")
+    return " ".join(written)
 
 
 def deepseek_tool_prompt(tools) -> str:

@@ -234,22 +234,20 @@ def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     its schema's order, the others optional, each value as its schema types it (xml_value)."""
     if fmt.xml in ("invoke", "dsml"):
         return call_forms.invoke_grammar(tools, fmt.trigger, fmt.close, fmt.xml, most, xml_value)
+    def parameter(key: str, typed: dict) -> str:
+        value = xml_value(typed)
+        if fmt.xml == "arg":
+            return (f'{json.dumps(f"<arg_key>{key}</arg_key>")} "\\n" "<arg_value>" {value} '
+                    f'"</arg_value>\\n"')
+        return f'{json.dumps(f"<parameter={key}>")} "\\n" {value} "\\n</parameter>\\n"'
+
     rules, calls = [], []
     for i, tool in enumerate(tools):
-        schema = tool.function.parameters or {}
-        required = set(schema.get("required", ()))
-        params = []
-        for key, typed in schema.get("properties", {}).items():
-            value = xml_value(typed if isinstance(typed, dict) else {})
-            one = (f'{json.dumps(f"<arg_key>{key}</arg_key>")} "\\n" "<arg_value>" {value} '
-                   f'"</arg_value>\\n"' if fmt.xml == "arg" else
-                   f'{json.dumps(f"<parameter={key}>")} "\\n" {value} "\\n</parameter>\\n"')
-            params.append(one if key in required else f"({one})?")
         if fmt.xml == "arg":
             head, end = json.dumps(tool.function.name + "\n"), ""
         else:
             head, end = json.dumps(f"<function={tool.function.name}>\n"), ' "</function>"'
-        rules.append(f'call-{i} ::= {head} {" ".join(params)}{end}')
+        rules.append(f'call-{i} ::= {head} {call_forms.parameters(tool, parameter)}{end}')
         calls.append(f"call-{i}")
     opening = "" if fmt.xml == "arg" else ' "\\n"'  # GLM writes the name right after the tag
     block = (f'{json.dumps(fmt.trigger)}{opening} ({" | ".join(calls)}) "\\n" '
