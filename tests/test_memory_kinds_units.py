@@ -5,7 +5,7 @@ longer turns that extend them, no copies, no drafts; and the same answers as on 
 (fakes.RecurrentRunner fails any plan that would cut a recurrent state)."""
 
 from localserve.engine.prompt_cache import BLOCK, PromptCache
-from localserve.engine.reuse import prompt_stops
+from localserve.engine.reuse import after_text, branch_point, prompt_stops
 from localserve.engine.request import Request, SamplingParams
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
@@ -175,3 +175,16 @@ def test_a_chats_branch_from_a_cached_prompt_is_checkpointed_where_its_message_s
     for colleague in colleagues:
         run_all(sched, runner, [colleague])
     assert cache.holds([7] + system, None) and colleagues[2].cached_tokens == len(system) + 1
+
+
+def test_a_chunk_stops_after_text_and_a_branch_is_moved_to_its_message_start():
+    """Boundaries: a stop after the first token or at the very end, never inside or right
+    after an image's rows (token id 0 is text); a branch moved back to the latest user message
+    start at or before it, unless that start is under a block."""
+    req = chat_request([0, 6, -1, -2, 7], ())
+    assert [after_text(req, at) for at in range(7)] == [False, True, True, False, False, True,
+                                                          False]
+    assert branch_point(chat_request(tokens(1, 60), (16, 40)), 40) == 40
+    assert branch_point(chat_request(tokens(1, 60), (16, 40)), 39) == 16
+    assert branch_point(chat_request(tokens(1, 60), (15, 50)), 30) == 30  # under a block
+    assert branch_point(chat_request(tokens(1, 60), ()), 30) == 30  # a raw prompt
