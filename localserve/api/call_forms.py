@@ -63,20 +63,19 @@ def named_calls(text: str, form: NamedCalls) -> list[dict]:
     return calls
 
 
-def named_grammar(tool_grammars: list[tuple[str, str]], form: NamedCalls, most: int,
-                  rename) -> str:
-    """1..most calls in the named form, forced: tool_grammars are (name, its arguments' JSON
-    schema GBNF with its `root`), each one's rules prefixed so none collide (`rename`:
-    tool_formats.rename_rule)."""
-    rules, calls = [], []
-    for i, (name, gbnf) in enumerate(tool_grammars):
-        for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
-            gbnf = rename(gbnf, defined, f"t{i}-{defined}")
-        rules.append(gbnf)
-        head = (f'{json.dumps(f"functions.{name}:")} [0-9]' if form.indexed
-                else json.dumps(name))
-        calls.append(f"{head} {json.dumps(form.separator)} t{i}-root")
-    one = f'{json.dumps(form.call)} ({" | ".join(calls)}) {json.dumps(form.end)}'
+def call_head(form: NamedCalls):
+    """How a call's NAME and separator are written in the form's grammar (for
+    tool_formats.named_calls): Kimi's as functions.NAME:INDEX, the separator after the index."""
+    if not form.indexed:
+        return json.dumps
+    return lambda written: (f'{json.dumps("functions." + written[:-len(form.separator)] + ":")}'
+                            f' [0-9] {json.dumps(form.separator)}')
+
+
+def named_grammar(calls: str, rules: list[str], form: NamedCalls, most: int) -> str:
+    """1..most calls in the named form, forced: `calls` the alternatives over the tools and
+    `rules` what they use (tool_formats.named_calls, written with call_head)."""
+    one = f"{json.dumps(form.call)} {calls} {json.dumps(form.end)}"
     more = f" ({one}){{0,{most - 1}}}" if most > 1 else ""
     opening, closing = (json.dumps(marker) for marker in form.section)
     return "\n".join([f"root ::= {opening} {one}{more} {closing}", *rules])

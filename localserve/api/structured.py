@@ -239,8 +239,9 @@ def native_tool_setup(host: ModelHost, body: ChatCompletionRequest, tools, fmt: 
                                                   f"tools[{i}].function.parameters"))
                  for i, t in enumerate(tools)]
         if fmt.named:
-            gbnf = call_forms.named_grammar(named, call_forms.NAMED[fmt.named], most,
-                                            tool_formats.rename_rule)
+            form = call_forms.NAMED[fmt.named]
+            gbnf = call_forms.named_grammar(*tool_formats.named_calls(
+                named, form.separator, call_forms.call_head(form)), form, most)
         elif fmt.name == "harmony":  # one call a turn
             gbnf = harmony.grammar(named)
         else:

@@ -105,17 +105,19 @@ def wrap_grammar(call_gbnf: str, fmt: NativeFormat, most: int) -> str:
     return root + "\n" + body
 
 
-def named_calls(tool_grammars: list[tuple[str, str]], between: str) -> tuple[str, list[str]]:
+def named_calls(tool_grammars: list[tuple[str, str]], between: str,
+                head=json.dumps) -> tuple[str, list[str]]:
     """A call written as NAME, `between`, then its arguments' JSON (harmony's, Mistral's
-    [ARGS] form): (the alternatives over the tools, the rules they use). tool_grammars: (name,
-    its JSON schema's GBNF with its `root`), each one's rules prefixed so none collide."""
+    [ARGS] form, call_forms.NAMED's): (the alternatives over the tools, the rules they use).
+    tool_grammars: (name, its JSON schema's GBNF with its `root`), each one's rules prefixed so
+    none collide; `head(NAME + between)`: how the call's name is written (a literal)."""
     rules, calls = [], []
     for i, (name, gbnf) in enumerate(tool_grammars):
         prefix = f"t{i}-"
         for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
             gbnf = rename_rule(gbnf, defined, prefix + defined)
         rules.append(gbnf)
-        calls.append(f"{json.dumps(name + between)} {prefix}root")
+        calls.append(f"{head(name + between)} {prefix}root")
     return "(" + " | ".join(calls) + ")", rules
 
 
@@ -234,6 +236,7 @@ def xml_grammar(tools, fmt: NativeFormat, most: int) -> str:
     its schema's order, the others optional, each value as its schema types it (xml_value)."""
     if fmt.xml in ("invoke", "dsml"):
         return call_forms.invoke_grammar(tools, fmt.trigger, fmt.close, fmt.xml, most, xml_value)
+
     def parameter(key: str, typed: dict) -> str:
         value = xml_value(typed)
         if fmt.xml == "arg":
