@@ -116,6 +116,7 @@ def test_a_chats_user_messages_are_found_where_the_template_starts_them(service,
     marker = service.tokenize("<|im_start|>user", add_special=False)
     assert service.user_marker[-2:] == marker and len(marker) == 2
     monkeypatch.setattr(service, "user_marker", marker)
+    monkeypatch.setattr(service.runner, "cuts_back", False)  # (found where the engine uses them)
     body = ChatCompletionRequest(messages=[
         {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
         {"role": "assistant", "content": "Hello"},

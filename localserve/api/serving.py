@@ -197,7 +197,7 @@ async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,
     tokens, placed, tail = await prompt.chat_prompt(host, messages, tools_for_template,
                                                     body.ending, body.template_kwargs, images, key)
     return ChatPrompt(tokens, grammar, plan, placed, opens_reasoning(reasons(host), tail),
-                      host.user_turns(tokens))
+                      await run_in_threadpool(host.user_turns, tokens))
 
 
 async def start_chat(admitted: Admitted, body: ChatCompletionRequest, endpoint: str):

@@ -84,9 +84,10 @@ class HostFace:
         """Where each user message starts in a chat's tokens (llama-server's message spans:
         the template's user marker, ChatTemplate.user_start_marker, found among them): where
         sequences cannot be cut back, a prompt's chunk stops there as llama-server's batch
-        does (reuse.PrefixBook.checkpoint)."""
+        does (reuse.PrefixBook.checkpoint); nothing where they can (unused there: a chat's
+        whole prompt is walked for it)."""
         marker = self.user_marker
-        if not marker:
+        if not marker or self.runner.cuts_back:
             return ()
         n = len(marker)
         return tuple(i for i, token in enumerate(tokens)
