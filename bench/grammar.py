@@ -42,7 +42,7 @@ def runner_sampling_cost(tokens: int, threads: int) -> tuple[float, float]:
     from localserve.engine.plan import Admission, SeqChunk, StepPlan
 
     runner = LlamaRunner(RunnerConfig(str(resolve_model(None)), 8192, 8, 512, threads))
-    grammar = runner.json_schema_grammar(json.dumps(SCHEMA))
+    grammar = runner.sampling.json_schema_grammar(json.dumps(SCHEMA))
     prompt = runner.tokenize(f"<|im_start|>user\n{PROMPT}<|im_end|>\n<|im_start|>assistant\n")
     reqs = [Request(prompt, SamplingParams(temperature=0, grammar=grammar if i < 4 else None))
             for i in range(8)]
@@ -50,7 +50,7 @@ def runner_sampling_cost(tokens: int, threads: int) -> tuple[float, float]:
                     [Admission(i, r, 0) for i, r in enumerate(reqs)])
     sampled, pos = runner.decode(plan), len(prompt)
     timings = {True: 0.0, False: 0.0}
-    original = runner._sample
+    original = runner.sampling.sample
 
     def timed(slot_id, row):
         start = time.perf_counter()
@@ -58,7 +58,7 @@ def runner_sampling_cost(tokens: int, threads: int) -> tuple[float, float]:
         timings[slot_id < 4] += time.perf_counter() - start
         return token
 
-    runner._sample = timed
+    runner.sampling.sample = timed
     for _ in range(tokens):
         plan = StepPlan([SeqChunk(i, r, [sampled[i]], pos, True) for i, r in enumerate(reqs)])
         sampled, pos = runner.decode(plan), pos + 1

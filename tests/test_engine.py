@@ -91,19 +91,20 @@ def test_json_strings_may_not_hold_raw_control_characters(service):
     """JSON forbids raw control characters inside strings; the converter's own rule allows
     them, so the runner tightens it (this once silently did nothing)."""
     runner = service.runner
-    gbnf = runner.json_schema_grammar('{"type": "string"}')
-    assert r'[^"\\\x00-\x1F\x7F]' in gbnf and runner.grammar_error(gbnf) is None
+    sampling = runner.sampling
+    gbnf = sampling.json_schema_grammar('{"type": "string"}')
+    assert r'[^"\\\x00-\x1F\x7F]' in gbnf and sampling.grammar_error(gbnf) is None
     quote = runner.tokenize('"', add_special=False, parse_special=False)
     newline = runner.tokenize("\n", add_special=False, parse_special=False)
     letter = runner.tokenize("a", add_special=False, parse_special=False)
     assert len(quote) == len(newline) == len(letter) == 1
     spare = 10_000  # a grammar slot no request uses
     try:
-        runner._new_grammar(spare, gbnf, quote)  # inside an open string
-        assert runner._allows(runner.grammars[spare], letter[0])
-        assert not runner._allows(runner.grammars[spare], newline[0])
+        sampling._new_grammar(spare, gbnf, quote)  # inside an open string
+        assert sampling._allows(sampling.grammars[spare], letter[0])
+        assert not sampling._allows(sampling.grammars[spare], newline[0])
     finally:
-        runner._new_grammar(spare, None, [])
+        sampling._new_grammar(spare, None, [])
 
 
 def test_a_chats_user_messages_are_found_where_the_template_starts_them(service, monkeypatch):

@@ -30,7 +30,7 @@ def prompt_step(runner, request) -> list[int]:
 def test_every_sampled_row_gets_what_a_greedy_sampler_chain_picks(runner, text):
     request = Request(runner.tokenize(text), SamplingParams(temperature=0), request_id="g")
     out = prompt_step(runner, request)
-    assert 0 in runner.argmax_slots and out == [chain_pick(runner, -1)]
+    assert 0 in runner.sampling.argmax_slots and out == [chain_pick(runner, -1)]
     while len(out) < 10:  # one row a step
         row = SeqChunk(0, request, out[-1:], len(request.prompt_tokens) + len(out) - 1, True)
         out += runner.decode(StepPlan([row])).sampled[0]
@@ -50,5 +50,5 @@ def test_bias_or_penalties_keep_the_sampler_chain(runner):
         request = Request(runner.tokenize("Hello"), SamplingParams(**{"temperature": 0, **params}),
                           request_id="b")
         prompt_step(runner, request)
-        assert 0 not in runner.argmax_slots, params
+        assert 0 not in runner.sampling.argmax_slots, params
         C.llama_memory_seq_rm(runner.memory, 0, -1, -1)

@@ -75,7 +75,7 @@ def test_the_image_marker_is_new_in_every_process():
     import subprocess
     import sys
 
-    said = {subprocess.run([sys.executable, "-c", "from localserve.models.host_face import "
+    said = {subprocess.run([sys.executable, "-c", "from localserve.models.image_inputs import "
                             "IMAGE_MARKER; print(IMAGE_MARKER)"], capture_output=True, text=True,
                            check=True).stdout.strip() for _ in range(2)}
     assert len(said) == 2 and all(len(marker) > 20 for marker in said)

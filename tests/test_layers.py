@@ -294,7 +294,7 @@ def test_writers_take_only_answer_pys_own_names_from_it():
 
 def host_internals_named(source: str) -> set[str]:
     """`host.runner`, `host.loop` (or through `x.host`): the model host's insides, which only
-    its face (models/host_face.py) reads."""
+    its own methods, its face (models/model_host.py), read."""
     def is_host(node) -> bool:
         return isinstance(node, ast.Name) and node.id == "host" \
             or isinstance(node, ast.Attribute) and node.attr == "host"

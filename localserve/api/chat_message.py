@@ -9,7 +9,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from localserve.models.host_face import IMAGE_MARKER
+from localserve.models.image_inputs import IMAGE_MARKER
 
 
 def valid_text(value: str, field: str) -> str:

@@ -2,7 +2,7 @@
 
 Each API's image (OpenAI's `image_url` part, Anthropic's `image` block, Responses'
 `input_image`, Ollama's `images`) becomes an ImageRef in the message: its bytes, and where it
-sits in the text (IMAGE_MARKER, host_face.py). Pillow reads it with bounds on bytes, pixels
+sits in the text (IMAGE_MARKER, models/image_inputs.py). Pillow reads it with bounds on bytes, pixels
 (each image's and the request's) and count, each refusal a 400 naming the image, on the image
 decoders' own threads (DECODE_WORKERS), one request of a key at a time (hardening round 7, case
 5): a key's burst of large images waits for its own turn there, never on the thread pool that
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from localserve.api.key_turns import KeyTurns
 from localserve.api.schemas import OpenAIError
-from localserve.models.host_face import DecodedImage
+from localserve.models.image_inputs import DecodedImage
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
 MAX_PIXELS = 40_000_000  # about 8K x 5K: bigger is a decompression bomb, not a photo

@@ -17,7 +17,7 @@ from starlette.concurrency import run_in_threadpool
 from localserve.models.chat_template import ChatTemplateError, PromptPart, as_alternating_turns
 from localserve.api import images as image_input
 from localserve.api.schemas import OpenAIError
-from localserve.models.host_face import IMAGE_MARKER, ImageError, PlacedImages
+from localserve.models.image_inputs import IMAGE_MARKER, ImageError, PlacedImages
 from localserve.models.model_host import ModelHost
 
 MEDIA_MARKER = "<__media__>"  # where llama-server's multimodal_data go (mtmd_default_marker)

@@ -19,7 +19,7 @@ from localserve.api.serving import submit
 from localserve.api.native_reply import NativeReply
 from localserve.api.replies import respond_with
 from localserve.models import answer_formats
-from localserve.models.host_face import IMAGE_MARKER, PlacedImages
+from localserve.models.image_inputs import IMAGE_MARKER, PlacedImages
 from localserve.api.schemas import (MAX_LOGPROBS, UNSUPPORTED, ChatCompletionRequest, OpenAIError,
                                     PromptEnding, SamplingBody, Tool)
 

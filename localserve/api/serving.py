@@ -24,7 +24,7 @@ from localserve.engine.loop import EngineUnavailable, QueueFull, UserQueueFull
 from localserve.engine.request import Request as EngineRequest
 from localserve.engine.request import SamplingParams
 from localserve.engine.streams import ChoiceStreams
-from localserve.models.host_face import PlacedImages
+from localserve.models.image_inputs import PlacedImages
 from localserve.models.model_host import ModelHost
 
 
@@ -169,7 +169,7 @@ class ChatPrompt(NamedTuple):
     plan: object  # structured.ToolPlan or None
     images: PlacedImages  # the images placed among the tokens, by hash
     reasoning_open: bool  # the template opened a reasoning block the answer starts in
-    user_turns: tuple[int, ...]  # where its user messages start (HostFace.user_turns)
+    user_turns: tuple[int, ...]  # where its user messages start (ModelHost.user_turns)
 
 
 async def chat_tokens(host: ModelHost, body: ChatCompletionRequest,

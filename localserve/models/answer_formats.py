@@ -75,7 +75,7 @@ def detect(template_source: str | None) -> NativeFormat | None:
     found = next((f for f in FORMATS if f.marker in source), None)
     if found is None or not (found.tools_unseen or re.search(r"\btools\b", source)):
         return None
-    if found is not None and found.xml == "dsml" and "function_calls" not in source:
+    if found.xml == "dsml" and "function_calls" not in source:
         found = replace(found, trigger=f"<{DSML}tool_calls>", close=f"</{DSML}tool_calls>",
                         triggers=(f"<{DSML}function_calls>",))  # DeepSeek V4 names it so
     return found

@@ -1,5 +1,9 @@
-"""ModelHost: assembles one model's runner, slots, scheduler and engine loop from Settings,
-and owns their life. What api/ may call of it is its face (host_face.py).
+"""ModelHost: one model's runner, slots, scheduler and engine loop (built from Settings by
+assembly.py), their life (load, unload, drain), and the face the HTTP side uses, as Ollama's
+`LlamaServer` interface is for its runner: tokens and text, the model's special tokens, grammar
+checks, a read-only view of the cache pool and the scheduler's limits. Nothing in api/ reaches
+the runner or the engine loop past the face (tests/test_layers.py), so a change of engine shows
+here and nowhere else.
 
 The model loads on a background thread so that /health can answer 503 "loading" meanwhile.
 """
@@ -7,49 +11,36 @@ The model loads on a background thread so that /health can answer 503 "loading" 
 from __future__ import annotations
 
 import gc
-import re
 import logging
 import threading
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from localserve.models import answer_formats
-from localserve.models.chat_template import (ChatTemplate, answer_markers, fallback_for,
-                                            override_source)
-from localserve.models.host_face import HostFace
 from localserve.common.config import Settings
-from localserve.models.model_specs import find_model
+from localserve.common.metrics import build_registry
 from localserve.engine.loop import AsyncEngine, EngineLoop
-from localserve.engine.runner.placement import placements
-from localserve.models.embeddings import Embeddings
-from localserve.engine.runner import (LlamaRunner, RunnerConfig, add_servers, on_fatal_error,
-                                      rpc_devices, supports_gpu_offload)
 from localserve.engine.policies import make_scheduler
 from localserve.engine.prompt_cache import PromptCache
-from localserve.engine.prompt_disk import DiskTier
-from localserve.engine.slots import SlotPool
-from localserve.office.ledger import state_dir
-from localserve.common.metrics import build_registry
-import psutil
+from localserve.engine.runner import (LlamaRunner, add_servers, on_fatal_error, rpc_devices,
+                                      supports_gpu_offload)
+from localserve.models.assembly import (log_start_up, new_pool, new_prompt_cache, new_runner,
+                                        template_source)
+from localserve.models.chat_template import ChatTemplate, PromptPart, answer_markers
+from localserve.models.embeddings import Embeddings
+from localserve.models.image_inputs import (IMAGE_MARKER, DecodedImage, ImageError,
+                                            PlacedImages)
+from localserve.models.model_specs import find_model
 from localserve.models.resources import ContextChoice, check_memory, choose_context
+from localserve.engine.slots import SlotPool
+
+if TYPE_CHECKING:
+    from localserve.engine.scheduler_view import PoolLimits
 
 log = logging.getLogger("localserve")
-MIB = 1024 ** 2
 
 
-# The start-up log's line on the model's memory, by kind (runner.core.memory_kind).
-_WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the prompt cache, "
-          "no drafting and no step stopped midway (their rows could not be taken out again)")
-MEMORY_KINDS = {
-    "attention": "attention only: a slot's cache is cut back to any shared prefix",
-    "sliding-window": "sliding-window layers keep their window only (as llama-server's): " + _WHOLE,
-    "hybrid": "a recurrent state beside attention: " + _WHOLE,
-    "recurrent": "a recurrent state: " + _WHOLE,
-}
-
-
-class ModelHost(HostFace):
+class ModelHost:
     """One model's engine: runner, slots, scheduler, engine loop, template and tokenization.
     With several models (registry.py) each has its own host. What the office shares (keys,
     ledger, per-key counters) reaches it only as the observers and the share rule the registry
@@ -136,31 +127,22 @@ class ModelHost(HostFace):
             budget = s.step_token_budget(supports_gpu_offload())
             prefill_budget = s.prefill_token_budget(supports_gpu_offload())
             context = self.context_choice(self.model_path)
-            self.runner = LlamaRunner(RunnerConfig(
-                model_path=str(self.model_path), ctx_size=context.ctx_size, n_slots=s.parallel,
-                n_batch=prefill_budget, n_threads=s.threads,
-                n_gpu_layers=s.n_gpu_layers if context.n_gpu_layers is None else context.n_gpu_layers,
-                main_gpu=s.main_gpu, tensor_split=s.tensor_split,
-                tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
-                                            s.override_tensor),
-                cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
-                swa_full=s.swa_full,
-                mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
+            self.runner = new_runner(s, str(self.model_path), context, prefill_budget)
             facts = self.facts = self.runner.describe()
             facts["model"].update(id=self.model_id, path=str(self.model_path))
             if s.rpc_servers:  # asked once here: a worker that dies later must not be queried
                 facts["rpc_devices"] = rpc_devices()
-            pool = self._pool(context)
+            pool = new_pool(s, self.runner, context)
             shares = self.shares  # without keys no identity can be trusted to share by
-            self.prompt_cache = self._new_prompt_cache(pool)
+            self.prompt_cache = new_prompt_cache(s, self.runner, self.model_id, self.live_scope)
             scheduler = make_scheduler(s.scheduler, pool, self.runner, budget, s.max_num_seqs,
                                        prefill_budget=prefill_budget,
                                        slot_share=s.slot_share() if shares else None,
                                        prompt_cache=self.prompt_cache,
                                        speculative=s.drafting,
                                        max_long_prompts=s.max_long_prompts)
-            self.template = ChatTemplate(self._template_source(), self.runner.bos_text,
-                                         self.runner.eos_text)
+            self.template = ChatTemplate(template_source(s, self.runner, self.model_id),
+                                         self.runner.bos_text, self.runner.eos_text)
             self.user_marker = self.tokenize(self.template.user_start_marker(), add_special=False)
             # gpt-oss's and Gemma 4's answers are read by their control tokens
             self.runner.show_specials(answer_markers(self.template.source))
@@ -172,69 +154,14 @@ class ModelHost(HostFace):
             self._forget_fatal = on_fatal_error(self.loop.fatal)
             self.loop.start()
             self.engine = AsyncEngine(self.loop)
-            backend = facts["backend"]
-            log.info("model: %s (%s, %d layers, trained on %d tokens)", self.model_id,
-                     facts["model"]["description"], facts["model"]["n_layers"],
-                     facts["model"]["n_ctx_train"])
-            log.info("backend: %s, %d layers offloaded", backend["name"], backend["n_gpu_layers"])
-            if backend["tensors_overridden"]:
-                log.info("weights placed by --cpu-moe, --n-cpu-moe or -ot: %s", ", ".join(
-                    f"{n} tensors to {where}" for where, n in backend["tensors_overridden"].items()))
-            log.info("context: %d tokens, %s", pool.ctx_size, context.why)
-            log.info("cache pool: %s", pool.describe())
-            log.info("memory: %s", MEMORY_KINDS[self.runner.memory_kind])
-            if self.reads_images:
-                log.info("images: read with the projector %s", s.mmproj)
-            log.info("tool calls: %s", answer_formats.describe(self.template.source))
-            log.info("scheduler: " + s.scheduler + ", --max-num-batched-tokens %d (%d while nothing "
-                     "decodes), --max-num-seqs %d, --max-queue %s", budget,
-                     max(prefill_budget, budget), scheduler.limits().max_num_seqs, s.max_queue)
-            if shares:
-                log.info("shares per key: %s queue places, %s slots while others wait, %s "
-                         "requests/s (burst %d), prefix cache %s", s.queue_share(), s.slot_share(),
-                         s.rate_limit or "unlimited", s.rate_burst,
-                         "shared across keys" if s.shared_prefix_cache else "per key")
+            log_start_up(s, facts, context, self.runner, self.template.source,
+                         scheduler.limits(), shares)
             self._warn_if_slots_too_small(pool)
         except Exception as exc:
             self.load_error = str(exc)
             log.error("could not load the model: %s", exc)
         finally:
             self.loaded.set()
-
-    def _pool(self, context: ContextChoice) -> SlotPool:
-        """One pool of the context llama.cpp made (it may round -c up), each slot guaranteed
-        its share; one request may use the model's trained context, at most the pool."""
-        s, made = self.settings, self.runner.pool_cells  # unified: the whole pool
-        if made != context.ctx_size:
-            log.info("llama.cpp made a cache of %d tokens for -c %d", made, context.ctx_size)
-        trained = self.runner.n_ctx_train
-        if s.ctx_size and trained and made > trained:
-            log.warning("the pool (%d tokens) is longer than the model was trained for (%d): "
-                        "one request may use %d", made, trained, trained)
-        window = self.runner.n_swa if self.runner.memory_kind == "sliding-window" else 0
-        return SlotPool(made, s.parallel, n_ctx_per_slot=min(made, trained or made),
-                        cuts_back=self.runner.cuts_back, window=window)
-
-    def _new_prompt_cache(self, pool: SlotPool) -> PromptCache | None:
-        """--cache-ram MiB, at most a quarter of the RAM free now. Where sequences cannot be
-        cut back, it holds whole sequences and checkpoints (PromptCache.whole_only)."""
-        s = self.settings
-        if s.cache_ram == 0 or s.scheduler != "continuous":
-            return None
-        bound = min(s.cache_ram * MIB, psutil.virtual_memory().available // 4)
-        log.info("prompt cache in RAM: up to %d MiB (--cache-ram %d, at most a quarter of free "
-                 "RAM), per key unless --shared-prefix-cache", bound // MIB, s.cache_ram)
-        disk = None
-        if s.cache_disk:
-            folder = state_dir(s) / "prompt-cache" / re.sub(r"[^\w.-]", "_", self.model_id)
-            disk = DiskTier(folder, s.cache_disk * MIB, self.runner.state_fingerprint())
-        cache = PromptCache(bound, disk, whole_only=not self.runner.cuts_back)
-        if disk:
-            gone = cache.keep_scopes(self.live_scope)
-            log.info("prompt cache on disk: up to %d MiB in %s (--cache-disk), %d prompts kept "
-                     "from before (%d of keys no longer in the key file deleted)",
-                     s.cache_disk, disk.folder, len(cache.on_disk), gone)
-        return cache
 
     def _keep_prompts(self) -> None:
         """Before the cache is freed (shutdown, unload): the slots' sequences into the prompt
@@ -256,16 +183,6 @@ class ModelHost(HostFace):
         self.unloaded = True
         self.loaded.clear()
         gc.collect()
-
-    def _template_source(self) -> str:
-        """--chat-template(-file), else the GGUF's own, else a built-in one (said in the log)."""
-        s = self.settings
-        source = override_source(s.chat_template, s.chat_template_file) or self.runner.chat_template
-        if source is None:
-            name, source = fallback_for(self.runner.meta("general.architecture"))
-            log.warning("%s carries no chat template: using the built-in %s format (choose "
-                        "another with --chat-template)", self.model_id, name)
-        return source
 
     def _warn_if_slots_too_small(self, pool: SlotPool, answer_room: int = 64) -> None:
         """A slot whose guaranteed share cannot hold a one-line chat plus a short answer
@@ -297,3 +214,146 @@ class ModelHost(HostFace):
         if self.runner is not None and (self.loop is None or not self.loop.is_alive()):
             self._keep_prompts()
             self.runner.close()
+
+    # ==== the face: what api/ calls (the runner and the loop are read here, not there) ======
+    # ---- tokens and text ------------------------------------------------------------------
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.runner.tokenize(text, add_special=add_special, parse_special=parse_special)
+
+    def tokenize_prompt(self, text: str) -> list[int]:
+        """Tokenize a caller's whole raw prompt (special tokens parsed), adding BOS unless the
+        text already starts with it."""
+        bos = self.runner.bos_text
+        add_special = not (bos and text.startswith(bos))
+        return self.runner.tokenize(text, add_special=add_special, parse_special=True)
+
+    def tokenize_parts(self, parts: list[PromptPart],
+                       images: list[DecodedImage] = ()) -> tuple[list[int], PlacedImages]:
+        """Tokenize a rendered chat: the template's parts with special tokens parsed, callers'
+        text as plain text, each IMAGE_MARKER in it as the next image's rows (placeholder ids,
+        runner/images.py). BOS is added unless the template wrote it. (tokens, the images by
+        hash)"""
+        bos = self.runner.bos_text
+        tokens: list[int] = []
+        placed: PlacedImages = {}
+        waiting = list(images)
+        for i, part in enumerate(parts):
+            add_bos = i == 0 and not (part.trusted and bos and part.text.startswith(bos))
+            pieces = part.text.split(IMAGE_MARKER) if images and not part.trusted else [part.text]
+            for j, text in enumerate(pieces):
+                if j and not waiting:  # a template that writes a message twice
+                    raise ImageError("the chat template placed an image twice; send it in a "
+                                     "message the template writes once, or send text")
+                if j:
+                    tokens += self._image_rows(waiting.pop(0), placed)
+                if text or (add_bos and j == 0):
+                    tokens += self.runner.tokenize(text, add_special=add_bos and j == 0,
+                                                   parse_special=part.trusted)
+        if waiting:
+            raise ImageError(f"{waiting[0].where}: the chat template left no place for this image")
+        return tokens, placed
+
+    def user_turns(self, tokens: list[int]) -> tuple[int, ...]:
+        """Where each user message starts in a chat's tokens (llama-server's message spans:
+        the template's user marker, ChatTemplate.user_start_marker, found among them): where
+        sequences cannot be cut back, a prompt's chunk stops there as llama-server's batch
+        does (reuse.PrefixBook.checkpoint); nothing where they can (unused there: a chat's
+        whole prompt is walked for it)."""
+        marker = self.user_marker
+        if not marker or self.runner.cuts_back:
+            return ()
+        n = len(marker)
+        return tuple(i for i, token in enumerate(tokens)
+                     if token == marker[0] and tokens[i:i + n] == marker)
+
+    def _image_rows(self, image: DecodedImage, placed: PlacedImages) -> list[int]:
+        try:
+            tokens, inputs = self.runner.projector.prepare(image.rgb, image.width, image.height,
+                                                           image.raw)
+        except ValueError as exc:
+            raise ImageError(f"{image.where}: {exc}") from None
+        for h, found in inputs.items():
+            placed.setdefault(h, found)  # the same image twice: encoded once
+        return tokens
+
+    @property
+    def template_source(self) -> str | None:
+        """The chat template's Jinja source (None before the model is loaded)."""
+        return self.template.source if self.template else None
+
+    @property
+    def reads_images(self) -> bool:
+        """Whether this model was given a projector (--mmproj): images in its chats."""
+        return getattr(self.runner, "projector", None) is not None
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return b"".join(self.runner.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def piece(self, token: int) -> bytes:
+        """A token's bytes as the answer spells them (control tokens: none)."""
+        return self.runner.piece(token)
+
+    def token_text(self, token: int) -> str:
+        """A token's text as the vocabulary writes it (control tokens too)."""
+        return self.runner.token_text(token)
+
+    @property
+    def n_vocab(self) -> int:
+        return self.runner.n_vocab
+
+    @property
+    def max_piece_bytes(self) -> int:
+        """The longest token's bytes: what bounds the text n tokens can spell."""
+        return self.runner.max_piece_bytes
+
+    @property
+    def fim_tokens(self) -> tuple[int, int, int] | None:
+        """Fill-in-the-middle's prefix, suffix and middle tokens (None: the model has none)."""
+        return self.runner.fim_tokens
+
+    # ---- grammars ---------------------------------------------------------------------------
+    def json_schema_grammar(self, schema_json: str) -> str:
+        return self.runner.sampling.json_schema_grammar(schema_json)
+
+    def grammar_error(self, gbnf: str) -> str | None:
+        """llama.cpp's complaint about a grammar, or None when it parses."""
+        return self.runner.sampling.grammar_error(gbnf)
+
+    def grammar_refusal(self, user: str | None, grammar: str | None) -> str | None:
+        """Why this key's grammar is refused at once (the engine lately ended it as too
+        costly), else None."""
+        return self.loop.scheduler.grammar_refusal(user, grammar)
+
+    # ---- the pool -----------------------------------------------------------------------------
+    def pool_view(self) -> PoolLimits:
+        """The pool and the scheduler's limits, as /props and /slots show them."""
+        return self.loop.scheduler.limits()
+
+    @property
+    def n_ctx_per_slot(self) -> int:
+        """The most one request may use: the model's trained context, at most the pool."""
+        return self.loop.scheduler.limits().n_ctx_per_slot
+
+    @property
+    def n_ctx_embedding(self) -> int:
+        """The most one embedding input may hold: one slot's share of the pool."""
+        return self.runner.n_ctx_embedding
+
+    @property
+    def n_embd(self) -> int:
+        """The length of this model's vectors."""
+        return self.runner.n_embd
+
+    def embedder(self):
+        """The model's embedder (engine/runner/embeddings.py; made on first use, blocking:
+        call it on a worker thread): `embed(tokens)` gives one input's vector."""
+        return self.runner.embedder(self.kind == "embedding")
+
+    def context_bound(self) -> str:
+        """What bounds one request, in the words a refusal uses (never a slot's share: a
+        request borrows past it)."""
+        limits, trained = self.loop.scheduler.limits(), self.runner.n_ctx_train
+        if trained and limits.n_ctx_per_slot >= trained:
+            return f"this model's context is {limits.n_ctx_per_slot} tokens (what it was trained on)"
+        return (f"one request may use the whole cache pool, {limits.n_ctx_per_slot} tokens "
+                f"(raise -c for more; the model was trained on {trained})")

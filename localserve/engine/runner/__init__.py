@@ -4,7 +4,10 @@ this package imports llama_cpp.
     core.py        LlamaRunner: the generating context, one batch per step
     calls.py       that batch in one llama_decode call or two, and when the pool is compacted
                    (CPU flash attention's tiles)
-    sampling.py    each row with its slot's sampler chain, grammars, drafted rows accepted
+    batch.py       a call's rows in llama.cpp's token batch, a failed call's rows taken out
+    sampling.py    SlotSamplers: each row with its slot's sampler chain, grammars, drafts
+    image_steps.py ImagePlacer: a step's image rows, decoded before its text (--mmproj)
+    images.py      the projector: an image's rows and their embeddings (mtmd)
     states.py      a sequence's cache state out and back in (the prompt cache)
     embeddings.py  Embedder: a second context on the same model for /v1/embeddings
     model_file.py  set-up, GGUF facts without loading, memory needs, cache types

@@ -1,35 +1,32 @@
 """LlamaRunner: one context whose cache holds `n_slots` sequences (slot id = sequence id).
-It turns a scheduler StepPlan into one llama_decode call (two when that is cheaper: calls.py)
-and samples a token for every row that asked for logits, each with that slot's own sampler
-chain (and grammar).
+It turns a scheduler StepPlan into one llama_decode call (two when that is cheaper: calls.py;
+an image's rows before them: image_steps.ImagePlacer) and samples a token for every row that
+asked for logits, each with that slot's own sampler chain and grammar (sampling.SlotSamplers).
 ctypes releases the GIL inside llama_decode, so the HTTP side keeps serving during a step.
 """
 
 from __future__ import annotations
 
 import ctypes
-from collections import deque
 import logging
 import os
 import threading
 import time
 
 import llama_cpp as C
-import numpy as np
 
-from localserve.engine.errors import (CacheFull, DecodeError, EngineFailed, Interrupted,
-                                      RestoreFailed, RowsRefused)
+from localserve.engine.errors import EngineFailed, RestoreFailed, RowsRefused
 from localserve.engine.interfaces import RunnerConfig
-from localserve.engine.logits import CANDIDATE, log_probs
 from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context_params,
                                                  _load_progress, _quiet_llama,
                                                  reset_load_progress, supports_gpu_offload)
-from localserve.engine.plan import SeqChunk, StepOutput, StepPlan
+from localserve.engine.plan import StepOutput, StepPlan
+from localserve.engine.runner.batch import fill_tokens, undo_step
 from localserve.engine.runner.calls import compacts, decode_calls, interleaved, one_call
-from localserve.engine.runner.image_steps import ImageSteps
+from localserve.engine.runner.image_steps import ImagePlacer
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.placement import TensorOverrides
-from localserve.engine.runner.sampling import Sampling
+from localserve.engine.runner.sampling import SlotSamplers
 from localserve.engine.runner.states import read_sequence, state_fingerprint, write_sequence
 from localserve.engine.runner.upper_state import clear_upper_state
 
@@ -48,7 +45,7 @@ def memory_kind(model, swa_full: bool = False) -> str:
     return "sliding-window" if C.llama_model_n_swa(model) and not swa_full else "attention"
 
 
-class LlamaRunner(Sampling, ImageSteps):
+class LlamaRunner:
     def __init__(self, config: RunnerConfig):
         self.config = config
         _quiet_llama()
@@ -91,18 +88,7 @@ class LlamaRunner(Sampling, ImageSteps):
         # an embedding context of one slot's share: its cache is a second one, beside the pool
         self.n_ctx_embedding = max(64, self.pool_cells // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
-        self.samplers: dict[int, C.llama_sampler_p] = {}
-        self.argmax_slots: set[int] = set()  # greedy alone: the logits' argmax (sampling.py)
-        self.softmax_slots: dict = {}  # temperature alone: (temperature, rng) (sampling.py)
-        self._softmax_scratch = np.empty(self.n_vocab, dtype=np.float32)
-        self.grammars: dict[int, C.llama_sampler_p] = {}  # per slot, outside the chain
-        self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
-        self.grammar_seconds: dict[int, float] = {}  # this step's grammar CPU s per slot
-        self.grammar_costs: dict[int, deque] = {}  # per slot: its last tokens' grammar CPU s
-        self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
-        self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
-        self._one = (C.llama_token_data * 1)()
-        self.logprob_n: dict[int, int | None] = {}  # per slot: top-N log-probabilities wanted
+        self.sampling = SlotSamplers(self.ctx, self.vocab)  # every slot's chain and grammar
         self._embedder = None
         self._embedder_lock = threading.Lock()
         self._pieces: dict[int, bytes] = {}
@@ -110,7 +96,9 @@ class LlamaRunner(Sampling, ImageSteps):
         # No token spells more bytes than this: n tokens never cover more than n * this bytes,
         # which lets the API refuse an impossible prompt without tokenizing it.
         self.max_piece_bytes = max(len(self.token_text(t).encode()) for t in range(self.n_vocab))
-        self._open_images(config.mmproj, threads)  # a projector: images in prompts
+        self.images = ImagePlacer(config.mmproj, self.model, self.ctx, self.batch,
+                                  config.n_batch, threads, self.n_gpu_layers > 0
+                                  ) if config.mmproj else None  # a projector: images in prompts
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
@@ -154,6 +142,11 @@ class LlamaRunner(Sampling, ImageSteps):
     def n_swa(self) -> int:
         """The sliding-window size, 0 for a model without one."""
         return C.llama_model_n_swa(self.model)
+
+    @property
+    def projector(self):
+        """The image projector (images.Projector), None for a model given none."""
+        return self.images.projector if self.images is not None else None
 
     @property
     def n_ctx_train(self) -> int:
@@ -246,57 +239,30 @@ class LlamaRunner(Sampling, ImageSteps):
             if not self._cut(admission.slot_id, admission.kept_tokens):
                 raise RestoreFailed(f"slot {admission.slot_id}'s cache could not be cut back to "
                                     f"{admission.kept_tokens} tokens", admission.restore)
-            self._new_sampler(admission.slot_id, admission.request.params,
-                              admission.request.all_tokens)
-            self._new_grammar(admission.slot_id, admission.request.params.grammar,
-                              admission.request.output_tokens)
-            self.logprob_n[admission.slot_id] = admission.request.params.logprobs
-        self.costly_grammars, self.grammar_seconds = set(), {}
+            self.sampling.start(admission.slot_id, admission.request)
+        self.sampling.new_step()
         if self.cpu_tiles and compacts(plan, self.interleaved_rows):
             self._compact(plan.num_tokens)
         whole, decode_s = plan, 0.0
-        if self.projector is not None:  # image rows first, in order (image_steps.py)
-            plan, decode_s = self._place_images(plan, saved)
+        if self.images is not None:  # image rows first, in order (image_steps.py)
+            plan, decode_s = self.images.place(plan, saved)
         for call in decode_calls(plan) if self.cpu_tiles else one_call(plan):  # calls.py
-            n, rows = self._fill(call)
+            n, rows = fill_tokens(self.batch, call)
             started = time.perf_counter()
             rc = C.llama_decode(self.ctx, self.batch)
             clear_upper_state()  # else this thread's sampling runs ~17x slower (upper_state.py)
             decode_s += time.perf_counter() - started
             if rc != 0:
-                self._undo(whole, rc, n, saved)
+                undo_step(self.memory, whole, rc, n, saved)
             self.interleaved_rows += interleaved(call)
         decoded = time.perf_counter()
-        sampled = {chunk.slot_id: self._sample_drafted(chunk, row) if chunk.drafts
-                   else [self._sample(chunk.slot_id, row)] for chunk, row in rows}
-        logprobs = {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id][0],
-                                         self.logprob_n[c.slot_id])
-                    for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
-        return StepOutput(sampled, saved, logprobs, decode_s=decode_s,
+        sampling = self.sampling
+        sampled = {chunk.slot_id: sampling.sample_drafted(chunk, row) if chunk.drafts
+                   else [sampling.sample(chunk.slot_id, row)] for chunk, row in rows}
+        return StepOutput(sampled, saved, sampling.logprobs(rows, sampled), decode_s=decode_s,
                           sample_s=time.perf_counter() - decoded,
-                          costly_grammars=frozenset(self.costly_grammars),
-                          grammar_s=self.grammar_seconds)
-
-    def _fill(self, spans) -> tuple[int, list[tuple[SeqChunk, int]]]:
-        """Put the spans' tokens in the batch: its size, and each sampled chunk with its first
-        sampled row (a span that ends a sampled chunk holds its sampled rows: calls.py)."""
-        batch = self.batch
-        rows: list[tuple[SeqChunk, int]] = []
-        i = 0
-        for chunk, start, end in spans:
-            for offset in range(start, end):
-                batch.token[i] = chunk.tokens[offset]
-                batch.pos[i] = chunk.start_pos + offset
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = chunk.slot_id
-                batch.logits[i] = 0
-                i += 1
-            if chunk.sample and end == len(chunk.tokens):  # the last row, and each draft's
-                for row in range(i - 1 - chunk.drafts, i):
-                    batch.logits[row] = 1
-                rows.append((chunk, i - 1 - chunk.drafts))
-        batch.n_tokens = i
-        return i, rows
+                          costly_grammars=frozenset(sampling.costly_grammars),
+                          grammar_s=sampling.grammar_seconds)
 
     def _compact(self, room_after: int) -> None:
         """Write every sequence back in consecutive cells (calls.py says why). Skipped where a
@@ -318,21 +284,6 @@ class LlamaRunner(Sampling, ImageSteps):
                 raise EngineFailed(f"the cache pool could not take back slot {slot_id}'s "
                                    f"{size} bytes while compacting it")
 
-    def _undo(self, plan: StepPlan, rc: int, n: int, saved) -> None:
-        """A call failed: the step's rows leave the cache (an earlier call's too), and the
-        error says why. llama.cpp places nothing when it finds no room (1) and removes the
-        ubatch it stopped in when interrupted (2); the rest is ours to remove."""
-        keep_none = rc not in (1, 2)
-        for chunk in plan.chunks:
-            first = -1 if keep_none else chunk.start_pos
-            C.llama_memory_seq_rm(self.memory, chunk.slot_id, first, -1)
-        if rc == 1:
-            raise CacheFull(f"no free cache cells for a batch of {n} tokens")
-        if rc == 2:
-            raise Interrupted(f"a step of {n} tokens was interrupted", saved)
-        raise DecodeError(f"llama_decode returned {rc} for a batch of {n} tokens "
-                          f"from {len(plan.chunks)} sequences")
-
     def _cut(self, slot_id: int, keep: int) -> bool:
         """The slot's sequence cut back to its first `keep` tokens; where llama.cpp cannot (a
         recurrent state holds no earlier position), cleared instead, and False."""
@@ -340,6 +291,10 @@ class LlamaRunner(Sampling, ImageSteps):
             return True
         C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         return False
+
+    def encode_ahead(self, images: list) -> None:
+        """The images admission waits for, encoded on the projector's thread (image_steps.py)."""
+        self.images.encode_ahead(images)
 
     def interrupt(self) -> None:
         """Any thread: stop the decode in flight at its next graph node (CPU backend), or the
@@ -379,13 +334,12 @@ class LlamaRunner(Sampling, ImageSteps):
             return self._embedder
 
     def close(self) -> None:
-        self._close_images()
+        if self.images is not None:
+            self.images.close()
+            self.images = None
         if self._embedder is not None:
             self._embedder.close()
-        for chain in (*self.samplers.values(), *self.grammars.values()):
-            C.llama_sampler_free(chain)
-        self.samplers.clear()
-        self.grammars.clear()
+        self.sampling.close()
         if self.ctx:
             C.llama_batch_free(self.batch)
             C.llama_free(self.ctx)

@@ -21,6 +21,7 @@ import llama_cpp as C
 from localserve.engine.errors import RowsRefused
 from localserve.engine.image_rows import image_row
 from localserve.engine.plan import SeqChunk, StepPlan
+from localserve.engine.runner.batch import fill_tokens, undo_step
 
 if TYPE_CHECKING:  # mtmd's library loads only for a model with a projector
     from localserve.engine.runner.images import ImageInput, Projector
@@ -43,17 +44,19 @@ def image_runs(tokens: list[int], end: int) -> list[tuple[int, int, int | None]]
     return runs
 
 
-class ImageSteps:
-    """Mixed into LlamaRunner: `projector` (None for a text model), `embd_batch`."""
+class ImagePlacer:
+    """A step's image rows, for a model given a projector (--mmproj): the projector, and a
+    batch of embeddings beside the runner's batch of tokens (`token_batch`, which the text
+    before an image goes through)."""
 
-    projector: Projector | None = None
+    def __init__(self, mmproj: str, model, ctx, token_batch, n_batch: int, n_threads: int,
+                 on_gpu: bool):
+        from localserve.engine.runner.images import Projector
 
-    def _open_images(self, mmproj: str | None, n_threads: int) -> None:
-        if mmproj:
-            from localserve.engine.runner.images import Projector
-
-            self.projector = Projector(mmproj, self.model, n_threads, self.n_gpu_layers > 0)
-            self.embd_batch = C.llama_batch_init(self.config.n_batch, self.n_embd, 1)
+        self.ctx, self.memory, self.token_batch = ctx, C.llama_get_memory(ctx), token_batch
+        self.n_embd = C.llama_model_n_embd(model)
+        self.projector = Projector(mmproj, model, n_threads, on_gpu)
+        self.embd_batch = C.llama_batch_init(n_batch, self.n_embd, 1)
 
     def encode_ahead(self, images: list) -> None:
         """Runner.encode_ahead: the images admission waits for, to the projector's encoder
@@ -61,13 +64,11 @@ class ImageSteps:
         for image in images:
             self.projector.encode_later(image, self.n_embd)
 
-    def _close_images(self) -> None:
-        if self.projector is not None:
-            C.llama_batch_free(self.embd_batch)
-            self.projector.close()
-            self.projector = None
+    def close(self) -> None:
+        C.llama_batch_free(self.embd_batch)
+        self.projector.close()
 
-    def _place_images(self, plan: StepPlan, saved) -> tuple[StepPlan, float]:
+    def place(self, plan: StepPlan, saved) -> tuple[StepPlan, float]:
         """Decode every chunk's rows up to its last image row; the plan of what is left, and
         the seconds spent in llama_decode. A chunk whose images cannot be placed is refused
         before anything is decoded (RowsRefused): its request alone ends."""
@@ -99,7 +100,7 @@ class ImageSteps:
             if h is None:
                 continue
             image = chunk.request.images.get(h)
-            if image is None or self.projector is None:
+            if image is None:
                 return "a step reached an image this model cannot place"
             if image.failed is not None:
                 return image.failed
@@ -111,8 +112,8 @@ class ImageSteps:
     def _decode_run(self, plan, chunk: SeqChunk, start: int, stop: int, h, saved) -> float:
         image: ImageInput | None = None
         if h is None:
-            n, _ = self._fill([(chunk, start, stop)])
-            batch = self.batch
+            n, _ = fill_tokens(self.token_batch, [(chunk, start, stop)])
+            batch = self.token_batch
         else:  # _unplaceable checked its rows can be placed
             image = chunk.request.images.get(h)
             n, batch = stop - start, image_rows(
@@ -123,7 +124,7 @@ class ImageSteps:
             rc = C.llama_decode(self.ctx, batch)
         spent = time.perf_counter() - started
         if rc != 0:
-            self._undo(plan, rc, n, saved)
+            undo_step(self.memory, plan, rc, n, saved)
         return spent
 
 

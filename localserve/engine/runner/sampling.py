@@ -1,7 +1,8 @@
 """Sampling, the runner's half of a step after llama_decode: each row with its slot's own
 sampler chain, grammars checked outside the chain (llama.cpp aborts the process when a grammar
 accepts a token it forbids), and drafted rows accepted while they hold (drafts.py).
-A mixin of LlamaRunner: it uses its context, vocabulary and per-slot samplers."""
+SlotSamplers owns every slot's chain and grammar and what this step's grammars cost; the runner
+(core.py) starts a slot's when it admits a request and asks it for each sampled row."""
 
 from __future__ import annotations
 
@@ -16,16 +17,16 @@ import numpy as np
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
 from localserve.engine.errors import DecodeError
-from localserve.engine.logits import CANDIDATE, fill_candidates, sample_softmax
+from localserve.engine.logits import CANDIDATE, fill_candidates, log_probs, sample_softmax
 from localserve.engine.plan import SeqChunk
-from localserve.engine.request import SamplingParams
+from localserve.engine.request import Request, SamplingParams
 
 log = logging.getLogger("localserve.llama")
 
 # The most one whole-vocabulary grammar pass may take, in this thread's CPU time (not the
 # wall clock: a busy machine must not turn a sound grammar into a refusal): checked from the
 # grammar's start before admission (grammar_error), and for every token it constrains after
-# (_sample: a grammar cheap at its start can turn costly one literal later). A pass costs in
+# (sample: a grammar cheap at its start can turn costly one literal later). A pass costs in
 # proportion to the vocabulary: 1 us per entry, at least 50 ms (SmolLM's 49,152 tokens: 50 ms;
 # Gemma 3's 262,144: 262 ms). A JSON schema's grammar takes a few milliseconds on SmolLM,
 # 1,500 alternatives of `[0-9]* "#I"` over 400.
@@ -40,12 +41,58 @@ GRAMMAR_WINDOW = 8
 SAMPLE_TOKENS = 2048  # about how many tokens, spread over the vocabulary, the first pass takes
 
 
-class Sampling:
+class SlotSamplers:
+    """Per slot: its sampler chain, its grammar (outside the chain) and its top-N
+    log-probabilities; per step: which slots' grammars cost too much (costly_grammars) and the
+    CPU seconds each slot's grammar took (grammar_seconds, billed to its user)."""
+
+    def __init__(self, ctx, vocab):
+        self.ctx, self.vocab = ctx, vocab
+        self.n_vocab = C.llama_vocab_n_tokens(vocab)
+        self.chains: dict[int, C.llama_sampler_p] = {}
+        self.argmax_slots: set[int] = set()  # greedy alone: the logits' argmax
+        self.softmax_slots: dict = {}  # temperature alone: (temperature, rng)
+        self._softmax_scratch = np.empty(self.n_vocab, dtype=np.float32)
+        self.grammars: dict[int, C.llama_sampler_p] = {}
+        self.costly_grammars: set[int] = set()  # this step's slots over the grammar bound
+        self.grammar_seconds: dict[int, float] = {}  # this step's grammar CPU s per slot
+        self.grammar_costs: dict[int, deque] = {}  # per slot: its last tokens' grammar CPU s
+        self._candidates = (C.llama_token_data * self.n_vocab)()  # reused for grammar rows
+        self._candidate_view = np.frombuffer(self._candidates, dtype=CANDIDATE)
+        self._one = (C.llama_token_data * 1)()
+        self.logprob_n: dict[int, int | None] = {}  # top-N log-probabilities wanted
+
+    def start(self, slot_id: int, request: Request) -> None:
+        """The slot's sampling for the request it was given: a new chain that has seen the
+        request's tokens (its penalties), its grammar advanced over the output so far."""
+        self._new_sampler(slot_id, request.params, request.all_tokens)
+        self._new_grammar(slot_id, request.params.grammar, request.output_tokens)
+        self.logprob_n[slot_id] = request.params.logprobs
+
+    def new_step(self) -> None:
+        self.costly_grammars, self.grammar_seconds = set(), {}
+
+    def logprobs(self, rows: list[tuple[SeqChunk, int]], sampled: dict[int, list[int]]) -> dict:
+        """The top-N log-probabilities of each row whose slot asked for them (the first token
+        sampled from it)."""
+        return {c.slot_id: log_probs(self._row_logits(row), sampled[c.slot_id][0],
+                                     self.logprob_n[c.slot_id])
+                for c, row in rows if self.logprob_n.get(c.slot_id) is not None}
+
+    def is_eog(self, token: int) -> bool:
+        return bool(C.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        for chain in (*self.chains.values(), *self.grammars.values()):
+            C.llama_sampler_free(chain)
+        self.chains.clear()
+        self.grammars.clear()
+
     def _new_sampler(self, slot_id: int, p: SamplingParams, history: list[int]) -> None:
         """A sampler chain in llama.cpp's usual order: penalties, top-k, typical-p, top-p, min-p,
         temp, dist (or temp, Mirostat).
         Penalties see the history (prompt, plus output so far for a preempted request)."""
-        old = self.samplers.pop(slot_id, None)
+        old = self.chains.pop(slot_id, None)
         if old is not None:
             C.llama_sampler_free(old)
         chain = C.llama_sampler_chain_init(C.llama_sampler_chain_default_params())
@@ -81,7 +128,7 @@ class Sampling:
             for token in history[-p.penalty_last_n:] if p.penalty_last_n > 0 else history:
                 if token >= 0:  # an image's rows are no token (images.py)
                     C.llama_sampler_accept(chain, token)
-        self.samplers[slot_id] = chain
+        self.chains[slot_id] = chain
         # Greedy alone (no bias, no penalties) picks the first largest logit, which numpy
         # reads in place; llama_sampler_sample first copies the whole vocabulary into a
         # candidate array for every row, drafted rows included: 0.51 ms against 0.04 ms a row
@@ -172,12 +219,12 @@ class Sampling:
         C.llama_sampler_apply(grammar, ctypes.byref(arr))
         return math.isfinite(one[0].logit)
 
-    def _sample(self, slot_id: int, row: int) -> int:
+    def sample(self, slot_id: int, row: int) -> int:
         """Sample this row's token. With a grammar, as llama.cpp's common_sampler_sample does:
         sample freely, check only that token against the grammar, and only when it is
         refused apply the grammar to the whole vocabulary and sample again. A token that took
         more than grammar_budget() of CPU to constrain puts its slot in costly_grammars."""
-        chain, grammar = self.samplers[slot_id], self.grammars.get(slot_id)
+        chain, grammar = self.chains[slot_id], self.grammars.get(slot_id)
         if grammar is None:
             return self._free_sample(chain, slot_id, row)
         started = time.thread_time()
@@ -239,13 +286,13 @@ class Sampling:
     def _row_logits(self, row: int) -> np.ndarray:
         return np.ctypeslib.as_array(C.llama_get_logits_ith(self.ctx, row), shape=(self.n_vocab,))
 
-    def _sample_drafted(self, chunk: SeqChunk, first_row: int) -> list[int]:
+    def sample_drafted(self, chunk: SeqChunk, first_row: int) -> list[int]:
         """Sample row after row while each token equals the draft it checks (the scheduler
         plans the failed drafts' rows out of the cache: StepPlan.trims)."""
         drafts = chunk.tokens[-chunk.drafts:]
         out: list[int] = []
         for k in range(chunk.drafts + 1):
-            token = self._sample(chunk.slot_id, first_row + k)
+            token = self.sample(chunk.slot_id, first_row + k)
             out.append(token)
             if k == chunk.drafts or token != drafts[k] or self.is_eog(token):
                 break
