@@ -205,3 +205,29 @@ def test_a_hybrids_recurrent_states_count_whatever_the_context():
     assert sum(needs(hybrid, [card(15)], (), FIT_MIN_CTX, 33)) > \
         sum(needs(attention_only, [card(15)], (), FIT_MIN_CTX, 33)) + 10.9 * GIB
     assert_largest(hybrid, [card(15)], chosen)
+
+
+@pytest.mark.parametrize("ctx_size", [0, 2048])
+def test_the_start_reads_the_files_cache_figures_once_at_the_chosen_context(monkeypatch, ctx_size):
+    """Choosing the context and checking memory at it ask llama.cpp once (each ask reads the
+    file's header: 0.5-0.8 s on Gemma 3); the figures carried are those at the chosen context,
+    and a choice of another context than asked asks again at it."""
+    from dataclasses import replace
+
+    from localserve.common.config import Settings, resolve_model
+    from localserve.engine import runner
+    from localserve.models.resources import check_memory, choose_context, needs_at
+
+    asked = []
+    real = runner.memory_needs
+    monkeypatch.setattr(runner, "memory_needs", lambda path, ctx, *a, **kw: asked.append(ctx)
+                        or real(path, ctx, *a, **kw))
+    settings, path = Settings(ctx_size=ctx_size), str(resolve_model(None))
+    choice = choose_context(settings, path, gpu_offload=False)
+    check_memory(settings, path, False, choice)
+    assert asked == [ctx_size]
+    assert choice.needs == real(path, choice.ctx_size, n_seq=settings.parallel,
+                                n_batch=settings.prefill_token_budget(False))
+    other = replace(choice, ctx_size=1024, needs=None)
+    assert needs_at(settings, path, other, False)["kv_bytes"] < choice.needs["kv_bytes"]
+    assert asked == [ctx_size, 1024]

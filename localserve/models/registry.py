@@ -29,7 +29,7 @@ from localserve.common.model_errors import (ModelUnavailable, NotEnoughMemory, N
                                             UnknownModel, WrongKind)
 from localserve.models.model_entry import Entry, ModelState, model_card, ready
 from localserve.models.model_specs import ModelSpec, model_specs, parse_size
-from localserve.models.resources import GIB, OVERHEAD_BYTES, cache_needs
+from localserve.models.resources import GIB, OVERHEAD_BYTES, needs_at
 from localserve.models.model_host import ModelHost
 from localserve.office.office import Office
 
@@ -277,8 +277,7 @@ class ModelRegistry:
         if entry.need_bytes is None:
             s, path = entry.host.settings, str(entry.host.model_file)
             context = await asyncio.to_thread(entry.host.context_choice, path)
-            needs = await asyncio.to_thread(cache_needs, s, path, context.ctx_size,
-                                            supports_gpu_offload())
+            needs = await asyncio.to_thread(needs_at, s, path, context, supports_gpu_offload())
             entry.need_bytes = needs["model_bytes"] + needs["kv_bytes"]
         return entry.need_bytes
 

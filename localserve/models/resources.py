@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 import psutil
 
@@ -14,6 +14,10 @@ from localserve.models.fit import (FIT_MIN_CTX, PROJECTOR_COMPUTE, Device, FitEr
                                    fit)
 from localserve.models.model_specs import find_model
 from localserve.models.gguf_meta import model_size
+
+# The context memory_needs simulates for a file that names no trained one and a -c of 0
+# (runner/model_file.py).
+ASKED_WITHOUT_CONTEXT = 4096
 
 GIB = 1024 ** 3
 # llama.cpp's compute buffers, the Python process and the HTTP side: a fixed allowance.
@@ -38,6 +42,9 @@ class ContextChoice:
     n_cpu_moe: int = 0  # the first layers whose experts stay in host memory (fit.py, flags)
     gpu_bytes: tuple[tuple[str, int, int], ...] = ()  # each device: name, needed, free
     kv_fixed_bytes: int = 0  # window layers' cells and recurrent states: not per token
+    # llama.cpp's figures at ctx_size (cache_needs), where they were asked at it: reading the
+    # file's header for them costs 0.1 s on a small model, 0.5-0.8 s on Gemma 3's vocabulary
+    needs: dict | None = field(default=None, compare=False, repr=False)
 
     def as_json(self) -> dict:
         return {"ctx_size": self.ctx_size, "n_ctx_train": self.n_ctx_train,
@@ -52,8 +59,23 @@ def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> Co
     """With layers on GPUs, fitted to their memory (fit.py, llama-server's --fit). Else -c as
     given; with -c 0 (the default) the model's trained context, bounded by the RAM free now
     less the weights, the caches that do not grow with the context and FIT_MARGIN_BYTES,
-    rounded down to 256 and never under FIT_MIN_CTX (or the trained context)."""
+    rounded down to 256 and never under FIT_MIN_CTX (or the trained context). The figures
+    asked for it come with the choice where its context is the one they were asked at."""
     needs = cache_needs(settings, model_path, settings.ctx_size, gpu_offload)
+    chosen = _choose(settings, model_path, gpu_offload, needs)
+    asked = settings.ctx_size or needs["n_ctx_train"] or ASKED_WITHOUT_CONTEXT
+    return replace(chosen, needs=needs) if chosen.ctx_size == asked else chosen
+
+
+def needs_at(settings: Settings, model_path: str, context: ContextChoice,
+             gpu_offload: bool) -> dict:
+    """cache_needs at the chosen context: the ones the choice carries, else asked."""
+    if context.needs is not None:
+        return context.needs
+    return cache_needs(settings, model_path, context.ctx_size, gpu_offload)
+
+
+def _choose(settings: Settings, model_path: str, gpu_offload: bool, needs: dict) -> ContextChoice:
     trained, per_token = needs["n_ctx_train"], max(needs["kv_bytes_per_token"], 1)
     fixed = needs["kv_fixed_bytes"]
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
@@ -140,7 +162,7 @@ def check_memory(settings: Settings, model_path: str, gpu_offload: bool,
     one-line summary for the start-up log. With layers on a GPU only the host share is
     checked here (the GPUs' was, by fit_to_gpus, where llama.cpp sees them)."""
     ctx_size = context.ctx_size
-    needs = cache_needs(settings, model_path, ctx_size, gpu_offload)
+    needs = needs_at(settings, model_path, context, gpu_offload)
     on_gpu = gpu_offload and settings.n_gpu_layers != 0
     host_bytes = OVERHEAD_BYTES + (0 if on_gpu else needs["model_bytes"] + needs["kv_bytes"])
     free = psutil.virtual_memory().available
