@@ -3,7 +3,7 @@
 conversation's turn 1, its follow-up, Regenerate, turn 1 again, then seven colleagues at once
 (every slot taken), the conversation's next turn brought back, and the one after. Each side
 runs its own defaults (-t alone given); printed: each answer equal or where it parts, and the
-cached prompt tokens each side reported.
+cached prompt tokens each side reported, of the prompt's.
 
 llama.cpp's numbers depend on how a prompt's rows are batched, and a random-weight model's
 near-ties turn the last bits into another token: equal text means both sides computed the same
@@ -38,13 +38,14 @@ QUESTIONS = ("Which printer is on the second floor?", "And who books the meeting
              "Thanks. When does the office close?", "And on Fridays?")
 
 
-def chat(url: str, messages: list[dict], max_tokens: int) -> tuple[str, int]:
+def chat(url: str, messages: list[dict], max_tokens: int) -> tuple[str, str]:
     r = httpx.post(url + "/v1/chat/completions", timeout=600, json={
         "messages": messages, "max_tokens": max_tokens, "temperature": 0})
     r.raise_for_status()
     body = r.json()
+    usage = body["usage"]
     return body["choices"][0]["message"]["content"], \
-        body["usage"]["prompt_tokens_details"]["cached_tokens"]
+        f'{usage["prompt_tokens_details"]["cached_tokens"]} of {usage["prompt_tokens"]}'
 
 
 async def colleagues(url: str, count: int) -> None:
@@ -55,7 +56,7 @@ async def colleagues(url: str, count: int) -> None:
 
 
 def conversation(url: str, max_tokens: int) -> list[tuple[str, str, int]]:
-    """(step, answer, cached tokens) for each step of the module's conversation."""
+    """(step, answer, "cached of prompt tokens") for each step of the module's conversation."""
     steps = []
 
     def turn(name, messages):
