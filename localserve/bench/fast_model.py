@@ -25,6 +25,14 @@ LLAMA3_TEMPLATE = (
     "\n\n{{ m['content'] | trim }}<|eot_id|>{% endfor %}"
     "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
 
+# ChatML, for a Qwen vocabulary (its <|im_start|> and <|im_end|> are special tokens there).
+CHATML_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# The vocabularies a model can be written with, by the architecture their file names: the
+# model is a Llama whatever the tokenizer (llama.cpp reads a tokenizer by its own keys).
+TEMPLATES = {"llama": LLAMA3_TEMPLATE, "qwen2": CHATML_TEMPLATE}
+
 QK4_0, Q4_0_BYTES = 32, 18
 
 
@@ -70,10 +78,10 @@ def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
 
     reader = gguf.GGUFReader(vocab_path)
     arch = reader.fields["general.architecture"].contents()
-    if arch != "llama":
-        raise SystemExit(f"{vocab_path}: a Llama-architecture vocabulary is needed, not {arch}")
+    if arch not in TEMPLATES:
+        raise SystemExit(f"{vocab_path}: a Llama or Qwen vocabulary is needed, not {arch}'s")
     n_vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    writer = gguf.GGUFWriter(out_path, arch)
+    writer = gguf.GGUFWriter(out_path, "llama")
     writer.add_name(f"fast random {n_layer}x{n_embd}, vocab {n_vocab}")
     writer.add_context_length(n_ctx)
     writer.add_embedding_length(n_embd)
@@ -86,7 +94,7 @@ def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_vocab_size(n_vocab)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_Q4_0)
-    copy_tokenizer(reader, writer, LLAMA3_TEMPLATE)
+    copy_tokenizer(reader, writer, TEMPLATES[arch])
 
     rng = np.random.default_rng(seed)
     head_dim = n_embd // n_head
@@ -109,7 +117,7 @@ def write(vocab_path: str, out_path: str, n_layer: int = 2, n_embd: int = 256,
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("vocab", help="a vocabulary-only GGUF of a Llama-architecture model")
+    parser.add_argument("vocab", help="a vocabulary-only GGUF of a Llama or Qwen model")
     parser.add_argument("out", help="where to write the model")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--embd", type=int, default=256)
