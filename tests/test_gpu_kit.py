@@ -13,9 +13,19 @@ import pytest
 
 from localserve.engine.runner import memory_needs
 from localserve.models.fit import Device, ModelSize, fit
-from localserve.models.gguf_meta import model_size
+from localserve.models.gguf_meta import model_size, string_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def llama_src() -> tuple[Path, dict]:
+    """scripts/llama-src's folder (gguf-py, the vocabularies), and an environment that runs
+    fast_model.py with its gguf-py."""
+    version = next(line.split('"')[1] for line in (ROOT / "scripts/setup").read_text().splitlines()
+                   if line.startswith("LLAMA_VERSION="))
+    src = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localserve" / \
+        f"llama-src-{version}"
+    return src, {**os.environ, "PYTHONPATH": f"{src / 'gguf-py'}:{ROOT}"}
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +34,8 @@ def eight_b_shape(tmp_path_factory) -> Path:
     shape is then written from them with two layers."""
     subprocess.run([str(ROOT / "scripts/make-fast-model")], check=True, stdout=subprocess.DEVNULL,
                    timeout=600)
-    version = next(line.split('"')[1] for line in (ROOT / "scripts/setup").read_text().splitlines()
-                   if line.startswith("LLAMA_VERSION="))
-    src = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "localserve" / \
-        f"llama-src-{version}"
+    src, env = llama_src()
     out = tmp_path_factory.mktemp("gpu") / "llama-8b-shape.gguf"
-    env = {**os.environ, "PYTHONPATH": f"{src / 'gguf-py'}:{ROOT}"}
     subprocess.run([sys.executable, "-m", "localserve.bench.fast_model",
                     str(src / "models/ggml-vocab-llama-bpe.gguf"), str(out), "--shape", "llama-8b",
                     "--layers", "2"], check=True, env=env, stdout=subprocess.DEVNULL, timeout=600)
@@ -55,3 +61,27 @@ def test_the_gpu_script_parses_and_refuses_what_it_does_not_know():
     refused = subprocess.run([str(ROOT / "scripts/bench-gpu"), "--bogus"], capture_output=True,
                              text=True)
     assert refused.returncode == 2 and "usage: scripts/bench-gpu" in refused.stderr
+
+
+def test_a_qwen_vocabulary_makes_a_llama_with_chatml_and_other_vocabularies_are_refused(
+        eight_b_shape, tmp_path):
+    """The second fast model of issue 82 (scripts/make-fast-model qwen2 --layers 4 --embd
+    512): a Llama whatever the tokenizer, Qwen's 151,936 tokens, a ChatML template; a
+    vocabulary of another family (BERT's) is refused by name."""
+    src, env = llama_src()
+
+    def write(vocab: str, out: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "localserve.bench.fast_model",
+                               str(src / f"models/ggml-vocab-{vocab}.gguf"), str(out),
+                               "--embd", "64"], env=env, capture_output=True, text=True,
+                              timeout=600)
+
+    made = write("qwen2", tmp_path / "qwen.gguf")
+    assert made.returncode == 0, made.stderr
+    size = model_size(tmp_path / "qwen.gguf")
+    assert (size["n_vocab"], size["n_embd"]) == (151_936, 64)
+    meta = string_metadata(tmp_path / "qwen.gguf")
+    assert meta["general.architecture"] == "llama"
+    assert meta["tokenizer.chat_template"].startswith("{% for m in messages %}<|im_start|>")
+    refused = write("bert-bge", tmp_path / "bert.gguf")
+    assert refused.returncode != 0 and "not bert's" in refused.stderr
