@@ -286,11 +286,21 @@ class LlamaRunner:
 
     def _cut(self, slot_id: int, keep: int) -> bool:
         """The slot's sequence cut back to its first `keep` tokens; where llama.cpp cannot (a
-        recurrent state holds no earlier position), cleared instead, and False."""
-        if C.llama_memory_seq_rm(self.memory, slot_id, keep, -1):
+        recurrent state holds no earlier position), or where a window layer no longer holds
+        what the next position sees, cleared instead, and False."""
+        if C.llama_memory_seq_rm(self.memory, slot_id, keep, -1) and self._window_whole(
+                slot_id, keep):
             return True
         C.llama_memory_seq_rm(self.memory, slot_id, -1, -1)
         return False
+
+    def _window_whole(self, slot_id: int, keep: int) -> bool:
+        """Whether a sliding-window model's window layers still hold every position the one
+        at `keep` sees (from keep - window + 1 on: llama.cpp reuses the cells a batch's rows no
+        longer see, the sequence's oldest first)."""
+        if self.memory_kind != "sliding-window":
+            return True
+        return C.llama_memory_seq_pos_min(self.memory, slot_id) <= max(0, keep - self.n_swa + 1)
 
     def encode_ahead(self, images: list) -> None:
         """The images admission waits for, encoded on the projector's thread (image_steps.py)."""
