@@ -31,7 +31,10 @@ _WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the 
           "no drafting and no step stopped midway (their rows could not be taken out again)")
 MEMORY_KINDS = {
     "attention": "attention only: a slot's cache is cut back to any shared prefix",
-    "sliding-window": "sliding-window layers keep their window only (as llama-server's): " + _WHOLE,
+    "sliding-window": "sliding-window layers keep their window only (as llama-server's): a "
+                      "slot's cache is reused whole, each prompt's checkpoint goes to the prompt "
+                      "cache, no step stopped midway (its rows could not be taken out again), "
+                      "no drafting (greedy answers kept as llama-server's: docs/flags.md)",
     "hybrid": "a recurrent state beside attention: " + _WHOLE,
     "recurrent": "a recurrent state: " + _WHOLE,
 }
