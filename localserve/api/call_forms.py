@@ -64,12 +64,12 @@ def named_calls(text: str, form: NamedCalls) -> list[dict]:
 
 
 def call_head(form: NamedCalls):
-    """How a call's NAME and separator are written in the form's grammar (for
-    tool_formats.named_calls): Kimi's as functions.NAME:INDEX, the separator after the index."""
+    """How a call's NAME and separator are written in the form's grammar, where not as one
+    literal (for tool_formats.named_calls; None: as one): Kimi's as functions.NAME:INDEX, the
+    separator after the index."""
     if not form.indexed:
-        return json.dumps
-    return lambda written: (f'{json.dumps("functions." + written[:-len(form.separator)] + ":")}'
-                            f' [0-9] {json.dumps(form.separator)}')
+        return None
+    return lambda name, between: f'{json.dumps(f"functions.{name}:")} [0-9] {json.dumps(between)}'
 
 
 def named_grammar(calls: str, rules: list[str], form: NamedCalls, most: int) -> str:

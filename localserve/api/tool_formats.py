@@ -106,18 +106,20 @@ def wrap_grammar(call_gbnf: str, fmt: NativeFormat, most: int) -> str:
 
 
 def named_calls(tool_grammars: list[tuple[str, str]], between: str,
-                head=json.dumps) -> tuple[str, list[str]]:
+                head=None) -> tuple[str, list[str]]:
     """A call written as NAME, `between`, then its arguments' JSON (harmony's, Mistral's
     [ARGS] form, call_forms.NAMED's): (the alternatives over the tools, the rules they use).
     tool_grammars: (name, its JSON schema's GBNF with its `root`), each one's rules prefixed so
-    none collide; `head(NAME + between)`: how the call's name is written (a literal)."""
+    none collide; `head(NAME, between)`, where given: how the call's name and `between` are
+    written (else as one literal)."""
     rules, calls = [], []
     for i, (name, gbnf) in enumerate(tool_grammars):
         prefix = f"t{i}-"
         for defined in dict.fromkeys(re.findall(r"^([\w-]+)\s*::=", gbnf, re.MULTILINE)):
             gbnf = rename_rule(gbnf, defined, prefix + defined)
         rules.append(gbnf)
-        calls.append(f"{head(name + between)} {prefix}root")
+        written = head(name, between) if head else json.dumps(name + between)
+        calls.append(f"{written} {prefix}root")
     return "(" + " | ".join(calls) + ")", rules
 
 
