@@ -15,10 +15,6 @@ from localserve.models.fit import (FIT_MIN_CTX, PROJECTOR_COMPUTE, Device, FitEr
 from localserve.models.model_specs import find_model
 from localserve.models.gguf_meta import model_size
 
-# The context memory_needs simulates for a file that names no trained one and a -c of 0
-# (runner/model_file.py).
-ASKED_WITHOUT_CONTEXT = 4096
-
 GIB = 1024 ** 3
 # llama.cpp's compute buffers, the Python process and the HTTP side: a fixed allowance.
 OVERHEAD_BYTES = 512 * 1024 ** 2
@@ -63,8 +59,7 @@ def choose_context(settings: Settings, model_path: str, gpu_offload: bool) -> Co
     asked for it come with the choice where its context is the one they were asked at."""
     needs = cache_needs(settings, model_path, settings.ctx_size, gpu_offload)
     chosen = _choose(settings, model_path, gpu_offload, needs)
-    asked = settings.ctx_size or needs["n_ctx_train"] or ASKED_WITHOUT_CONTEXT
-    return replace(chosen, needs=needs) if chosen.ctx_size == asked else chosen
+    return replace(chosen, needs=needs) if chosen.ctx_size == needs["ctx_size"] else chosen
 
 
 def needs_at(settings: Settings, model_path: str, context: ContextChoice,

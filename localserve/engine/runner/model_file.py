@@ -104,7 +104,8 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
     return {"model_bytes": os.path.getsize(model_path),
             "kv_bytes": round(per_token * (ctx_size or cells)) + fixed,
             "kv_bytes_per_token": round(per_token), "kv_fixed_bytes": fixed,
-            "f16_bytes_per_token": round(f16_per_token), "n_ctx_train": n_ctx_train}
+            "f16_bytes_per_token": round(f16_per_token), "n_ctx_train": n_ctx_train,
+            "ctx_size": ctx_size or cells}  # the context kv_bytes counts
 
 
 def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: str,
