@@ -40,7 +40,7 @@ def _up_parser(sub) -> None:
 # llama-server flags that turn on what localserve always does: taken, changing nothing, and
 # said so in one log line at start-up.
 NO_OP_FLAGS = {
-    ("-kvu", "--kv-unified"): "the slots always share one cache pool",
+    ("-kvu", "--kv-unified"): "the slots share one cache pool unless --no-kv-unified",
     ("-cb", "--cont-batching"): "batching is always continuous",
     ("--jinja",): "chat templates are always rendered with Jinja",
     ("--metrics",): "/metrics is always served",

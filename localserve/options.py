@@ -122,6 +122,10 @@ GROUPS: dict[str, list[Option]] = {
         Option("swa_full", ("--swa-full",), "a sliding-window model's window layers keep every "
                "position, as llama-server's --swa-full: several times their cache, and the "
                "model then gets drafting and prefix reuse as a pure-attention one does"),
+        Option("kv_unified", ("-no-kvu", "--no-kv-unified"), "a cache stream of -c / -np "
+               "tokens for each slot, as llama-server's at an explicit -np: nothing borrowed, "
+               "each slot's rows attend over its own cells only (faster long prompts side by "
+               "side, greedy answers that do not depend on the neighbours: docs/flags.md)"),
         Option("max_queue", ("--max-queue",), "waiting requests beyond this get HTTP 503 + "
                "Retry-After"),
         Option("queue_timeout", ("--queue-timeout",), "seconds a request may wait for a slot "

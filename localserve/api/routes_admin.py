@@ -195,7 +195,7 @@ async def props(request: Request, model: str | None = None):
     return {
         **host.facts,
         "ctx_size": pool.ctx_size, "n_slots": pool.n_slots, "n_ctx_per_slot": pool.n_ctx_per_slot,
-        "kv_unified": True, "split": pool.split, "n_ctx_guaranteed": pool.guarantee,
+        "kv_unified": s.kv_unified, "split": pool.split, "n_ctx_guaranteed": pool.guarantee,
         "context": host.context.as_json() if host.context else None,
         "total_slots": pool.n_slots,  # llama-server's name for n_slots
         "modalities": {"vision": host.reads_images, "audio": False},  # llama-server's

@@ -59,6 +59,7 @@ class Settings:
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
     swa_full: bool = False  # window layers keep every position: 4x their cache, cut back freely
+    kv_unified: bool = True  # one pool the slots share; False: a cache stream per slot
     max_queue: int | None = 64  # waiting requests beyond this get 503 at once
     queue_timeout: float | None = None  # seconds a request may wait for a slot
     n_gpu_layers: int | None = None  # None: every layer when the build can offload, else 0

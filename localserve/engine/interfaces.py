@@ -93,4 +93,5 @@ class RunnerConfig:
     cache_type_v: str = "f16"
     flash_attn: str = "auto"
     swa_full: bool = False  # window layers keep every position (llama-server's --swa-full)
+    kv_unified: bool = True  # one pool for every slot; False: a stream of ctx_size / n_slots each
     mmproj: str | None = None  # the model's projector: images in prompts (runner/images.py)

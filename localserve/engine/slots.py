@@ -169,18 +169,22 @@ class SlotPool:
     all, and nothing is copied from another slot (reuse.py). `window`: a sliding-window
     model's window, within which a slot's sequence can still be cut back (none of its cells
     has left the window yet: llama-server's rule, the cache's oldest position at most the cut
-    point less the window)."""
+    point less the window).
+    `streams`: each slot has a cache stream of its guarantee instead (llama.cpp without
+    kv_unified, llama-server's at an explicit -np): nothing is borrowed, and no slot's cells
+    slow or crowd another's, so idle ones stay where they are (PoolKeeper.park_idle)."""
 
     def __init__(self, ctx_size: int, n_slots: int, n_ctx_per_slot: int | None = None,
-                 cuts_back: bool = True, window: int = 0):
+                 cuts_back: bool = True, window: int = 0, streams: bool = False):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
         if n_ctx_per_slot is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size, self.cuts_back, self.window = ctx_size, cuts_back, window
-        self.guarantee = ctx_size // n_slots
-        self.n_ctx_per_slot = min(n_ctx_per_slot or self.guarantee, ctx_size)
+        self.guarantee, self.streams = ctx_size // n_slots, streams
+        self.n_ctx_per_slot = self.guarantee if streams else min(n_ctx_per_slot or self.guarantee,
+                                                                  ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
 
     @property
@@ -196,6 +200,9 @@ class SlotPool:
         return max(0, slot.n_cached - self.guarantee)
 
     def describe(self) -> str:
+        if self.streams:
+            return (f"{len(self.slots)} slots, each with a cache stream of its own "
+                    f"{self.guarantee} tokens (--no-kv-unified: nothing borrowed)")
         return (f"{len(self.slots)} slots sharing one cache pool of {self.ctx_size} tokens, "
                 f"{self.guarantee} guaranteed to each; one request may use up to "
                 f"{self.n_ctx_per_slot} by borrowing cells the others do not use")

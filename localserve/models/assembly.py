@@ -52,14 +52,15 @@ def new_runner(s: Settings, model_path: str, context: ContextChoice,
         tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
                                     s.override_tensor),
         cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
-        swa_full=s.swa_full,
+        swa_full=s.swa_full, kv_unified=s.kv_unified,
         mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
 
 
 def new_pool(s: Settings, runner: LlamaRunner, context: ContextChoice) -> SlotPool:
     """One pool of the context llama.cpp made (it may round -c up), each slot guaranteed
-    its share; one request may use the model's trained context, at most the pool."""
-    made = runner.pool_cells  # unified: the whole pool
+    its share; one request may use the model's trained context, at most the pool (with
+    --no-kv-unified: its slot's stream)."""
+    made = runner.pool_cells
     if made != context.ctx_size:
         log.info("llama.cpp made a cache of %d tokens for -c %d", made, context.ctx_size)
     trained = runner.n_ctx_train
@@ -68,7 +69,7 @@ def new_pool(s: Settings, runner: LlamaRunner, context: ContextChoice) -> SlotPo
                     "one request may use %d", made, trained, trained)
     window = runner.n_swa if runner.memory_kind == "sliding-window" else 0
     return SlotPool(made, s.parallel, n_ctx_per_slot=min(made, trained or made),
-                    cuts_back=runner.cuts_back, window=window)
+                    cuts_back=runner.cuts_back, window=window, streams=not s.kv_unified)
 
 
 def new_prompt_cache(s: Settings, runner: LlamaRunner, model_id: str,

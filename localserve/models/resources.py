@@ -99,14 +99,15 @@ def _choose(settings: Settings, model_path: str, gpu_offload: bool, needs: dict)
 
 def cache_needs(settings: Settings, model_path: str, ctx_size: int, gpu_offload: bool) -> dict:
     """runner.memory_needs for the context the runner will make (core.py): a sequence per
-    slot, the window layers' rule, the physical batch (a window layer holds it beside each
+    slot, in one pool or a stream each, the window layers' rule, the physical batch (a window layer holds it beside each
     sequence's window). A file llama.cpp cannot read stops the start."""
     from localserve.engine.runner import memory_needs
 
     try:
         return memory_needs(model_path, ctx_size, settings.cache_type_k, settings.cache_type_v,
                             n_seq=settings.parallel, swa_full=settings.swa_full,
-                            n_batch=settings.prefill_token_budget(gpu_offload))
+                            n_batch=settings.prefill_token_budget(gpu_offload),
+                            kv_unified=settings.kv_unified)
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
 

@@ -31,7 +31,8 @@ never pays for it.
 
 Both apply only where the model runs on the CPU (no layer offloaded): they answer the CPU
 kernel's tiling, and with offload neither the second call nor copying every sequence out of
-VRAM and back was measured (no GPU has run this project).
+VRAM and back was measured (no GPU has run this project). Neither applies with a cache stream
+per slot (--no-kv-unified): each sequence's rows attend over its own stream's cells only.
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ def interleaved(call: list[Span]) -> int:
 
 def one_call(plan: StepPlan) -> list[list[Span]]:
     return [[(chunk, 0, len(chunk.tokens)) for chunk in plan.chunks]]
+
+
+def stream_call(plan: StepPlan) -> list[list[Span]]:
+    """One call, its sequences in slot order: with a cache stream per slot, llama.cpp splits
+    a batch into ubatches of sequences whose ids follow one another (llama_batch_allocr's
+    split_equal), so slot order makes the fewest."""
+    return [[(chunk, 0, len(chunk.tokens)) for chunk in sorted(plan.chunks,
+                                                                key=lambda c: c.slot_id)]]
 
 
 def decode_calls(plan: StepPlan) -> list[list[Span]]:

@@ -22,7 +22,8 @@ from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context
                                                  reset_load_progress, supports_gpu_offload)
 from localserve.engine.plan import StepOutput, StepPlan
 from localserve.engine.runner.batch import fill_tokens, undo_step
-from localserve.engine.runner.calls import compacts, decode_calls, interleaved, one_call
+from localserve.engine.runner.calls import (compacts, decode_calls, interleaved, one_call,
+                                            stream_call)
 from localserve.engine.runner.image_steps import ImagePlacer
 from localserve.engine.runner.interrupt import StepInterrupt
 from localserve.engine.runner.placement import TensorOverrides
@@ -71,7 +72,8 @@ class LlamaRunner:
         self.n_vocab = C.llama_vocab_n_tokens(self.vocab)
         threads = config.n_threads or os.cpu_count() or 1
         cparams = context_params(config.ctx_size, config.n_slots, config.n_batch,
-                                 config.cache_type_k, config.cache_type_v, config.swa_full)
+                                 config.cache_type_k, config.cache_type_v, config.swa_full,
+                                 config.kv_unified)
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -81,10 +83,12 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
-        self.cpu_tiles = self.n_gpu_layers == 0  # CPU flash attention's tiles (calls.py)
+        # CPU flash attention's tiles over one pool (calls.py); a stream per slot has its own
+        self.cpu_tiles = self.n_gpu_layers == 0 and config.kv_unified
         self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted
         self._interrupt = StepInterrupt(self.ctx)
-        self.pool_cells = C.llama_n_ctx_seq(self.ctx)  # the most one sequence holds: the pool
+        self.pool_cells = C.llama_n_ctx(self.ctx)  # every slot's cells together
+        self.slot_cells = C.llama_n_ctx_seq(self.ctx)  # the most one sequence holds
         # an embedding context of one slot's share: its cache is a second one, beside the pool
         self.n_ctx_embedding = max(64, self.pool_cells // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
@@ -246,7 +250,7 @@ class LlamaRunner:
         whole, decode_s = plan, 0.0
         if self.images is not None:  # image rows first, in order (image_steps.py)
             plan, decode_s = self.images.place(plan, saved)
-        for call in decode_calls(plan) if self.cpu_tiles else one_call(plan):  # calls.py
+        for call in self._calls(plan):
             n, rows = fill_tokens(self.batch, call)
             started = time.perf_counter()
             rc = C.llama_decode(self.ctx, self.batch)
@@ -263,6 +267,12 @@ class LlamaRunner:
                           sample_s=time.perf_counter() - decoded,
                           costly_grammars=frozenset(sampling.costly_grammars),
                           grammar_s=sampling.grammar_seconds)
+
+    def _calls(self, plan: StepPlan):
+        """The plan's rows in llama_decode calls (calls.py)."""
+        if self.cpu_tiles:
+            return decode_calls(plan)
+        return one_call(plan) if self.config.kv_unified else stream_call(plan)
 
     def _compact(self, room_after: int) -> None:
         """Write every sequence back in consecutive cells (calls.py says why). Skipped where a

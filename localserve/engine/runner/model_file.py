@@ -71,7 +71,8 @@ FLASH_ATTN = {"on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_T
 
 
 def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v: str = "f16",
-                 n_seq: int = 1, swa_full: bool = False, n_batch: int = 512) -> dict:
+                 n_seq: int = 1, swa_full: bool = False, n_batch: int = 512,
+                 kv_unified: bool = True) -> dict:
     """Bytes the model and its caches will take at ctx_size tokens (0: its trained context)
     for n_seq sequences, asked of llama.cpp as llama-server's --fit asks it: the model's
     tensors described without their data (no_alloc) and a context of these settings
@@ -95,7 +96,7 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
         try:
             n_ctx_train = C.llama_model_n_ctx_train(model)
             cells = _simulate_context(model, ctx_size or n_ctx_train or 4096, n_seq, n_batch,
-                                      type_k, type_v, swa_full)
+                                      type_k, type_v, swa_full, kv_unified)
         finally:
             C.llama_model_free(model)
         per_token, fixed, f16_per_token = _cache_sizes(_PROBE.lines, cells)
@@ -109,16 +110,17 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
 
 
 def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: str,
-                   swa_full: bool):
+                   swa_full: bool, kv_unified: bool = True):
     """The context's memory settings, one function for the runner's context (core.py) and the
     one memory_needs simulates, so the estimate cannot drift from the load: one pool of n_ctx
-    cells for n_seq sequences (the scheduler keeps each slot's guarantee), window layers
-    keeping only their window unless swa_full, and the physical batch (a window layer holds
-    it beside each sequence's window)."""
+    cells for n_seq sequences (the scheduler keeps each slot's guarantee), or without
+    kv_unified a stream of n_ctx / n_seq cells for each, window layers keeping only their
+    window unless swa_full, and the physical batch (a window layer holds it beside each
+    sequence's window)."""
     cparams = C.llama_context_default_params()
     cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
     cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, 512)
-    cparams.kv_unified = True
+    cparams.kv_unified = kv_unified
     cparams.swa_full = swa_full
     cparams.type_k, cparams.type_v = CACHE_TYPES[type_k][0], CACHE_TYPES[type_v][0]
     return cparams
