@@ -8,6 +8,7 @@ six colleagues at once are answered; the start-up log and /props say which memor
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import subprocess
 from pathlib import Path
@@ -129,6 +130,12 @@ def test_the_memory_check_sizes_each_kind_as_llama_cpp_allocates_it():
     assert mamba["kv_bytes"] == 32768 * mamba["kv_bytes_per_token"] + mamba["kv_fixed_bytes"]
     if GEMMA.is_file():
         assert cache_needs(settings, str(GEMMA), 32768, False)["kv_bytes"] == 133.5 * 1024 ** 2
+        # --no-kv-unified: a stream per slot, llama.cpp's report one stream's cells: the
+        # global layers the same 96 MiB, each stream a window of 1,024 cells (60 MiB)
+        streams = cache_needs(dataclasses.replace(settings, kv_unified=False), str(GEMMA),
+                              32768, False)
+        assert streams["kv_bytes_per_token"] == 96 * 1024 ** 2 / 32768
+        assert streams["kv_fixed_bytes"] == 60 * 1024 ** 2
 
 
 def test_experts_kept_in_host_memory_by_flag_give_the_same_answer():

@@ -141,6 +141,7 @@ def _simulate_context(model, *settings) -> int:
 # What llama.cpp says of each cache it creates (llama-kv-cache.cpp, llama-memory-recurrent.cpp).
 _CACHE_SIZE = re.compile(r"^(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB "
                          r"\( *(\d+) cells")
+_STREAMS = re.compile(r"\d+/(\d+) seqs")  # sequences / cache streams (one per sequence: not unified)
 _KV_PARTS = re.compile(r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
 _MIB = 1024 ** 2
 
@@ -148,14 +149,16 @@ _MIB = 1024 ** 2
 def _cache_sizes(lines: list[str], cells: int) -> tuple[float, int, float]:
     """From a context's creation report: bytes per token of the caches as long as the context
     (layers that keep every position), bytes of the others (a sliding window's cells, for
-    every sequence, and recurrent states), and the first again were K and V f16."""
+    every sequence, and recurrent states), and the first again were K and V f16. Without a
+    unified cache llama.cpp reports one stream's cells and every stream's bytes."""
     per_token = f16_per_token = 0.0
     fixed = 0
     for line in lines:
         size = _CACHE_SIZE.match(line)
         if not size:
             continue
-        n_bytes, n_cells = float(size[2]) * _MIB, int(size[3])
+        streams = _STREAMS.search(line)  # a line's cells are one stream's
+        n_bytes, n_cells = float(size[2]) * _MIB, int(size[3]) * (int(streams[1]) if streams else 1)
         if size[1] != "llama_kv_cache" or n_cells < cells:
             fixed += round(n_bytes)
             continue
