@@ -7,7 +7,7 @@ import pytest
 from counting_prompts import counting
 from localserve.engine.plan import Admission, SeqChunk, StepPlan
 from localserve.engine.request import Request, SamplingParams
-from localserve.engine.runner.calls import QUERY_TILE_ROWS, compacts, decode_calls
+from localserve.engine.runner.calls import QUERY_TILE_ROWS, compacts, decode_calls, stream_call
 
 
 def chunk(slot, n, start=0, sample=True, drafts=0):
@@ -22,6 +22,14 @@ def shape(plan):
 def test_a_prompt_chunk_beside_other_streams_decode_rows_goes_in_a_call_of_its_own():
     plan = StepPlan([chunk(1, 1, start=300), chunk(2, 3, start=400, drafts=2), chunk(0, 200)])
     assert shape(plan) == [[(0, 0, 199)], [(1, 0, 1), (2, 0, 3), (0, 199, 200)]]
+
+
+def test_with_a_stream_per_slot_one_call_carries_the_rows_in_slot_order():
+    """llama.cpp splits a call over streams into ubatches of consecutive sequence ids: 0, 2, 3
+    in that order makes two ({0}, then {2, 3}), where 3, 0, 2 would make three."""
+    plan = StepPlan([chunk(3, 1, start=300), chunk(0, 200), chunk(2, 1, start=50)])
+    assert [[(c.slot_id, a, b) for c, a, b in call] for call in stream_call(plan)] == [
+        [(0, 0, 200), (2, 0, 1), (3, 0, 1)]]
 
 
 def test_a_prompt_chunk_that_samples_nothing_goes_whole_in_the_first_call():

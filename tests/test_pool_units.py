@@ -53,6 +53,22 @@ def test_one_request_may_borrow_past_its_guarantee_up_to_the_pool():
     assert len(out["big"]) == 30 and runner.max_used > 150
 
 
+def test_a_stream_per_slot_holds_its_share_and_keeps_an_idle_sequence_where_it_is():
+    """--no-kv-unified: nothing borrowed (at most the share, or the trained context below
+    it), and an idle slot's sequence stays in its stream (it costs the others nothing), where
+    one pool parks it in the prompt cache once a step computes for someone else."""
+    assert SlotPool(200, 2, n_ctx_per_slot=200, streams=True).n_ctx_per_slot == 100
+    assert SlotPool(200, 2, n_ctx_per_slot=60, streams=True).n_ctx_per_slot == 60
+    for streams, parked in ((True, 0), (False, 1)):
+        pool = SlotPool(200, 2, n_ctx_per_slot=200, streams=streams)
+        sched = Scheduler(pool, FakeVocab(), 64, prompt_cache=PromptCache(1 << 20))
+        runner = PositionalRunner(200)
+        run(sched, runner, {0: [request("first", 40, 4)]})
+        run(sched, runner, {0: [request("second", 40, 4, first=40)]})
+        assert sched.prefixes.prompt_cache.stats.saves == parked
+        assert all(s.n_cached for s in pool.slots) == (not parked)
+
+
 def test_a_borrower_gives_its_cells_back_to_a_request_within_its_guarantee_and_resumes_by_restoring():
     big = lambda: request("big", 150, 30)  # noqa: E731  borrows 80 cells past its 100
     small = lambda: request("small", 60, 10, first=40)  # noqa: E731  within its guarantee

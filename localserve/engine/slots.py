@@ -183,8 +183,8 @@ class SlotPool:
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size, self.cuts_back, self.window = ctx_size, cuts_back, window
         self.guarantee, self.streams = ctx_size // n_slots, streams
-        self.n_ctx_per_slot = self.guarantee if streams else min(n_ctx_per_slot or self.guarantee,
-                                                                  ctx_size)
+        self.n_ctx_per_slot = min(n_ctx_per_slot or self.guarantee,
+                                  self.guarantee if streams else ctx_size)
         self.slots = [Slot(i, self.n_ctx_per_slot) for i in range(n_slots)]
 
     @property

@@ -87,8 +87,7 @@ class LlamaRunner:
         self.cpu_tiles = self.n_gpu_layers == 0 and config.kv_unified
         self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted
         self._interrupt = StepInterrupt(self.ctx)
-        self.pool_cells = C.llama_n_ctx(self.ctx)  # every slot's cells together
-        self.slot_cells = C.llama_n_ctx_seq(self.ctx)  # the most one sequence holds
+        self.pool_cells = C.llama_n_ctx(self.ctx)  # every slot's cells (one pool, or streams)
         # an embedding context of one slot's share: its cache is a second one, beside the pool
         self.n_ctx_embedding = max(64, self.pool_cells // config.n_slots)
         self.batch = C.llama_batch_init(config.n_batch, 0, 1)
