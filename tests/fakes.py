@@ -86,6 +86,9 @@ class PositionalRunner:
     def interrupt(self):
         self.interrupting = True
 
+    def forget_interrupt(self):
+        self.interrupting = False
+
     def decode(self, plan):
         for slot_id, kept in plan.trims:
             del self.cache.setdefault(slot_id, [])[kept:]

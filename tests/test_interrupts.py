@@ -172,6 +172,26 @@ def test_no_step_of_tasks_is_made_while_a_chat_is_tokenized():
     assert len(got["title"]) == 8 and len(got["chat"]) == 8
 
 
+def test_a_stop_asked_after_a_step_ended_does_not_stop_the_next():
+    """interrupt() stops the decode in flight or else the next one: a chat that came as a step
+    of tasks ended (it read that step's rule) asked too late, and the next step, its own maybe,
+    runs (the loop forgets the stale stop before it publishes the next step's rule)."""
+    title = request("title", 100, n_prompt=4, background=True)
+    runner = ColleagueArrives(title, at_step=99, held_for=0)
+    loop = runner.loop = EngineLoop(scheduler(), runner)
+    done = threading.Event()
+    title.emit = lambda event: done.set() if event.finished else None
+    runner.interrupt()  # asked between steps, for none
+    loop.start()
+    try:
+        loop.submit(title)
+        assert done.wait(30), f"not finished: {runner.steps}"
+    finally:
+        loop.stop()
+        loop.join(10)
+    assert runner.steps[0] == (["title"], False)
+
+
 def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_again():
     """The chat is submitted once one step was stopped: the loop, waiting for it, stopped no
     other (planning and stopping again, it stops dozens while the chat comes), and woke when

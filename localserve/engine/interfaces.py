@@ -25,10 +25,12 @@ class Runner(Vocab, Protocol):
     """Runs one StepPlan as one batch. decode() returns a StepOutput (a token for every chunk
     with sample=True), or raises errors.DecodeError (errors.CacheFull: retry after evicting a
     sequence; errors.Interrupted: plan the same rows again). interrupt(), from any thread,
-    stops the decode in flight, or else the next one."""
+    stops the decode in flight, or else the next one; forget_interrupt() drops one no decode
+    has used yet."""
 
     def decode(self, plan: StepPlan) -> StepOutput: ...
     def interrupt(self) -> None: ...
+    def forget_interrupt(self) -> None: ...
     def encode_ahead(self, images: list) -> None: ...  # on a thread of its own; `ready` after
 
 

@@ -187,6 +187,9 @@ class EngineLoop(threading.Thread):
             return
         started = time.perf_counter()
         try:
+            # A chat that came as the last step ended asked it to stop, too late: that must
+            # not stop this one (the chat's own, maybe). Arrivals from here on are this step's.
+            self.runner.forget_interrupt()
             self.decoding, self.stop_rule = True, plan.stop_rule
             if self.stop_rule.tasks_only and (self.chats_on_their_way or not self.inbox.empty()):
                 self.runner.interrupt()  # planned just as a chat came: it stops at once

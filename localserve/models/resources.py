@@ -99,8 +99,9 @@ def _choose(settings: Settings, model_path: str, gpu_offload: bool, needs: dict)
 
 def cache_needs(settings: Settings, model_path: str, ctx_size: int, gpu_offload: bool) -> dict:
     """runner.memory_needs for the context the runner will make (core.py): a sequence per
-    slot, in one pool or a stream each, the window layers' rule, the physical batch (a window layer holds it beside each
-    sequence's window). A file llama.cpp cannot read stops the start."""
+    slot, in one pool or a stream each, the window layers' rule, the physical batch (a window
+    layer holds it beside each sequence's window). A file llama.cpp cannot read stops the
+    start."""
     from localserve.engine.runner import memory_needs
 
     try:

@@ -322,6 +322,10 @@ class LlamaRunner:
         if self.cuts_back:
             self._interrupt.request()
 
+    def forget_interrupt(self) -> None:
+        """One asked for after the last step ended (for it, too late) must not stop the next."""
+        self._interrupt.clear()
+
     def read_sequence(self, slot_id: int) -> tuple[object, int]:
         """A slot's sequence serialized (state, bytes), for the prompt cache."""
         return read_sequence(self.ctx, slot_id)

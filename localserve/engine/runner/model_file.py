@@ -141,7 +141,7 @@ def _simulate_context(model, *settings) -> int:
 # What llama.cpp says of each cache it creates (llama-kv-cache.cpp, llama-memory-recurrent.cpp).
 _CACHE_SIZE = re.compile(r"^(llama_kv_cache|llama_memory_recurrent): size = +([\d.]+) MiB "
                          r"\( *(\d+) cells")
-_STREAMS = re.compile(r"\d+/(\d+) seqs")  # sequences / cache streams (one per sequence: not unified)
+_STREAMS = re.compile(r"\d+/(\d+) seqs")  # sequences / streams (one per sequence: not unified)
 _KV_PARTS = re.compile(r"K \((\w+)\): +([\d.]+) MiB, V \((\w+)\): +([\d.]+) MiB")
 _MIB = 1024 ** 2
 
