@@ -156,6 +156,9 @@ class FatalInAnotherThread:
     def __init__(self):
         self.loop = None
 
+    def forget_interrupt(self):
+        pass  # nothing ever asks it to stop
+
     def decode(self, plan):
         threading.Thread(target=self.loop.fatal, args=("remote worker gone",)).start()
         threading.Event().wait()
