@@ -102,22 +102,25 @@ class ColleagueArrives(PositionalRunner):
             self.loop.submit(self.arrival)
 
 
-def serve(arrival, running, at_step=2, held_for=0, wait_s=None):
-    """The real loop thread, one request running, `arrival` submitted during step `at_step`
-    (or held: ColleagueArrives); the steps it ran and the tokens each request got. `wait_s`:
-    the loop's arrival window."""
+def serve(arrival, running, at_step=2, held_for=0, wait_s=None, stale_stop=False):
+    """The real loop thread, one request running, `arrival` (if any) submitted during step
+    `at_step` (or held: ColleagueArrives); the steps it ran and the tokens each request got.
+    `wait_s`: the loop's arrival window; `stale_stop`: a stop asked before the loop starts."""
     runner = ColleagueArrives(arrival, at_step, held_for)
     loop = runner.loop = EngineLoop(scheduler(), runner)
     loop.arrival_window_s = loop.arrival_window_s if wait_s is None else wait_s
     got, finished, done = {}, set(), threading.Event()
-    for r in (running, arrival):
+    served = [r for r in (running, arrival) if r is not None]
+    for r in served:
         def emit(event, rid=r.request_id):
             got.setdefault(rid, []).extend(event.token_ids)
             if event.finished:
                 finished.add(rid)
-                if len(finished) == 2:
+                if len(finished) == len(served):
                     done.set()
         r.emit = emit
+    if stale_stop:
+        runner.interrupt()
     loop.start()
     try:
         loop.submit(running)
@@ -177,19 +180,8 @@ def test_a_stop_asked_after_a_step_ended_does_not_stop_the_next():
     of tasks ended (it read that step's rule) asked too late, and the next step, its own maybe,
     runs (the loop forgets the stale stop before it publishes the next step's rule)."""
     title = request("title", 100, n_prompt=4, background=True)
-    runner = ColleagueArrives(title, at_step=99, held_for=0)
-    loop = runner.loop = EngineLoop(scheduler(), runner)
-    done = threading.Event()
-    title.emit = lambda event: done.set() if event.finished else None
-    runner.interrupt()  # asked between steps, for none
-    loop.start()
-    try:
-        loop.submit(title)
-        assert done.wait(30), f"not finished: {runner.steps}"
-    finally:
-        loop.stop()
-        loop.join(10)
-    assert runner.steps[0] == (["title"], False)
+    steps, got = serve(None, title, at_step=99, stale_stop=True)  # asked between steps
+    assert steps[0] == (["title"], False) and len(got["title"]) == 8
 
 
 def test_a_stopped_step_of_tasks_waits_for_the_chat_rather_than_plan_and_stop_again():
