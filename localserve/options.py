@@ -107,11 +107,14 @@ GROUPS: dict[str, list[Option]] = {
         Option("cache_disk", ("--cache-disk",), "MiB of files under --state-dir for prompts the "
                "RAM cache evicts and for all of them at shutdown, so conversations survive a "
                "restart; 0 turns it off; the files hold prompts' state, mode 600"),
-        Option("spec", ("--spec",), "speculative decoding (default ngram): drafts each answer's "
+        Option("spec", ("--spec",), "speculative decoding: ngram drafts each answer's "
                "next tokens from its own conversation, as many a step as measured acceptance "
                "and step cost say pay (no draft model; the text as without drafts, though greedy text "
                "beside other requests may differ either way: docs/api.md; faster on answers "
-               "that copy text); off turns it off"),
+               "that copy text); auto (the default) is ngram on attention models and off on "
+               "sliding-window and hybrid ones (greedy text as llama-server's); ngram also "
+               "drafts on a hybrid whose family llama.cpp keeps earlier states for (8 more "
+               "recurrent states per slot); off turns it off"),
         Option("spec", ("--spec-type",), "llama-server's spelling of --spec: ngram-mod or "
                "ngram-simple (both ngram), none (off)", convert=_spec_type),
         Option("cache_type_k", ("-ctk", "--cache-type-k"), "cache type for K; q8_0 fits ~1.9x "

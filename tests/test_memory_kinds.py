@@ -110,7 +110,8 @@ def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served
     assert props["model"]["memory"] == KINDS[kind]
     said = {"hybrid": "memory: a recurrent state beside attention: a slot's cache is reused whole",
             "sliding-window": "memory: sliding-window layers keep their window only"}
-    assert said[KINDS[kind]] in srv.log() and "no drafting" in srv.log()
+    assert said[KINDS[kind]] in srv.log()
+    assert "no drafting (greedy answers kept as llama-server's" in srv.log()  # --spec auto
     assert props["context"]["kv_fixed_bytes"] > 0  # window cells or recurrent states
     assert "MiB of it whatever -c: windows and recurrent states" in srv.log()
 
@@ -121,13 +122,19 @@ def test_the_memory_check_sizes_each_kind_as_llama_cpp_allocates_it():
     4 slots: 96 MiB for its 3 global layers and 37.5 MiB for its 15 window layers' windows,
     llama-server's own log for these settings (133.5 MiB, not every layer at full length,
     576 MiB). The Mamba-2 hybrid: only its 2 attention layers grow with the context, and each
-    slot's state (the convolution and the SSM state of 4 layers, f32) is counted once."""
+    slot's state (the convolution and the SSM state of 4 layers, f32) is counted once; the LFM2
+    one's, with the earlier states kept for drafts."""
     settings = Settings(ctx_size=32768, parallel=4)
     mamba = cache_needs(settings, str(memory_model("hybrid-mamba")), 32768, False)
     assert mamba["kv_bytes_per_token"] == 2 * 2 * 32 * 2 * 2  # layers, heads, head size, K+V, f16
     state = 4 * 4 * 4 * (3 * (256 + 2 * 16) + 16 * 256)  # layers, slots, f32, conv + SSM
     assert mamba["kv_fixed_bytes"] == pytest.approx(state, rel=0.02)
     assert mamba["kv_bytes"] == 32768 * mamba["kv_bytes_per_token"] + mamba["kv_fixed_bytes"]
+    # LFM2's: drafting keeps 8 earlier convolution states beside each slot's (9 in all; the
+    # report's MiB has two decimals), --spec off none
+    lfm2 = [cache_needs(dataclasses.replace(settings, spec=spec), str(memory_model("hybrid")),
+                        32768, False)["kv_fixed_bytes"] for spec in ("ngram", "off")]
+    assert lfm2[0] > 6 * lfm2[1] > 0
     if GEMMA.is_file():
         assert cache_needs(settings, str(GEMMA), 32768, False)["kv_bytes"] == 133.5 * 1024 ** 2
         # --no-kv-unified: a stream per slot, llama.cpp's report one stream's cells: the

@@ -182,6 +182,32 @@ def test_drafts_give_exactly_the_scripted_output_in_fewer_steps():
     assert fast[3] == plain[3] == prompt + answer[:-1]  # the cache holds what was kept, no more
 
 
+def test_a_recurrent_state_drafts_no_more_than_llama_cpp_can_take_out_again():
+    """Where sequences cannot be cut back, a step drafts at most the pool's `rollback` (the
+    earlier states llama.cpp keeps beside a recurrent state) and rejected rows are trimmed
+    within it; the same text as without drafts. Without earlier states, no drafts."""
+    prompt, answer = copy_case()
+    for rollback in (4, 0):
+        sched = Scheduler(SlotPool(256, 1, cuts_back=False, rollback=rollback), FakeVocab(), 64,
+                          speculative=True)
+        request = req("copy", 0)
+        request.prompt_tokens = list(prompt)
+        runner = DraftingRunner({"copy": answer})
+        sched.add(request)
+        trims = []
+        for _ in range(200):
+            if not sched.has_work():
+                break
+            plan = sched.schedule()
+            trims += [(sched.pool.slots[s].n_cached, kept) for s, kept in plan.trims]
+            sched.update(plan, runner.decode(plan))
+        assert request.output_tokens == answer
+        decoded = [len(tokens) for batch in runner.batches[1:] for _, tokens, _ in batch]
+        assert max(decoded) == 1 + rollback
+        assert all(held - kept <= rollback for held, kept in trims)
+        assert (sched.stats.draft_tokens > 0) == (rollback > 0)
+
+
 def test_a_stop_inside_accepted_drafts_ends_there():
     prompt, answer = copy_case()
     sched = Scheduler(SlotPool(256, 1), FakeVocab(), 64, speculative=True)

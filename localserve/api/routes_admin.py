@@ -71,7 +71,7 @@ async def slots(request: Request, model: str | None = None, view: str | None = N
         hide_others(snap, caller(request).key)
         coarse_pool(snap, pool.ctx_size)
     if view is None:
-        spec = host.settings.drafting
+        spec = pool.drafts
         return [{**row, "id_task": row["request_id"] or -1, "speculative": spec,
                  "next_token": {"has_next_token": row["is_processing"],
                                 "n_decoded": row["n_decoded"]}} for row in snap["slots"]]
@@ -205,7 +205,7 @@ async def props(request: Request, model: str | None = None):
         "default_generation_settings": {"n_ctx": pool.n_ctx_per_slot, "params": {
             **server_defaults(s), "n_predict": -1 if s.n_predict is None else s.n_predict,
             "task_max_tokens": s.task_max_tokens,
-            "speculative": s.drafting}},
+            "speculative": pool.drafts}},
         "scheduler": {"policy": s.scheduler, "max_num_batched_tokens": pool.max_num_batched_tokens,
                       "max_num_seqs": pool.max_num_seqs, "max_queue": s.max_queue,
                       "queue_timeout_s": s.queue_timeout},

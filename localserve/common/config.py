@@ -12,7 +12,7 @@ CACHE_TYPES = ("f16", "q8_0", "q4_0")  # --cache-type-k/-v, as llama-server spel
 BUILTIN_TEMPLATES = ("chatml", "llama3", "gemma")  # chat_template.BUILTIN
 # Each option's choices, written once: Settings.validate checks them, the CLI offers them.
 SCHEDULERS = ("continuous", "static", "serial")
-SPEC_TYPES = ("ngram", "off")
+SPEC_TYPES = ("auto", "ngram", "off")
 FLASH_ATTN = ("on", "off", "auto")
 REASONING_FORMATS = ("auto", "deepseek", "none")
 CHOICES = {"scheduler": SCHEDULERS, "spec": SPEC_TYPES, "flash_attn": FLASH_ATTN,
@@ -54,7 +54,9 @@ class Settings:
     scheduler: str = "continuous"  # or "static" / "serial": comparison policies for benchmarks
     cache_ram: int = 8192  # MiB of RAM for prompts kept beyond the slots (0: off); llama-server's name
     cache_disk: int = 0  # MiB of files under <state-dir>/prompt-cache for what RAM evicts (0: off)
-    spec: str = "ngram"  # speculative decoding: "ngram" (drafts from the request's own n-grams) or "off"
+    # speculative decoding: "ngram" (drafts from the request's own n-grams), "off", or "auto":
+    # ngram where drafts keep greedy text as llama-server's (attention models), else off
+    spec: str = "auto"
     cache_type_k: str = "f16"  # llama-server's --cache-type-k: f16, q8_0, q4_0
     cache_type_v: str = "f16"  # a quantized V cache needs flash attention
     flash_attn: str = "auto"  # on, off, auto
@@ -136,7 +138,8 @@ class Settings:
 
     @property
     def drafting(self) -> bool:
-        """Speculative decoding on (--spec ngram): the one test of it."""
+        """Speculative decoding on (--spec auto or ngram; the model's memory may rule it out:
+        models/assembly.memory_line): the one test of it."""
         return self.spec != "off"
 
     def step_token_budget(self, gpu_offload: bool = False) -> int:

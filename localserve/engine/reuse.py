@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from localserve.engine.drafts import Acceptance, NgramDrafter, StepCost
+from localserve.engine.drafts import MAX_DRAFT, Acceptance, NgramDrafter, StepCost
 from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
 from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
@@ -187,7 +187,10 @@ class PrefixBook:
 class DraftBook:
     def __init__(self, pool: SlotPool, stats: SchedulerStats, speculative: bool):
         self.pool, self.stats = pool, stats
-        self.speculative = speculative  # n-gram drafts for decoding requests (drafts.py)
+        # a step's drafts at most: where sequences cannot be cut back, as many rows as
+        # llama.cpp can take out of their recurrent state again (SlotPool.rollback)
+        self.most = MAX_DRAFT if pool.cuts_back else pool.rollback
+        self.speculative = speculative and self.most > 0  # n-gram drafts (drafts.py)
         self.acceptance = Acceptance()
         self.cost = StepCost()
         self._trims: list[tuple[int, int]] = []  # (slot, tokens kept) for the next plan
@@ -207,7 +210,7 @@ class DraftBook:
             if (slot.state is not SlotState.DECODE or len(chunk.tokens) != 1
                     or req.params.logprobs is not None):
                 continue
-            room = min(budget, slot.n_ctx - slot.n_cached - 2,
+            room = min(budget, self.most, slot.n_ctx - slot.n_cached - 2,
                        req.params.max_tokens - req.num_output_tokens - 1)
             if req.drafter is None:
                 req.drafter = NgramDrafter()

@@ -66,7 +66,7 @@ class Scheduler:
         self.prefixes = PrefixBook(pool, prompt_cache)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
-        self.drafts = DraftBook(pool, self.stats, speculative and pool.cuts_back)  # (13)
+        self.drafts = DraftBook(pool, self.stats, speculative)  # (13)
         self.max_long_prompts = max_long_prompts  # None: no cap (invariant 10)
         self.grammar_shares = GrammarShares()  # grammar CPU time charged per user
         self.costly_grammars = CostlyGrammars()  # grammars lately ended as too costly, per user
@@ -166,7 +166,7 @@ class Scheduler:
            with more of its requests waiting, by another key's such chat (plan.stop_rule_for);
            never two in a row, nor one with a request stopped MAX_TIMES_STOPPED times.
         13. A step giving a chat its first token carries no drafts (plan.gives_first_token),
-           nor any where sequences cannot be cut back (pool.cuts_back: reuse.py).
+           nor more than a recurrent state can take out again (pool.rollback: reuse.py).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)

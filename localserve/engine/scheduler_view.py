@@ -21,6 +21,7 @@ class PoolLimits:
     split: str  # the -c split, in words
     max_num_batched_tokens: int
     max_num_seqs: int
+    drafts: bool  # whether decode rows get n-gram drafts (--spec, and the model's memory)
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,8 @@ def view_of(sched, now: float) -> SchedulerView:
 def limits_of(sched) -> PoolLimits:
     pool = sched.pool
     return PoolLimits(pool.ctx_size, len(pool.slots), pool.n_ctx_per_slot, pool.guarantee,
-                      pool.describe(), sched.budget, sched.max_num_seqs)
+                      pool.describe(), sched.budget, sched.max_num_seqs,
+                      sched.drafts.speculative)
 
 
 def _ram_view(cache) -> RamCacheView | None:

@@ -170,18 +170,23 @@ class SlotPool:
     model's window, within which a slot's sequence can still be cut back (none of its cells
     has left the window yet: llama-server's rule, the cache's oldest position at most the cut
     point less the window).
+    `rollback`: where sequences cannot be cut back, how many of a sequence's last positions
+    llama.cpp can still take out (the earlier states it keeps beside a recurrent one): the
+    most a step may draft (reuse.DraftBook).
     `streams`: each slot has a cache stream of its guarantee instead (llama.cpp without
     kv_unified, llama-server's at an explicit -np): nothing is borrowed, and no slot's cells
     slow or crowd another's, so idle ones stay where they are (PoolKeeper.park_idle)."""
 
     def __init__(self, ctx_size: int, n_slots: int, n_ctx_per_slot: int | None = None,
-                 cuts_back: bool = True, window: int = 0, streams: bool = False):
+                 cuts_back: bool = True, window: int = 0, streams: bool = False,
+                 rollback: int = 0):
         if n_slots < 1:
             raise ValueError("--parallel must be at least 1")
         if n_ctx_per_slot is None and ctx_size // n_slots < 16:
             raise ValueError(f"-c {ctx_size} split over {n_slots} slots leaves "
                              f"{ctx_size // n_slots} tokens per slot; raise -c or lower --parallel")
         self.ctx_size, self.cuts_back, self.window = ctx_size, cuts_back, window
+        self.rollback = rollback
         self.guarantee, self.streams = ctx_size // n_slots, streams
         self.n_ctx_per_slot = min(n_ctx_per_slot or self.guarantee,
                                   self.guarantee if streams else ctx_size)

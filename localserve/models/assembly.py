@@ -20,7 +20,7 @@ from localserve.engine.slots import SlotPool
 from localserve.models import answer_formats
 from localserve.models.chat_template import fallback_for, override_source
 from localserve.models.model_specs import find_model
-from localserve.models.resources import ContextChoice
+from localserve.models.resources import ContextChoice, recurrent_drafts
 from localserve.office.ledger import state_dir
 
 log = logging.getLogger("localserve")
@@ -28,16 +28,30 @@ MIB = 1024 ** 2
 
 # The start-up log's line on the model's memory, by kind (runner.core.memory_kind).
 _WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the prompt cache, "
-          "no drafting and no step stopped midway (their rows could not be taken out again)")
+          "no step stopped midway (its rows could not be taken out again)")
 MEMORY_KINDS = {
     "attention": "attention only: a slot's cache is cut back to any shared prefix",
-    "sliding-window": "sliding-window layers keep their window only (as llama-server's): a "
-                      "slot's cache is reused whole, each prompt's checkpoint goes to the prompt "
-                      "cache, no step stopped midway (its rows could not be taken out again), "
-                      "no drafting (greedy answers kept as llama-server's: docs/flags.md)",
+    "sliding-window": "sliding-window layers keep their window only (as llama-server's): "
+                      + _WHOLE + ", no drafting (greedy answers kept as llama-server's: "
+                      "docs/flags.md)",
     "hybrid": "a recurrent state beside attention: " + _WHOLE,
     "recurrent": "a recurrent state: " + _WHOLE,
 }
+
+
+def memory_line(s: Settings, runner: LlamaRunner) -> str:
+    """The start-up line on the model's memory, and on a recurrent state's drafts."""
+    line = MEMORY_KINDS[runner.memory_kind]
+    if runner.memory_kind not in ("hybrid", "recurrent") or not s.drafting:
+        return line
+    if runner.draft_rollback:
+        return line + (f", drafts of up to {runner.draft_rollback} tokens a step (llama.cpp "
+                       f"keeps {runner.draft_rollback} earlier states per slot to take them out)")
+    if s.spec == "auto":
+        return line + (", no drafting (greedy answers kept as llama-server's; --spec ngram "
+                       "drafts where llama.cpp keeps earlier states for the family: docs/flags.md)")
+    return line + (", no drafting (llama.cpp keeps no earlier state for this family: drafted "
+                   "rows could not be taken out)")
 
 
 def new_runner(s: Settings, model_path: str, context: ContextChoice,
@@ -52,7 +66,7 @@ def new_runner(s: Settings, model_path: str, context: ContextChoice,
         tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
                                     s.override_tensor),
         cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
-        swa_full=s.swa_full, kv_unified=s.kv_unified,
+        swa_full=s.swa_full, kv_unified=s.kv_unified, draft_rollback=recurrent_drafts(s),
         mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
 
 
@@ -69,7 +83,8 @@ def new_pool(s: Settings, runner: LlamaRunner, context: ContextChoice) -> SlotPo
                     "one request may use %d", made, trained, trained)
     window = runner.n_swa if runner.memory_kind == "sliding-window" else 0
     return SlotPool(made, s.parallel, n_ctx_per_slot=min(made, trained or made),
-                    cuts_back=runner.cuts_back, window=window, streams=not s.kv_unified)
+                    cuts_back=runner.cuts_back, window=window, streams=not s.kv_unified,
+                    rollback=runner.draft_rollback)
 
 
 def new_prompt_cache(s: Settings, runner: LlamaRunner, model_id: str,
@@ -120,7 +135,7 @@ def log_start_up(s: Settings, facts: dict, context: ContextChoice, runner: Llama
             f"{n} tensors to {where}" for where, n in backend["tensors_overridden"].items()))
     log.info("context: %d tokens, %s", limits.ctx_size, context.why)
     log.info("cache pool: %s", limits.split)
-    log.info("memory: %s", MEMORY_KINDS[runner.memory_kind])
+    log.info("memory: %s", memory_line(s, runner))
     if runner.projector is not None:
         log.info("images: read with the projector %s", s.mmproj)
     log.info("tool calls: %s", answer_formats.describe(template_text))

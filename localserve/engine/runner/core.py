@@ -19,7 +19,8 @@ from localserve.engine.errors import EngineFailed, RestoreFailed, RowsRefused
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context_params,
                                                  _load_progress, _quiet_llama,
-                                                 reset_load_progress, supports_gpu_offload)
+                                                 reset_load_progress, rollback_states,
+                                                 supports_gpu_offload)
 from localserve.engine.plan import StepOutput, StepPlan
 from localserve.engine.runner.batch import fill_tokens, undo_step
 from localserve.engine.runner.calls import (compacts, decode_calls, interleaved, one_call,
@@ -73,7 +74,8 @@ class LlamaRunner:
         threads = config.n_threads or os.cpu_count() or 1
         cparams = context_params(config.ctx_size, config.n_slots, config.n_batch,
                                  config.cache_type_k, config.cache_type_v, config.swa_full,
-                                 config.kv_unified)
+                                 config.kv_unified,
+                                 rollback_states(self.model, config.draft_rollback))
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -83,6 +85,8 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
+        # rows of a step llama.cpp can take out of a recurrent state again (0: none)
+        self.draft_rollback = C.llama_n_rs_seq(self.ctx)
         # CPU flash attention's tiles over one pool (calls.py); a stream per slot has its own
         self.cpu_tiles = self.n_gpu_layers == 0 and config.kv_unified
         self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted

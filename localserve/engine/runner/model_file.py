@@ -72,7 +72,7 @@ FLASH_ATTN = {"on": C.LLAMA_FLASH_ATTN_TYPE_ENABLED, "off": C.LLAMA_FLASH_ATTN_T
 
 def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v: str = "f16",
                  n_seq: int = 1, swa_full: bool = False, n_batch: int = 512,
-                 kv_unified: bool = True) -> dict:
+                 kv_unified: bool = True, draft_rollback: int = 0) -> dict:
     """Bytes the model and its caches will take at ctx_size tokens (0: its trained context)
     for n_seq sequences, asked of llama.cpp as llama-server's --fit asks it: the model's
     tensors described without their data (no_alloc) and a context of these settings
@@ -96,7 +96,8 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
         try:
             n_ctx_train = C.llama_model_n_ctx_train(model)
             cells = _simulate_context(model, ctx_size or n_ctx_train or 4096, n_seq, n_batch,
-                                      type_k, type_v, swa_full, kv_unified)
+                                      type_k, type_v, swa_full, kv_unified,
+                                      rollback_states(model, draft_rollback))
         finally:
             C.llama_model_free(model)
         per_token, fixed, f16_per_token = _cache_sizes(_PROBE.lines, cells)
@@ -110,20 +111,32 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
 
 
 def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: str,
-                   swa_full: bool, kv_unified: bool = True):
+                   swa_full: bool, kv_unified: bool = True, rollback: int = 0):
     """The context's memory settings, one function for the runner's context (core.py) and the
     one memory_needs simulates, so the estimate cannot drift from the load: one pool of n_ctx
     cells for n_seq sequences (the scheduler keeps each slot's guarantee), or without
     kv_unified a stream of n_ctx / n_seq cells for each, window layers keeping only their
     window unless swa_full, and the physical batch (a window layer holds it beside each
-    sequence's window)."""
+    sequence's window), and a recurrent state's `rollback` earlier states per sequence
+    (rollback_states)."""
     cparams = C.llama_context_default_params()
     cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
     cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, 512)
     cparams.kv_unified = kv_unified
     cparams.swa_full = swa_full
+    cparams.n_rs_seq = rollback
     cparams.type_k, cparams.type_v = CACHE_TYPES[type_k][0], CACHE_TYPES[type_v][0]
     return cparams
+
+
+def rollback_states(model, drafts: int) -> int:
+    """How many earlier states per sequence to ask llama.cpp to keep beside a recurrent state
+    (n_rs_seq), so that a step's `drafts` rejected rows can be taken out again: that many on a
+    hybrid or recurrent model, none elsewhere (an attention cache cuts back to any position).
+    llama.cpp grants them only to the families whose layers write them (Qwen3.5, Nemotron-H,
+    LFM2, ...: llm_arch_supports_rs_rollback) and 0 to the others."""
+    recurrent = C.llama_model_is_hybrid(model) or C.llama_model_is_recurrent(model)
+    return drafts if recurrent else 0
 
 
 def _simulate_context(model, *settings) -> int:
