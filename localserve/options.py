@@ -112,9 +112,9 @@ GROUPS: dict[str, list[Option]] = {
                "and step cost say pay (no draft model; the text as without drafts, though greedy text "
                "beside other requests may differ either way: docs/api.md; faster on answers "
                "that copy text); auto (the default) is ngram on attention models and off on "
-               "sliding-window and hybrid ones (greedy text as llama-server's); ngram also "
-               "drafts on a hybrid whose family llama.cpp keeps earlier states for (8 more "
-               "recurrent states per slot); off turns it off"),
+               "sliding-window and hybrid ones (greedy text as llama-server's); ngram drafts "
+               "on those too (a hybrid where llama.cpp keeps earlier states for its family: 8 "
+               "more recurrent states per slot, 8 drafts a step); off turns it off"),
         Option("spec", ("--spec-type",), "llama-server's spelling of --spec: ngram-mod or "
                "ngram-simple (both ngram), none (off)", convert=_spec_type),
         Option("cache_type_k", ("-ctk", "--cache-type-k"), "cache type for K; q8_0 fits ~1.9x "

@@ -112,6 +112,7 @@ def test_the_log_and_props_say_what_memory_the_model_has_and_what_it_gets(served
             "sliding-window": "memory: sliding-window layers keep their window only"}
     assert said[KINDS[kind]] in srv.log()
     assert "no drafting (greedy answers kept as llama-server's" in srv.log()  # --spec auto
+    assert props["default_generation_settings"]["params"]["speculative"] is False
     assert props["context"]["kv_fixed_bytes"] > 0  # window cells or recurrent states
     assert "MiB of it whatever -c: windows and recurrent states" in srv.log()
 

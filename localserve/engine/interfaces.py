@@ -97,4 +97,4 @@ class RunnerConfig:
     swa_full: bool = False  # window layers keep every position (llama-server's --swa-full)
     kv_unified: bool = True  # one pool for every slot; False: a stream of ctx_size / n_slots each
     mmproj: str | None = None  # the model's projector: images in prompts (runner/images.py)
-    draft_rollback: int = 0  # a recurrent state's drafts a step (model_file.rollback_states)
+    draft_rollback: int = 0  # drafts a step where the cache cannot be cut back (--spec ngram)

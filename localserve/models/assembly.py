@@ -20,7 +20,7 @@ from localserve.engine.slots import SlotPool
 from localserve.models import answer_formats
 from localserve.models.chat_template import fallback_for, override_source
 from localserve.models.model_specs import find_model
-from localserve.models.resources import ContextChoice, recurrent_drafts
+from localserve.models.resources import ContextChoice, rollback_drafts
 from localserve.office.ledger import state_dir
 
 log = logging.getLogger("localserve")
@@ -32,24 +32,28 @@ _WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the 
 MEMORY_KINDS = {
     "attention": "attention only: a slot's cache is cut back to any shared prefix",
     "sliding-window": "sliding-window layers keep their window only (as llama-server's): "
-                      + _WHOLE + ", no drafting (greedy answers kept as llama-server's: "
-                      "docs/flags.md)",
+                      + _WHOLE,
     "hybrid": "a recurrent state beside attention: " + _WHOLE,
     "recurrent": "a recurrent state: " + _WHOLE,
 }
+_TAKEN_OUT = {"sliding-window": "a step's rows are one physical batch, which leaves the window "
+                                "whole when they are taken out",
+              "hybrid": "llama.cpp keeps {n} earlier states per slot to take them out",
+              "recurrent": "llama.cpp keeps {n} earlier states per slot to take them out"}
 
 
 def memory_line(s: Settings, runner: LlamaRunner) -> str:
-    """The start-up line on the model's memory, and on a recurrent state's drafts."""
-    line = MEMORY_KINDS[runner.memory_kind]
-    if runner.memory_kind not in ("hybrid", "recurrent") or not s.drafting:
+    """The start-up line on the model's memory and, where it cannot be cut back, its drafts."""
+    kind = runner.memory_kind
+    line = MEMORY_KINDS[kind]
+    if kind == "attention" or not s.drafting:
         return line
     if runner.draft_rollback:
-        return line + (f", drafts of up to {runner.draft_rollback} tokens a step (llama.cpp "
-                       f"keeps {runner.draft_rollback} earlier states per slot to take them out)")
+        return line + (f", drafts of up to {runner.draft_rollback} tokens a step ("
+                       + _TAKEN_OUT[kind].format(n=runner.draft_rollback) + ")")
     if s.spec == "auto":
         return line + (", no drafting (greedy answers kept as llama-server's; --spec ngram "
-                       "drafts where llama.cpp keeps earlier states for the family: docs/flags.md)")
+                       "drafts: docs/flags.md)")
     return line + (", no drafting (llama.cpp keeps no earlier state for this family: drafted "
                    "rows could not be taken out)")
 
@@ -66,7 +70,7 @@ def new_runner(s: Settings, model_path: str, context: ContextChoice,
         tensor_overrides=placements(s.cpu_moe, max(s.n_cpu_moe, context.n_cpu_moe),
                                     s.override_tensor),
         cache_type_k=s.cache_type_k, cache_type_v=s.cache_type_v, flash_attn=s.flash_attn,
-        swa_full=s.swa_full, kv_unified=s.kv_unified, draft_rollback=recurrent_drafts(s),
+        swa_full=s.swa_full, kv_unified=s.kv_unified, draft_rollback=rollback_drafts(s),
         mmproj=str(find_model(s.mmproj, "--mmproj")) if s.mmproj else None))
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 import psutil
 
 from localserve.common.config import Settings, SettingsError
-from localserve.engine.drafts import RECURRENT_DRAFTS
+from localserve.engine.drafts import ROLLBACK_DRAFTS
 from localserve.models.fit import (FIT_MIN_CTX, PROJECTOR_COMPUTE, Device, FitError, ModelSize,
                                    fit)
 from localserve.models.model_specs import find_model
@@ -98,13 +98,13 @@ def _choose(settings: Settings, model_path: str, gpu_offload: bool, needs: dict)
                   f"trained {wanted} tokens would need {more / GIB:.2f} GiB more")
 
 
-def recurrent_drafts(settings: Settings) -> int:
-    """A recurrent state's drafts a step, the earlier states llama.cpp is asked to keep for
-    them (engine/drafts.py): only when --spec ngram is asked for. A drafted step computes its
-    rows in one batch, which llama.cpp's kernels sum in another order than a row alone: on
-    these models greedy text then parts from llama-server's (docs/flags.md), so `auto` keeps
-    them undrafted, and without the states' memory."""
-    return RECURRENT_DRAFTS if settings.spec == "ngram" else 0
+def rollback_drafts(settings: Settings) -> int:
+    """Drafts a step where the cache cannot be cut back (a hybrid's earlier states llama.cpp
+    is asked to keep for them; engine/drafts.py): only when --spec ngram is asked for. A
+    drafted step computes its rows in one batch, which llama.cpp's kernels sum in another
+    order than a row alone: on these models greedy text then parts from llama-server's
+    (docs/flags.md), so `auto` keeps them undrafted, and a hybrid without the states' memory."""
+    return ROLLBACK_DRAFTS if settings.spec == "ngram" else 0
 
 
 def cache_needs(settings: Settings, model_path: str, ctx_size: int, gpu_offload: bool) -> dict:
@@ -119,7 +119,7 @@ def cache_needs(settings: Settings, model_path: str, ctx_size: int, gpu_offload:
                             n_seq=settings.parallel, swa_full=settings.swa_full,
                             n_batch=settings.prefill_token_budget(gpu_offload),
                             kv_unified=settings.kv_unified,
-                            draft_rollback=recurrent_drafts(settings))
+                            draft_rollback=rollback_drafts(settings))
     except RuntimeError as exc:
         raise SettingsError(f"-m {model_path}: {exc} (a damaged or truncated file?)") from None
 

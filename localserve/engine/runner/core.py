@@ -15,6 +15,7 @@ import time
 
 import llama_cpp as C
 
+from localserve.engine.drafts import MAX_DRAFT
 from localserve.engine.errors import EngineFailed, RestoreFailed, RowsRefused
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context_params,
@@ -85,8 +86,7 @@ class LlamaRunner:
             C.llama_model_free(self.model)
             raise RuntimeError(f"llama.cpp could not create a context of {config.ctx_size} tokens")
         self.memory = C.llama_get_memory(self.ctx)
-        # rows of a step llama.cpp can take out of a recurrent state again (0: none)
-        self.draft_rollback = C.llama_n_rs_seq(self.ctx)
+        self.draft_rollback = self._draft_rollback(config.draft_rollback)
         # CPU flash attention's tiles over one pool (calls.py); a stream per slot has its own
         self.cpu_tiles = self.n_gpu_layers == 0 and config.kv_unified
         self.interleaved_rows = 0  # written beside other sequences' since the pool was compacted
@@ -106,6 +106,18 @@ class LlamaRunner:
         self.images = ImagePlacer(config.mmproj, self.model, self.ctx, self.batch,
                                   config.n_batch, threads, self.n_gpu_layers > 0
                                   ) if config.mmproj else None  # a projector: images in prompts
+
+    def _draft_rollback(self, asked: int) -> int:
+        """A step's drafted rows this cache can take out again, where it cannot be cut back to
+        any prefix (0: no drafts, or none asked): the earlier recurrent states llama.cpp
+        granted (n_rs_seq); on window layers as many as on attention, since a step's rows are
+        one physical batch (256 or 512 rows, llama.cpp's ubatch 512), whose writes spare every
+        cell its first row sees, so the window stays whole when its later rows go
+        (_window_whole checks each cut). Gemma 3 270M copying drafted up to 64 tokens a step
+        ran 1.21x (1.16-1.36) what it ran with 8: docs/performance.md."""
+        if self.memory_kind in ("hybrid", "recurrent"):
+            return C.llama_n_rs_seq(self.ctx)
+        return MAX_DRAFT if asked and self.memory_kind == "sliding-window" else 0
 
     # ---- model facts ------------------------------------------------------------------
     def meta(self, key: str) -> str | None:
