@@ -6,7 +6,7 @@ import dataclasses
 
 from localserve.engine.drafts import (FIRST_DRAFT, MAX_DRAFT, Acceptance, NgramDrafter, Proposal,
                                      StepCost, continued, matched_length)
-from localserve.engine.plan import StepOutput
+from localserve.engine.plan import PHYSICAL_BATCH, StepOutput
 from localserve.engine.request import RequestStatus
 from localserve.engine.scheduler import Scheduler
 from localserve.engine.slots import SlotPool
@@ -206,6 +206,26 @@ def test_a_recurrent_state_drafts_no_more_than_llama_cpp_can_take_out_again():
         assert max(decoded) == 1 + rollback
         assert all(held - kept <= rollback for held, kept in trims)
         assert (sched.stats.draft_tokens > 0) == (rollback > 0)
+
+
+def test_a_window_models_drafted_step_stays_within_one_physical_batch():
+    """A window model's rejected rows go back whole only from a step llama.cpp computes at
+    once (PHYSICAL_BATCH rows): twelve copying answers drafting at once share that much,
+    however large the step budget."""
+    passage = list(range(30, 330))
+    prompt, answer = [1, 2, 3] + passage + [4], passage + [EOS]
+    sched = Scheduler(SlotPool(8192, 12, cuts_back=False, window=64, rollback=MAX_DRAFT),
+                      FakeVocab(), 2048, speculative=True)
+    copiers = [req(f"copy{i}", 0, max_tokens=400) for i in range(12)]
+    for copier in copiers:
+        copier.prompt_tokens = list(prompt)
+        sched.add(copier)
+    runner = DraftingRunner({c.request_id: answer for c in copiers})
+    run(sched, runner, steps=200)
+    drafted = [sum(len(tokens) for _, tokens, _ in batch) for batch in runner.batches
+               if any(len(tokens) > 1 for _, tokens, start in batch if start > 0)]
+    assert drafted and max(drafted) <= PHYSICAL_BATCH
+    assert all(c.output_tokens == answer for c in copiers)
 
 
 def test_a_stop_inside_accepted_drafts_ends_there():

@@ -12,6 +12,9 @@ if TYPE_CHECKING:
     from localserve.engine.slots import Slot
 
 
+PHYSICAL_BATCH = 512  # the rows llama.cpp computes at once (n_ubatch: runner/model_file.py)
+
+
 @dataclass
 class SeqChunk:
     """Consecutive tokens of one slot's sequence, placed at positions start_pos, start_pos+1, ..."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from localserve.engine.drafts import MAX_DRAFT, Acceptance, NgramDrafter, StepCost
-from localserve.engine.plan import SeqChunk, SlotSave, StepPlan
+from localserve.engine.plan import PHYSICAL_BATCH, SeqChunk, SlotSave, StepPlan
 from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
 from localserve.engine.scheduler_stats import SchedulerStats
@@ -202,6 +202,8 @@ class DraftBook:
         step that gives a chat its first token: the colleague waits on that step alone."""
         if not self.speculative or plan.gives_first_token:
             return
+        if self.pool.window:  # its rows go back whole within one physical batch only
+            budget = min(budget, PHYSICAL_BATCH - plan.num_tokens)
         decode_rows = rows = plan.num_decode_rows
         for chunk in plan.chunks:
             if budget <= 0:

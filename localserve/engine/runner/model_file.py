@@ -14,6 +14,8 @@ from collections import Counter
 
 import llama_cpp as C
 
+from localserve.engine.plan import PHYSICAL_BATCH
+
 log = logging.getLogger("localserve.llama")
 
 _LOG_LEVEL_WARN = 3  # ggml_log_level: 0 none, 1 debug, 2 info, 3 warn, 4 error, 5 cont
@@ -121,7 +123,7 @@ def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: st
     (rollback_states)."""
     cparams = C.llama_context_default_params()
     cparams.n_ctx, cparams.n_seq_max = n_ctx, n_seq
-    cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, 512)
+    cparams.n_batch, cparams.n_ubatch = n_batch, min(n_batch, PHYSICAL_BATCH)
     cparams.kv_unified = kv_unified
     cparams.swa_full = swa_full
     cparams.n_rs_seq = rollback
