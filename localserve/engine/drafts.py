@@ -27,11 +27,10 @@ from dataclasses import dataclass
 NGRAMS = (16, 8, 4, 2)  # looked up longest first: the match most likely to go on
 MAX_DRAFT = 64  # llama-server's ngram-mod drafts up to 64 too
 FIRST_DRAFT = 8
-# Drafts a step where the cache cannot be cut back to any prefix (--spec ngram): a hybrid's
-# llama.cpp keeps this many earlier states per slot for them (n_rs_seq,
-# runner/model_file.rollback_states), each another copy of the slot's recurrent state in memory
-# (kilobytes for LFM2's convolutions, megabytes a layer for Qwen3.5's delta-net); a window
-# model's step gives its rows back whole (runner/core.py: _draft_rollback).
+# Drafts a step on a hybrid model (--spec ngram): llama.cpp keeps this many earlier states per
+# slot for them (n_rs_seq, runner/model_file.rollback_states), each another copy of the slot's
+# recurrent state in memory (kilobytes for LFM2's convolutions, megabytes a layer for Qwen3.5's
+# delta-net). A window model drafts as many as an attention one (runner/core.py).
 ROLLBACK_DRAFTS = 8
 MATCH_CLASSES = (2, 4, 8, 16, 32)  # lower bounds of the match-length classes
 LONGEST_MATCH = 64  # matches are measured up to this many tokens

@@ -187,8 +187,8 @@ class PrefixBook:
 class DraftBook:
     def __init__(self, pool: SlotPool, stats: SchedulerStats, speculative: bool):
         self.pool, self.stats = pool, stats
-        # a step's drafts at most: where sequences cannot be cut back, as many rows as
-        # llama.cpp can take out of their recurrent state again (SlotPool.rollback)
+        # a step's drafts at most: where sequences cannot be cut back, as many rows as the
+        # cache can take out again (SlotPool.rollback: a hybrid's earlier states, a window's)
         self.most = MAX_DRAFT if pool.cuts_back else pool.rollback
         self.speculative = speculative and self.most > 0  # n-gram drafts (drafts.py)
         self.acceptance = Acceptance()

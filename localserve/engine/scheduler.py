@@ -166,7 +166,7 @@ class Scheduler:
            with more of its requests waiting, by another key's such chat (plan.stop_rule_for);
            never two in a row, nor one with a request stopped MAX_TIMES_STOPPED times.
         13. A step giving a chat its first token carries no drafts (plan.gives_first_token),
-           nor more than a recurrent state can take out again (pool.rollback: reuse.py).
+           nor more than a cache that cannot be cut back takes out again (pool.rollback).
         """
         plan, self.starting = self.cells.carried_over(self.drafts.pending_trims()), None
         chosen, reserved = self._make_room(plan)

@@ -171,8 +171,8 @@ class SlotPool:
     has left the window yet: llama-server's rule, the cache's oldest position at most the cut
     point less the window).
     `rollback`: where sequences cannot be cut back, how many of a sequence's last positions
-    llama.cpp can still take out (the earlier states it keeps beside a recurrent one): the
-    most a step may draft (reuse.DraftBook).
+    can still be taken out (the earlier states llama.cpp keeps beside a recurrent one, or a
+    window model's step): the most a step may draft (reuse.DraftBook).
     `streams`: each slot has a cache stream of its guarantee instead (llama.cpp without
     kv_unified, llama-server's at an explicit -np): nothing is borrowed, and no slot's cells
     slow or crowd another's, so idle ones stay where they are (PoolKeeper.park_idle)."""
