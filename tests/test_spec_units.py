@@ -208,6 +208,16 @@ def test_a_recurrent_state_drafts_no_more_than_llama_cpp_can_take_out_again():
         assert (sched.stats.draft_tokens > 0) == (rollback > 0)
 
 
+def test_drafting_is_on_where_the_cache_can_take_a_draft_out_again():
+    """What /props says (PoolLimits.drafts): on where sequences cut back, or where they can
+    give back at least one row; off where they cannot, or without --spec."""
+    def drafts(speculative=True, **pool):
+        return Scheduler(SlotPool(256, 1, **pool), FakeVocab(), 64,
+                         speculative=speculative).limits().drafts
+    assert drafts() and drafts(cuts_back=False, rollback=1)
+    assert not drafts(cuts_back=False) and not drafts(speculative=False)
+
+
 def test_a_window_models_drafted_step_stays_within_one_physical_batch():
     """A window model's rejected rows go back whole only from a step llama.cpp computes at
     once (PHYSICAL_BATCH rows): twelve copying answers drafting at once share that much,
