@@ -90,13 +90,16 @@ def test_spec_ngram_drafts_on_a_window_model_through_the_real_server():
                  log_name="window-drafts") as srv:
         assert "drafts of up to 64 tokens a step (a step's rows are one physical batch" in \
             srv.log()
-        for _ in range(2):
+        for _ in range(10):  # drafts follow measured step costs: a busy machine may say wait
             r = httpx.post(srv.url + "/v1/chat/completions", timeout=300, json={
                 "messages": [{"role": "user", "content": f"Copy this list exactly: {items}"}],
                 "max_tokens": 150, "temperature": 0})
             assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] > 50
-        metrics = httpx.get(srv.url + "/metrics").text
-        counts = {name: float(re.search(rf"^localserve:spec_decode_num_{name}_tokens_total (\S+)",
-                                        metrics, re.M).group(1)) for name in ("draft", "accepted")}
+            metrics = httpx.get(srv.url + "/metrics").text
+            counts = {name: float(re.search(rf"^localserve:spec_decode_num_{name}_tokens_total "
+                                            r"(\S+)", metrics, re.M).group(1))
+                      for name in ("draft", "accepted")}
+            if counts["accepted"] > 20:
+                break
         assert counts["draft"] >= counts["accepted"] > 20, counts
         assert "Traceback" not in srv.log()
