@@ -26,7 +26,7 @@ from localserve.office.ledger import state_dir
 log = logging.getLogger("localserve")
 MIB = 1024 ** 2
 
-# The start-up log's line on the model's memory, by kind (runner.core.memory_kind).
+# The start-up log's line on the model's memory, by kind (runner/model_file.memory_kind).
 _WHOLE = ("a slot's cache is reused whole, each prompt's checkpoint goes to the prompt cache, "
           "no step stopped midway (its rows could not be taken out again)")
 MEMORY_KINDS = {
@@ -36,10 +36,9 @@ MEMORY_KINDS = {
     "hybrid": "a recurrent state beside attention: " + _WHOLE,
     "recurrent": "a recurrent state: " + _WHOLE,
 }
-_TAKEN_OUT = {"sliding-window": "a step's rows are one physical batch, which leaves the window "
-                                "whole when they are taken out",
-              "hybrid": "llama.cpp keeps {n} earlier states per slot to take them out",
-              "recurrent": "llama.cpp keeps {n} earlier states per slot to take them out"}
+_WINDOW_TAKEN_OUT = "a step's rows are one physical batch, which leaves the window whole when " \
+                    "they are taken out"
+_STATES_TAKEN_OUT = "llama.cpp keeps {n} earlier states per slot to take them out"
 
 
 def memory_line(s: Settings, runner: LlamaRunner) -> str:
@@ -49,8 +48,9 @@ def memory_line(s: Settings, runner: LlamaRunner) -> str:
     if kind == "attention" or not s.drafting:
         return line
     if runner.draft_rollback:
+        how = _WINDOW_TAKEN_OUT if kind == "sliding-window" else _STATES_TAKEN_OUT
         return line + (f", drafts of up to {runner.draft_rollback} tokens a step ("
-                       + _TAKEN_OUT[kind].format(n=runner.draft_rollback) + ")")
+                       + how.format(n=runner.draft_rollback) + ")")
     if s.spec == "auto":
         return line + (", no drafting (greedy answers kept as llama-server's; --spec ngram "
                        "drafts: docs/flags.md)")

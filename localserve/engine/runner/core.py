@@ -20,8 +20,8 @@ from localserve.engine.errors import EngineFailed, RestoreFailed, RowsRefused
 from localserve.engine.interfaces import RunnerConfig
 from localserve.engine.runner.model_file import (FLASH_ATTN, OVERRIDDEN, context_params,
                                                  _load_progress, _quiet_llama,
-                                                 reset_load_progress, rollback_states,
-                                                 supports_gpu_offload)
+                                                 memory_kind, reset_load_progress,
+                                                 rollback_states, supports_gpu_offload)
 from localserve.engine.plan import StepOutput, StepPlan
 from localserve.engine.runner.batch import fill_tokens, undo_step
 from localserve.engine.runner.calls import (compacts, decode_calls, interleaved, one_call,
@@ -34,18 +34,6 @@ from localserve.engine.runner.states import read_sequence, state_fingerprint, wr
 from localserve.engine.runner.upper_state import clear_upper_state
 
 log = logging.getLogger("localserve.llama")
-
-
-def memory_kind(model, swa_full: bool = False) -> str:
-    """What a sequence's cache holds: 'attention' (every position's keys and values: it can be
-    cut back to any prefix; window layers too with `swa_full`), 'sliding-window' (window
-    layers keep their last cells only), 'hybrid' or 'recurrent' (a state that holds no earlier
-    position)."""
-    if C.llama_model_is_hybrid(model):
-        return "hybrid"
-    if C.llama_model_is_recurrent(model):
-        return "recurrent"
-    return "sliding-window" if C.llama_model_n_swa(model) and not swa_full else "attention"
 
 
 class LlamaRunner:
@@ -76,7 +64,7 @@ class LlamaRunner:
         cparams = context_params(config.ctx_size, config.n_slots, config.n_batch,
                                  config.cache_type_k, config.cache_type_v, config.swa_full,
                                  config.kv_unified,
-                                 rollback_states(self.model, config.draft_rollback))
+                                 rollback_states(self.memory_kind, config.draft_rollback))
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = FLASH_ATTN[config.flash_attn]
@@ -115,7 +103,7 @@ class LlamaRunner:
         cell its first row sees, so the window stays whole when its later rows go
         (_window_whole checks each cut). Gemma 3 270M copying drafted up to 64 tokens a step
         ran 1.21x (1.16-1.36) what it ran with 8: docs/performance.md."""
-        if self.memory_kind in ("hybrid", "recurrent"):
+        if rollback_states(self.memory_kind, asked):  # asked for: what llama.cpp granted
             return C.llama_n_rs_seq(self.ctx)
         return MAX_DRAFT if asked and self.memory_kind == "sliding-window" else 0
 

@@ -99,7 +99,8 @@ def memory_needs(model_path: str, ctx_size: int = 0, type_k: str = "f16", type_v
             n_ctx_train = C.llama_model_n_ctx_train(model)
             cells = _simulate_context(model, ctx_size or n_ctx_train or 4096, n_seq, n_batch,
                                       type_k, type_v, swa_full, kv_unified,
-                                      rollback_states(model, draft_rollback))
+                                      rollback_states(memory_kind(model, swa_full),
+                                                      draft_rollback))
         finally:
             C.llama_model_free(model)
         per_token, fixed, f16_per_token = _cache_sizes(_PROBE.lines, cells)
@@ -131,14 +132,25 @@ def context_params(n_ctx: int, n_seq: int, n_batch: int, type_k: str, type_v: st
     return cparams
 
 
-def rollback_states(model, drafts: int) -> int:
+def rollback_states(kind: str, drafts: int) -> int:
     """How many earlier states per sequence to ask llama.cpp to keep beside a recurrent state
     (n_rs_seq), so that a step's `drafts` rejected rows can be taken out again: that many on a
-    hybrid or recurrent model, none elsewhere (an attention cache cuts back to any position).
-    llama.cpp grants them only to the families whose layers write them (Qwen3.5, Nemotron-H,
-    LFM2, ...: llm_arch_supports_rs_rollback) and 0 to the others."""
-    recurrent = C.llama_model_is_hybrid(model) or C.llama_model_is_recurrent(model)
-    return drafts if recurrent else 0
+    hybrid or recurrent model (memory_kind), none elsewhere (an attention cache cuts back to any
+    position). llama.cpp grants them only to the families whose layers write them (Qwen3.5,
+    Nemotron-H, LFM2, ...: llm_arch_supports_rs_rollback) and 0 to the others."""
+    return drafts if kind in ("hybrid", "recurrent") else 0
+
+
+def memory_kind(model, swa_full: bool = False) -> str:
+    """What a sequence's cache holds: 'attention' (every position's keys and values: it can be
+    cut back to any prefix; window layers too with `swa_full`), 'sliding-window' (window
+    layers keep their last cells only), 'hybrid' or 'recurrent' (a state that holds no earlier
+    position)."""
+    if C.llama_model_is_hybrid(model):
+        return "hybrid"
+    if C.llama_model_is_recurrent(model):
+        return "recurrent"
+    return "sliding-window" if C.llama_model_n_swa(model) and not swa_full else "attention"
 
 
 def _simulate_context(model, *settings) -> int:
