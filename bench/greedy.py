@@ -10,13 +10,17 @@ near-ties turn the last bits into another token: equal text means both sides com
 rows in the same calls (reuse.prompt_stops). Where one side reuses more of its cache than the
 other, the two compute different rows and may part.
 
+With --self: each side against itself, on two fresh servers: the conversation with the seven
+colleagues and without them (the same turns otherwise), and turn 1 again against turn 1.
+Where the two servers part, this says whose text the colleagues (or a reuse) changed.
+
 With --beside (issue 82, item 3): four greedy probes of 48 tokens, each alone and then sent
 with 3, 5 and 7 colleagues' sampled requests; printed per side: how many of the 12 gave the
 text alone, per round. A row's attention there spans the cells its neighbours hold too, unless
 the server keeps a cache stream per slot (llama-server at an explicit -np).
 
     bench/run greedy [--model FILE] [--llama-server "$(scripts/build-llama-server)"] [-t 2]
-        [--localserve-args "-np 4"] [--beside [--rounds 2] [--llama-server-args "-np 4"]]
+        [--localserve-args "-np 4"] [--self] [--beside [--rounds 2] [--llama-server-args "-np 4"]]
 """
 
 from __future__ import annotations
@@ -94,8 +98,10 @@ def equal_beside(url: str, seed: int) -> dict[str, int]:
                    for n in NEIGHBOURS) for p in PROBES}
 
 
-def conversation(url: str, max_tokens: int) -> list[tuple[str, str, int]]:
-    """(step, answer, "cached of prompt tokens") for each step of the module's conversation."""
+def conversation(url: str, max_tokens: int, with_colleagues: bool = True
+                 ) -> list[tuple[str, str, str]]:
+    """(step, answer, "cached of prompt tokens") for each step of the module's conversation;
+    without the colleagues, the same steps with nothing between turn 1 again and turn 3."""
     steps = []
 
     def turn(name, messages):
@@ -108,7 +114,8 @@ def conversation(url: str, max_tokens: int) -> list[tuple[str, str, int]]:
     third = turn("follow-up", second) + [{"role": "user", "content": QUESTIONS[2]}]
     turn("regenerate", second)
     turn("turn 1 again", first)
-    asyncio.run(colleagues(url, 7))
+    if with_colleagues:
+        asyncio.run(colleagues(url, 7))
     fourth = turn("turn 3 after 7", third) + [{"role": "user", "content": QUESTIONS[3]}]
     turn("turn 4", fourth)
     return steps
@@ -132,6 +139,8 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--localserve-args", default="")
     parser.add_argument("--llama-server-args", default="")
+    parser.add_argument("--self", action="store_true",
+                        help="each side against itself: with the colleagues and without them")
     parser.add_argument("--beside", action="store_true",
                         help="probes alone and beside sampled colleagues, not the conversation")
     parser.add_argument("--rounds", type=int, default=1, help="--beside: rounds per side")
@@ -141,6 +150,15 @@ def main() -> int:
         text=True).stdout.strip()
     model = str(resolve_model(args.model))
     common = ["-m", model, "-t", args.threads]
+    if args.self:
+        theirs = [peer], [*common, *peer_template(model), *shlex.split(args.llama_server_args)]
+        mine = None, [*common, *shlex.split(args.localserve_args)]
+        print_self({name: [side(program, argv, f"{name}-{kind}",
+                                lambda url, kind=kind: conversation(url, args.max_tokens, kind))
+                           for kind in (True, False)]
+                    for name, (program, argv) in (("llama-server", theirs),
+                                                  ("localserve", mine))})
+        return 0
     if args.beside:
         def work(url):
             return [equal_beside(url, 1000 * r) for r in range(args.rounds)]
@@ -159,6 +177,18 @@ def main() -> int:
         print(f"{step:15s} {verdict:32s} cached: localserve {ca}, llama-server {cb}")
     print(f"{sum(a == b for (_, a, _), (_, b, _) in zip(mine, theirs))} of {len(mine)} equal")
     return 0
+
+
+def print_self(results: dict[str, list[list[tuple[str, str, str]]]]) -> None:
+    """Per side: turn 1 again against turn 1, and each turn after the colleagues against the
+    same turn without them."""
+    for name, (beside, alone) in results.items():
+        answers = {step: answer for step, answer, _ in beside}
+        verdicts = [f"turn 1 again {'=' if answers['turn 1'] == answers['turn 1 again'] else '!='}"
+                    " turn 1"]
+        verdicts += [f"{step} {'=' if a == b else '!='} without them"
+                     for (step, a, _), (_, b, _) in zip(beside[4:], alone[4:])]
+        print(f"{name:13s} " + "; ".join(verdicts))
 
 
 def print_beside(results: dict[str, list[dict]]) -> None:
