@@ -258,3 +258,27 @@ def test_a_colleague_sharing_a_prompt_in_the_making_waits_for_it_then_copies_it(
     assert bob_beside_alice(15) == (23, 0)
     assert bob_beside_alice(40, bob_own=0) == (1, 39)
     assert bob_beside_alice(32, background=True) == (40, 0)
+
+
+def test_a_colleague_arriving_with_a_conversation_leaves_its_cached_slot_to_it():
+    """Two requests admitted at once, a colleague's new chat first: it shares only the chat
+    template's opening with every slot, so any slot serves it as well; it takes the one no
+    one waiting would reuse, not the least recently used that holds the conversation whose
+    next turn waits behind it (which would compute its whole history again)."""
+    opening = list(range(1, 21))
+    sched = make(n_slots=2, ctx=256, budget=256)
+    runner = ScriptedRunner({"turn1": [9, EOS], "other": [9, 9, 9, EOS], "new": [9, EOS],
+                             "turn2": [9, EOS]})
+    turn1 = Request(opening + list(range(100, 130)), SamplingParams(max_tokens=4),
+                    request_id="turn1")
+    sched.add(turn1)
+    sched.add(Request(opening + list(range(200, 230)), SamplingParams(max_tokens=4),
+                      request_id="other"))
+    run(sched, runner)  # the conversation's slot is the least recently used
+    sched.add(Request(opening + list(range(300, 330)), SamplingParams(max_tokens=4),
+                      request_id="new"))
+    sched.add(Request(turn1.prompt_tokens + [9] + list(range(400, 410)),
+                      SamplingParams(max_tokens=4), request_id="turn2"))
+    plan = sched.schedule()
+    kept = {a.request.request_id: a.kept_tokens for a in plan.admitted}
+    assert kept == {"new": 20, "turn2": 51}

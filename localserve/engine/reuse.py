@@ -11,14 +11,17 @@ scheduler asks, they answer and keep their own books):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 from localserve.engine.drafts import MAX_DRAFT, Acceptance, NgramDrafter, StepCost
 from localserve.engine.plan import PHYSICAL_BATCH, SeqChunk, SlotSave, StepPlan
 from localserve.engine.prompt_cache import BLOCK, CachedPrompt, PromptCache, within
 from localserve.engine.request import Request
 from localserve.engine.scheduler_stats import SchedulerStats
-from localserve.engine.slots import MIN_PREFIX_REUSE, Slot, SlotPool, SlotState, common_prefix_len
+from localserve.engine.slots import (MIN_PREFIX_REUSE, Slot, SlotPool, SlotState, Wanted,
+                                     common_prefix_len)
 
 
 # Where sequences cannot be cut back, each new prompt's checkpoint is this many tokens before
@@ -40,9 +43,11 @@ class Placement:
 
 
 class PrefixBook:
-    def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None):
+    def __init__(self, pool: SlotPool, prompt_cache: PromptCache | None,
+                 waiting: Iterable[Request] = ()):
         self.pool = pool
         self.prompt_cache = prompt_cache  # sequences beyond the slots
+        self.waiting = waiting  # whose cached slots a placement leaves them where it can
         self.to_encode: list = []  # images admission waits for (place), handed to the plan
 
     def place(self, req: Request) -> Placement | None:
@@ -58,16 +63,26 @@ class PrefixBook:
         return None if unready else where
 
     def _place(self, req: Request) -> Placement | None:
-        choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope)
+        wanted = self._wanted_by_others(req)
+        choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope, wanted)
         if choice is None:
             return None
         slot, keep = choice
         if not self.pool.cuts_back:  # a copy holds its whole source: it could not be cut back
-            return self._cached_prefix(req, slot, keep)  # to the prefix; checkpoints instead
+            return self._cached_prefix(req, slot, keep, wanted)  # to the prefix; checkpoints
         source = self._copy_source(req, keep)
         if source is not None:
             return Placement(slot, req.num_prompt_tokens - 1, source)
-        return self._in_flight(req, self._cached_prefix(req, slot, keep))
+        return self._in_flight(req, self._cached_prefix(req, slot, keep, wanted), wanted)
+
+    def _wanted_by_others(self, req: Request) -> Wanted:
+        """The idle slots that the next few other waiting requests (one per slot) would
+        reuse, found only when a placement has a choice to make."""
+        def wanted() -> set[int]:
+            others = islice((r for r in self.waiting if r is not req), len(self.pool.slots))
+            found = (self.pool.reusable_idle_slot(r.all_tokens, r.cache_scope) for r in others)
+            return {slot_id for slot_id in found if slot_id is not None}
+        return wanted
 
     def _copy_source(self, req: Request, keep: int) -> Slot | None:
         """A sibling choice (n > 1) copies its prompt from the slot holding it (the first
@@ -77,7 +92,7 @@ class PrefixBook:
             return None
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
 
-    def _in_flight(self, req: Request, where: Placement) -> Placement | None:
+    def _in_flight(self, req: Request, where: Placement, wanted: Wanted) -> Placement | None:
         """A running request of the same scope whose prompt shares more with this one than
         the idle slots and the prompt cache do (by MIN_PREFIX_REUSE; a system prompt that
         colleagues sent at once): its computed part is copied from its slot (llama.cpp shares
@@ -101,9 +116,9 @@ class PrefixBook:
             return None  # copied once its slot has computed it
         if best is None:
             return where
-        return Placement(self.pool.lru_idle(), best_done, source=best)
+        return Placement(self.pool.lru_idle(wanted), best_done, source=best)
 
-    def _cached_prefix(self, req: Request, slot: Slot, keep: int) -> Placement:
+    def _cached_prefix(self, req: Request, slot: Slot, keep: int, wanted: Wanted) -> Placement:
         """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
@@ -114,7 +129,7 @@ class PrefixBook:
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             return Placement(slot, keep)
         entry, shared = found
-        return Placement(self.pool.lru_idle(), shared, restore=entry)
+        return Placement(self.pool.lru_idle(wanted), shared, restore=entry)
 
     def taken(self, where: Placement) -> None:
         """Count a placement once it is admitted (a request placed again at every step

@@ -63,7 +63,7 @@ class Scheduler:
         self.last_step_stopped = False  # for a chat (invariant 12)
         self.starting: Request | None = None  # the chat this step starts: no one else's image
         self.endings = Endings(vocab, self.stats, self.waiting)  # stop rules, ends, n > 1
-        self.prefixes = PrefixBook(pool, prompt_cache)
+        self.prefixes = PrefixBook(pool, prompt_cache, self.waiting)
         self.cells = PoolKeeper(pool, self.prefixes, self.waiting, self.stats)
         self.shares = SlotShares(slot_share, self.cells, self.waiting)  # invariant 6
         self.drafts = DraftBook(pool, self.stats, speculative)  # (13)

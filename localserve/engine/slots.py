@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from localserve.engine.detokenize import IncrementalDetokenizer
@@ -31,6 +31,7 @@ MIN_PREFIX_REUSE = 16
 # would put the chat's whole conversation aside (llama-server: --slot-prompt-similarity 0.1).
 MIN_PREFIX_SHARE = 0.1
 _PREFIX_BLOCK = 64
+Wanted = Callable[[], set[int]]  # the idle slots other waiting requests would reuse, asked lazily
 
 
 class SlotState(enum.Enum):
@@ -212,8 +213,18 @@ class SlotPool:
                 f"{self.guarantee} guaranteed to each; one request may use up to "
                 f"{self.n_ctx_per_slot} by borrowing cells the others do not use")
 
-    def lru_idle(self) -> Slot | None:
-        return min((s for s in self.slots if not s.busy), key=lambda s: s.last_used, default=None)
+    def lru_idle(self, wanted: Wanted | None = None) -> Slot | None:
+        """The least recently used idle slot, one no one waiting would reuse (`wanted`) first."""
+        return self._spare([s for s in self.slots if not s.busy], wanted)
+
+    @staticmethod
+    def _spare(slots: list[Slot], wanted: Wanted | None) -> Slot | None:
+        """The least recently used of `slots` that no other waiting request would reuse
+        (`wanted()`, asked only where there is a choice), else of them all."""
+        if len(slots) > 1 and wanted is not None:
+            taken = wanted()
+            slots = [s for s in slots if s.slot_id not in taken] or slots
+        return min(slots, key=lambda s: s.last_used, default=None)
 
     def lru_idle_with_cache(self, exclude: Slot | None = None) -> Slot | None:
         idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]
@@ -225,11 +236,15 @@ class SlotPool:
         return next((s for s in self.slots if s.cache_scope == scope and s.n_cached >= n
                      and s.cached[:n] == tokens), None)
 
-    def best_idle_slot(self, tokens: list[int], scope: str | None = None) -> tuple[Slot, int] | None:
+    def best_idle_slot(self, tokens: list[int], scope: str | None = None,
+                       wanted: Wanted | None = None) -> tuple[Slot, int] | None:
         """The idle slot sharing the longest cached prefix with `tokens` (at least
-        MIN_PREFIX_REUSE tokens and MIN_PREFIX_SHARE of its cache), else the least recently
-        used one; with how many cached tokens it keeps (always leaving >= 1 token to compute:
-        the next token needs fresh logits).
+        MIN_PREFIX_REUSE tokens and MIN_PREFIX_SHARE of its cache), else any idle one; with
+        how many cached tokens it keeps (always leaving >= 1 token to compute: the next token
+        needs fresh logits). Among equal choices, one whose cache no other waiting request
+        would reuse (`wanted`), then the least recently used: a colleague's new chat, which
+        shares only the template's opening with every slot, arriving beside a conversation's
+        next turn leaves that conversation's slot to it.
         Only a slot whose cache was filled within the same `scope` shares anything: reuse
         across identities would tell one user what another sent (the cached-token count and
         the time to first token both reveal a match)."""
@@ -240,9 +255,18 @@ class SlotPool:
                   for s in idle}
         worth = [s for s in idle
                  if shared[s.slot_id] >= max(MIN_PREFIX_REUSE, MIN_PREFIX_SHARE * s.n_cached)]
-        best = max(worth, key=lambda s: (shared[s.slot_id], -s.last_used)) if worth else min(
-            idle, key=lambda s: s.last_used)
+        most = max((shared[s.slot_id] for s in worth), default=0)
+        best = self._spare([s for s in worth if shared[s.slot_id] == most] or idle, wanted)
         return best, shared[best.slot_id]
+
+    def reusable_idle_slot(self, tokens: list[int], scope: str | None) -> int | None:
+        """The id of the idle slot `best_idle_slot` would reuse for `tokens`, if any would."""
+        choice = self.best_idle_slot(tokens, scope)
+        if choice is None:
+            return None
+        slot, shared = choice
+        return slot.slot_id if shared >= max(MIN_PREFIX_REUSE,
+                                             MIN_PREFIX_SHARE * slot.n_cached) else None
 
     def _reusable(self, slot: Slot, tokens: list[int]) -> int:
         """How much of `tokens` the slot's cache gives (at most all but the last token); where
