@@ -282,3 +282,18 @@ def test_a_colleague_arriving_with_a_conversation_leaves_its_cached_slot_to_it()
     plan = sched.schedule()
     kept = {a.request.request_id: a.kept_tokens for a in plan.admitted}
     assert kept == {"new": 20, "turn2": 51}
+
+
+def test_a_lone_request_with_equal_choices_takes_the_least_recently_used_slot():
+    """No one else waits: its own best slot is not kept from it."""
+    opening = list(range(1, 21))
+    sched = make(n_slots=2, ctx=256, budget=256)
+    runner = ScriptedRunner({"one": [9, EOS], "two": [9, 9, 9, EOS], "new": [9, EOS]})
+    for rid, first in (("one", 100), ("two", 200)):
+        sched.add(Request(opening + list(range(first, first + 30)), SamplingParams(max_tokens=4),
+                          request_id=rid))
+    run(sched, runner)  # "one" ends first: its slot is the least recently used
+    sched.add(Request(opening + list(range(300, 330)), SamplingParams(max_tokens=4),
+                      request_id="new"))
+    plan = sched.schedule()
+    assert [(a.slot_id, a.kept_tokens) for a in plan.admitted] == [(0, 20)]

@@ -63,17 +63,17 @@ class PrefixBook:
         return None if unready else where
 
     def _place(self, req: Request) -> Placement | None:
-        wanted = self._wanted_by_others(req)
-        choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope, wanted)
+        choice = self.pool.best_idle_slot(req.all_tokens, req.cache_scope,
+                                          self._wanted_by_others(req))
         if choice is None:
             return None
         slot, keep = choice
         if not self.pool.cuts_back:  # a copy holds its whole source: it could not be cut back
-            return self._cached_prefix(req, slot, keep, wanted)  # to the prefix; checkpoints
+            return self._cached_prefix(req, slot, keep)  # to the prefix; checkpoints instead
         source = self._copy_source(req, keep)
         if source is not None:
             return Placement(slot, req.num_prompt_tokens - 1, source)
-        return self._in_flight(req, self._cached_prefix(req, slot, keep, wanted), wanted)
+        return self._in_flight(req, self._cached_prefix(req, slot, keep))
 
     def _wanted_by_others(self, req: Request) -> Wanted:
         """The idle slots that the next few other waiting requests (one per slot) would
@@ -92,7 +92,7 @@ class PrefixBook:
             return None
         return self.pool.holding(req.prompt_tokens[:-1], req.cache_scope)
 
-    def _in_flight(self, req: Request, where: Placement, wanted: Wanted) -> Placement | None:
+    def _in_flight(self, req: Request, where: Placement) -> Placement | None:
         """A running request of the same scope whose prompt shares more with this one than
         the idle slots and the prompt cache do (by MIN_PREFIX_REUSE; a system prompt that
         colleagues sent at once): its computed part is copied from its slot (llama.cpp shares
@@ -116,9 +116,9 @@ class PrefixBook:
             return None  # copied once its slot has computed it
         if best is None:
             return where
-        return Placement(self.pool.lru_idle(wanted), best_done, source=best)
+        return Placement(self.pool.lru_idle(), best_done, source=best)
 
-    def _cached_prefix(self, req: Request, slot: Slot, keep: int, wanted: Wanted) -> Placement:
+    def _cached_prefix(self, req: Request, slot: Slot, keep: int) -> Placement:
         """A longer prefix in the prompt cache than in any idle slot (by MIN_PREFIX_REUSE
         tokens at least) is restored into the least recently used idle slot instead."""
         cache, tokens = self.prompt_cache, req.all_tokens
@@ -129,7 +129,7 @@ class PrefixBook:
                 or not cache.load(found[0])):  # a file on disk that turned out unsound
             return Placement(slot, keep)
         entry, shared = found
-        return Placement(self.pool.lru_idle(wanted), shared, restore=entry)
+        return Placement(self.pool.lru_idle(), shared, restore=entry)
 
     def taken(self, where: Placement) -> None:
         """Count a placement once it is admitted (a request placed again at every step

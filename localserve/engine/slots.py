@@ -213,9 +213,8 @@ class SlotPool:
                 f"{self.guarantee} guaranteed to each; one request may use up to "
                 f"{self.n_ctx_per_slot} by borrowing cells the others do not use")
 
-    def lru_idle(self, wanted: Wanted | None = None) -> Slot | None:
-        """The least recently used idle slot, one no one waiting would reuse (`wanted`) first."""
-        return self._spare([s for s in self.slots if not s.busy], wanted)
+    def lru_idle(self) -> Slot | None:
+        return min((s for s in self.slots if not s.busy), key=lambda s: s.last_used, default=None)
 
     @staticmethod
     def _spare(slots: list[Slot], wanted: Wanted | None) -> Slot | None:
