@@ -146,6 +146,11 @@ class Slot:
         self.last_used = time.monotonic()
 
 
+def worth_reusing(slot: Slot, shared: int) -> bool:
+    """A prefix of `shared` tokens justifies overwriting the rest of what `slot` holds."""
+    return shared >= max(MIN_PREFIX_REUSE, MIN_PREFIX_SHARE * slot.n_cached)
+
+
 def common_prefix_len(a: list[int], b: list[int]) -> int:
     """Compared a block at a time (list slices compare in C), then within the first block
     that differs: a whole context's comparison in well under a millisecond."""
@@ -252,8 +257,7 @@ class SlotPool:
             return None
         shared = {s.slot_id: self._reusable(s, tokens) if s.cache_scope == scope else 0
                   for s in idle}
-        worth = [s for s in idle
-                 if shared[s.slot_id] >= max(MIN_PREFIX_REUSE, MIN_PREFIX_SHARE * s.n_cached)]
+        worth = [s for s in idle if worth_reusing(s, shared[s.slot_id])]
         most = max((shared[s.slot_id] for s in worth), default=0)
         best = self._spare([s for s in worth if shared[s.slot_id] == most] or idle, wanted)
         return best, shared[best.slot_id]
@@ -264,8 +268,7 @@ class SlotPool:
         if choice is None:
             return None
         slot, shared = choice
-        return slot.slot_id if shared >= max(MIN_PREFIX_REUSE,
-                                             MIN_PREFIX_SHARE * slot.n_cached) else None
+        return slot.slot_id if worth_reusing(slot, shared) else None
 
     def _reusable(self, slot: Slot, tokens: list[int]) -> int:
         """How much of `tokens` the slot's cache gives (at most all but the last token); where
