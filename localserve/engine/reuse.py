@@ -47,7 +47,7 @@ class PrefixBook:
                  waiting: Iterable[Request] = ()):
         self.pool = pool
         self.prompt_cache = prompt_cache  # sequences beyond the slots
-        self.waiting = waiting  # whose cached slots a placement leaves them where it can
+        self.waiting = waiting  # requests whose cached slots an admission leaves them
         self.to_encode: list = []  # images admission waits for (place), handed to the plan
 
     def place(self, req: Request) -> Placement | None:

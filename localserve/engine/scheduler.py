@@ -134,7 +134,8 @@ class Scheduler:
            ahead of every waiting request of every user.
         3. A cached prefix is reused only when at least MIN_PREFIX_REUSE tokens match (a
            shorter match does not justify taking a recently used slot's cache), and only
-           within one cache scope (one API key, unless --shared-prefix-cache).
+           within one cache scope (one API key, unless --shared-prefix-cache); of equal
+           slots, one that another waiting request would reuse is left to it.
         4. Only requests that never produced a token expire from the queue (--queue-timeout);
            a preempted request holds a client mid-answer and waits however long it takes.
         5. Prefix-cache queries and hits count first admissions only, never a resume.
