@@ -260,28 +260,37 @@ def test_a_colleague_sharing_a_prompt_in_the_making_waits_for_it_then_copies_it(
     assert bob_beside_alice(32, background=True) == (40, 0)
 
 
-def test_a_colleague_arriving_with_a_conversation_leaves_its_cached_slot_to_it():
+@pytest.mark.parametrize("keys, between", [((None, None), 0), (("alice", "bob"), 0),
+                                           ((None, None), 2)])
+def test_a_colleague_arriving_with_a_conversation_leaves_its_cached_slot_to_it(keys, between):
     """Two requests admitted at once, a colleague's new chat first: it shares only the chat
-    template's opening with every slot, so any slot serves it as well; it takes the one no
-    one waiting would reuse, not the least recently used that holds the conversation whose
-    next turn waits behind it (which would compute its whole history again)."""
+    template's opening with every slot (with keys: nothing), so any slot serves it as well; it
+    takes the one no one waiting would reuse, not the least recently used that holds the
+    conversation whose next turn waits behind it (which would compute its whole history
+    again). Only the next few waiting (one per slot) are asked: with two requests between,
+    the turn is too far back to keep its slot."""
+    owner, colleague = keys
     opening = list(range(1, 21))
     sched = make(n_slots=2, ctx=256, budget=256)
     runner = ScriptedRunner({"turn1": [9, EOS], "other": [9, 9, 9, EOS], "new": [9, EOS],
-                             "turn2": [9, EOS]})
-    turn1 = Request(opening + list(range(100, 130)), SamplingParams(max_tokens=4),
-                    request_id="turn1")
-    sched.add(turn1)
-    sched.add(Request(opening + list(range(200, 230)), SamplingParams(max_tokens=4),
-                      request_id="other"))
+                             "turn2": [9, EOS], "x0": [9, EOS], "x1": [9, EOS]})
+
+    def ask(rid, tokens, key):
+        sched.add(Request(tokens, SamplingParams(max_tokens=4), request_id=rid, user=key,
+                          cache_scope=key))
+
+    ask("turn1", opening + list(range(100, 130)), owner)
+    ask("other", opening + list(range(200, 230)), owner)
     run(sched, runner)  # the conversation's slot is the least recently used
-    sched.add(Request(opening + list(range(300, 330)), SamplingParams(max_tokens=4),
-                      request_id="new"))
-    sched.add(Request(turn1.prompt_tokens + [9] + list(range(400, 410)),
-                      SamplingParams(max_tokens=4), request_id="turn2"))
+    ask("new", opening + list(range(300, 330)), colleague)
+    for i in range(between):
+        ask(f"x{i}", list(range(500 + 50 * i, 530 + 50 * i)), colleague)
+    ask("turn2", opening + list(range(100, 130)) + [9] + list(range(400, 410)), owner)
     plan = sched.schedule()
-    kept = {a.request.request_id: a.kept_tokens for a in plan.admitted}
-    assert kept == {"new": 20, "turn2": 51}
+    placed = {a.request.request_id: (a.slot_id, a.kept_tokens) for a in plan.admitted}
+    shared = 20 if colleague is None else 0
+    assert placed == ({"new": (1, shared), "turn2": (0, 51)} if not between else
+                      {"new": (0, shared), "x0": (1, 0)})
 
 
 def test_a_lone_request_with_equal_choices_takes_the_least_recently_used_slot():

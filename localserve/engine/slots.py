@@ -222,13 +222,13 @@ class SlotPool:
         return min((s for s in self.slots if not s.busy), key=lambda s: s.last_used, default=None)
 
     @staticmethod
-    def _spare(slots: list[Slot], wanted: Wanted | None) -> Slot | None:
-        """The least recently used of `slots` that no other waiting request would reuse
-        (`wanted()`, asked only where there is a choice), else of them all."""
+    def _spare(slots: list[Slot], wanted: Wanted | None) -> Slot:
+        """The least recently used of `slots` (one at least) that no other waiting request
+        would reuse (`wanted()`, asked only where there is a choice), else of them all."""
         if len(slots) > 1 and wanted is not None:
             taken = wanted()
             slots = [s for s in slots if s.slot_id not in taken] or slots
-        return min(slots, key=lambda s: s.last_used, default=None)
+        return min(slots, key=lambda s: s.last_used)
 
     def lru_idle_with_cache(self, exclude: Slot | None = None) -> Slot | None:
         idle = [s for s in self.slots if not s.busy and s.cached and s is not exclude]
@@ -258,8 +258,10 @@ class SlotPool:
         shared = {s.slot_id: self._reusable(s, tokens) if s.cache_scope == scope else 0
                   for s in idle}
         worth = [s for s in idle if worth_reusing(s, shared[s.slot_id])]
-        most = max((shared[s.slot_id] for s in worth), default=0)
-        best = self._spare([s for s in worth if shared[s.slot_id] == most] or idle, wanted)
+        if worth:
+            most = max(shared[s.slot_id] for s in worth)
+            worth = [s for s in worth if shared[s.slot_id] == most]
+        best = self._spare(worth or idle, wanted)
         return best, shared[best.slot_id]
 
     def reusable_idle_slot(self, tokens: list[int], scope: str | None) -> int | None:
