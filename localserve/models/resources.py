@@ -100,10 +100,10 @@ def _choose(settings: Settings, model_path: str, gpu_offload: bool, needs: dict)
 
 def rollback_drafts(settings: Settings) -> int:
     """Drafts asked for where the cache cannot be cut back (a hybrid's earlier states llama.cpp
-    keeps for them; engine/drafts.py): only when --spec ngram is. A
-    drafted step computes its rows in one batch, which llama.cpp's kernels sum in another
-    order than a row alone: on these models greedy text then parts from llama-server's
-    (docs/flags.md), so `auto` keeps them undrafted, and a hybrid without the states' memory."""
+    keeps for them; engine/drafts.py): only when --spec ngram is. A drafted step computes its
+    rows in one batch, which llama.cpp's kernels sum in another order than a row alone: on
+    these models greedy text then parts from llama-server's (docs/flags.md), so `auto` keeps
+    them undrafted, and a hybrid without the states' memory."""
     return ROLLBACK_DRAFTS if settings.spec == "ngram" else 0
 
 
