@@ -27,6 +27,10 @@ from localserve.engine.slots import (MIN_PREFIX_REUSE, Slot, SlotPool, SlotState
 # Where sequences cannot be cut back, each new prompt's checkpoint is this many tokens before
 # its end (llama-server's offset: its greedy text then comes from the same batches).
 CHECKPOINT_BEFORE_END = 4
+# The waiting requests whose slots an admission with a choice leaves them: a burst of
+# colleagues arriving at once (bench/greedy.py's 7 and a probe), bounded so that a placement at
+# -np 64 compares 8 requests with the idle slots, not 64 (6.5 ms a placement: docs/performance.md).
+WANTED_LOOKAHEAD = 8
 # llama-server's other stop before a prompt's end: its default ubatch (512) before the last 4
 UBATCH_BEFORE_END = CHECKPOINT_BEFORE_END + 512
 
@@ -76,10 +80,12 @@ class PrefixBook:
         return self._in_flight(req, self._cached_prefix(req, slot, keep))
 
     def _wanted_by_others(self, req: Request) -> Wanted:
-        """The idle slots that the next few other waiting requests (one per slot) would
-        reuse, found only when a placement has a choice to make."""
+        """The idle slots that the next few other waiting requests (one per slot, at most
+        WANTED_LOOKAHEAD: each is compared with every idle slot) would reuse, found only when
+        a placement has a choice to make."""
         def wanted() -> set[int]:
-            others = islice((r for r in self.waiting if r is not req), len(self.pool.slots))
+            few = min(len(self.pool.slots), WANTED_LOOKAHEAD)
+            others = islice((r for r in self.waiting if r is not req), few)
             found = (self.pool.reusable_idle_slot(r.all_tokens, r.cache_scope) for r in others)
             return {slot_id for slot_id in found if slot_id is not None}
         return wanted
