@@ -49,7 +49,15 @@ def req(rid, n_prompt, max_tokens=100, stop=(), first=1):
 
 def step(sched, runner, plan):
     """What the engine loop does with one plan: decode, keep its saves, update."""
-    return sched.update(plan, runner.decode(plan))
+    events = sched.update(plan, runner.decode(plan))
+    assert_pool_tally(sched.pool)
+    return events
+
+
+def assert_pool_tally(pool):
+    """What the pool counts (kept as the slots change) is what its slots hold and serve."""
+    assert pool.used == sum(s.n_cached for s in pool.slots), "the pool's tally drifted"
+    assert pool.running == [s for s in pool.slots if s.busy], "the pool's running slots drifted"
 
 
 def run(sched, runner, steps=100):
@@ -154,7 +162,7 @@ def run_all(sched, runner, requests, steps=5000):
         if not sched.has_work():
             break
         plan = sched.schedule()
-        for r, ev in sched.update(plan, runner.decode(plan)):
+        for r, ev in step(sched, runner, plan):
             out[r.request_id].extend(ev.token_ids)
             if ev.finished:
                 finish[r.request_id] = ev.finish_reason

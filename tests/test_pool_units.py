@@ -53,6 +53,30 @@ def test_one_request_may_borrow_past_its_guarantee_up_to_the_pool():
     assert len(out["big"]) == 30 and runner.max_used > 150
 
 
+def test_the_pools_used_cells_and_running_slots_follow_every_change_of_a_slot():
+    """SlotPool.used and .running are kept by the slots as they change, not summed when asked:
+    a prefix kept, a copy or restore taken in, tokens computed, a sequence cleared, a slot
+    released with its cache (what every chunk's room and every rule's slots are read from)."""
+    pool = SlotPool(200, 3, n_ctx_per_slot=200)
+    a, b, c = pool.slots
+    steps = [lambda: a.assign(request("a", 5, 9), keep=0, admitted_seq=1),
+             lambda: a.computed([1, 2, 3, 4, 5]),
+             lambda: b.assign(request("b", 9, 9), keep=3, admitted_seq=2, copied=[1, 2, 3, 4]),
+             lambda: b.computed([7, 8]),
+             lambda: a.release(),
+             lambda: c.assign(request("c", 9, 9), keep=2, admitted_seq=3, copied=[5, 6, 7],
+                              restored=True),
+             lambda: b.forget(),
+             lambda: a.assign(request("d", 9, 9), keep=4, admitted_seq=4)]
+    for change in steps:
+        change()
+        assert pool.used == sum(s.n_cached for s in pool.slots)
+        assert pool.free == 200 - pool.used
+        assert pool.running == [s for s in pool.slots if s.busy]
+    assert [s.n_cached for s in pool.slots] == [4, 0, 2]
+    assert pool.running == [a, b, c]
+
+
 def test_a_stream_per_slot_holds_its_share_and_keeps_an_idle_sequence_where_it_is():
     """--no-kv-unified: nothing borrowed (at most the share, or the trained context below
     it), and an idle slot's sequence stays in its stream (it costs the others nothing), where

@@ -53,7 +53,7 @@ class PoolKeeper:
 
     @property
     def running(self) -> list[Slot]:
-        return [s for s in self.pool.slots if s.busy]
+        return self.pool.running
 
     def room_to_admit(self, plan: StepPlan, slot: Slot, keep: int, need: int) -> bool:
         """Admit only if the whole remaining prompt fits: drop other idle slots' kept
@@ -117,7 +117,7 @@ class PoolKeeper:
     def make_room_for_decode(self, plan: StepPlan) -> None:
         """Every decoding slot needs one free cell this step; find them or preempt."""
         while True:
-            need = sum(1 for s in self.pool.slots if s.state is SlotState.DECODE)
+            need = sum(1 for s in self.pool.running if s.state is SlotState.DECODE)
             if self.pool.free >= need:
                 return
             victim = self.pool.lru_idle_with_cache()

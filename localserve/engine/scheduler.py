@@ -118,7 +118,7 @@ class Scheduler:
         return self.cells.running
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.endings.held) or any(s.busy for s in self.pool.slots)
+        return bool(self.waiting or self.endings.held or self.pool.tally.busy)
 
     def pending(self) -> list[Request]:
         """Every request not yet ended: waiting, held, or in a slot."""
@@ -252,10 +252,11 @@ class Scheduler:
     def _chunks(self, plan: StepPlan, slots: list[Slot], state: SlotState, budget: int,
                 kept_back: int) -> int:
         """A chunk for each of `slots` in `state` while budget and room last; the budget left."""
+        room = self.cells.room(plan) - kept_back  # counted down, not asked of the plan again
         for slot in slots:
-            room = self.cells.room(plan) - kept_back
             if slot.state is state and budget > 0 and room > 0:
-                budget -= self._add_chunk(plan, slot, min(budget, room))
+                added = self._add_chunk(plan, slot, min(budget, room))
+                budget, room = budget - added, room - added
         return budget
 
     admits_midway = True  # continuous batching: join the running batch at any step
@@ -332,9 +333,8 @@ class Scheduler:
         req.status = RequestStatus.RUNNING
         if req.admitted_time is None:
             req.admitted_time = time.monotonic()
-        plan.admitted.append(Admission(slot.slot_id, req, keep,
-                                       source.slot_id if source else None, restore,
-                                       restore.state if restore else None))
+        plan.admitted.append(Admission(slot.slot_id, req, keep, source.slot_id if source else None,
+                                       restore, restore.state if restore else None))
         if req.preemptions == 0:
             self.stats.prefix_cache_queries += req.num_prompt_tokens
             self.stats.prefix_cache_hits += keep
