@@ -4,7 +4,7 @@ sequences in one pool of cells (saves, restores, trims, a batch that does not fi
 
 import pytest
 
-from fakes import FakeVocab, PositionalRunner
+from fakes import FakeVocab, PositionalRunner, assert_pool_tally
 from localserve.engine.plan import StepOutput
 from localserve.engine.prompt_cache import PromptCache
 from localserve.engine.request import Request, RequestStatus, SamplingParams
@@ -75,6 +75,25 @@ def test_the_pools_used_cells_and_running_slots_follow_every_change_of_a_slot():
         assert pool.running == [s for s in pool.slots if s.busy]
     assert [s.n_cached for s in pool.slots] == [4, 0, 2]
     assert pool.running == [a, b, c]
+
+
+def test_prompts_that_outgrow_the_pool_together_never_get_more_rows_than_it_has_free():
+    """Three prompts admitted while they fit, then all computing at once in 200 cells: each
+    step's chunks share the room left (Scheduler._chunks counts it down chunk by chunk), so no
+    batch is planned past the free cells (the runner would find the cache full), and every
+    answer completes."""
+    sched, runner = pool_scheduler(pool=200, slots=3, cache=False), PositionalRunner(200)
+    requests = [request("a", 90, 30), request("b", 70, 30, first=3), request("c", 60, 30, first=5)]
+    for r in requests:
+        sched.add(r)
+    for _ in range(400):
+        if not sched.has_work():
+            break
+        plan = sched.schedule()
+        assert plan.num_tokens <= sched.pool.free
+        sched.update(plan, runner.decode(plan))
+        assert_pool_tally(sched.pool)
+    assert [len(r.output_tokens) for r in requests] == [30, 30, 30]
 
 
 def test_a_stream_per_slot_holds_its_share_and_keeps_an_idle_sequence_where_it_is():
