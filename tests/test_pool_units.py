@@ -70,9 +70,8 @@ def test_the_pools_used_cells_and_running_slots_follow_every_change_of_a_slot():
              lambda: a.assign(request("d", 9, 9), keep=4, admitted_seq=4)]
     for change in steps:
         change()
-        assert pool.used == sum(s.n_cached for s in pool.slots)
+        assert_pool_tally(pool)
         assert pool.free == 200 - pool.used
-        assert pool.running == [s for s in pool.slots if s.busy]
     assert [s.n_cached for s in pool.slots] == [4, 0, 2]
     assert pool.running == [a, b, c]
 
